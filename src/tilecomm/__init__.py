@@ -1,0 +1,16 @@
+"""tilecomm: collectives over a symmetric heap, and a model of how long they take.
+
+Public names only; see the README for a tour.
+"""
+
+from .communicator import Communicator
+from .errors import CommError, CommMismatch, CommTimeout, RankError
+from .launch import RankGroup, init, launch
+from .types import ReduceOp
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CommError", "CommMismatch", "CommTimeout", "Communicator", "RankError", "RankGroup",
+    "ReduceOp", "init", "launch", "__version__",
+]

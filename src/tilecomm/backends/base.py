@@ -1,0 +1,65 @@
+"""The interface a backend implements. The Communicator validates calls and picks algorithms;
+a backend only moves bytes. Backends register per device type and are looked up by the tensor's
+device, so ops never branch on a backend's name."""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..types import DType, ReduceOp
+
+
+@dataclass
+class CollectiveCall:
+    """One collective as the backend sees it.
+
+    ``buffers`` maps the schedule's user buffer names (``buf``, ``in``, ``out``) to flat,
+    contiguous ``uint8`` numpy arrays over the caller's tensors. ``count`` is the element count
+    of the caller's input (see ``algorithms.collectives.buffer_totals``); for all_to_all_v it is
+    the number of elements per row, and ``send_rows``/``recv_rows`` carry the row counts.
+    """
+
+    collective: str
+    algo: str
+    dtype: DType
+    count: int
+    buffers: dict[str, np.ndarray]
+    op: ReduceOp | None = None
+    root: int = 0
+    send_rows: Sequence[int] | None = None
+    recv_rows: Sequence[int] | None = None
+    #: all_to_all_v: called with the number of rows this rank receives, returns the out buffer.
+    make_out: Callable[[int], np.ndarray] | None = None
+    info: dict = field(default_factory=dict)
+
+
+class Backend(abc.ABC):
+    """Moves data between the ranks of one communicator."""
+
+    rank: int
+    world_size: int
+
+    @abc.abstractmethod
+    def run(self, call: CollectiveCall) -> None:
+        """Execute ``call`` (all ranks call with matching arguments)."""
+
+    @abc.abstractmethod
+    def reject(self, collective: str, message: str) -> None:
+        """Tell the peers that this rank refused its part of the next collective."""
+
+    @abc.abstractmethod
+    def rendezvous(self, name: str, count: int, extra: int) -> list[int]:
+        """Handshake without data: checks ``count`` agrees, returns every rank's ``extra``."""
+
+    @abc.abstractmethod
+    def send(self, data: np.ndarray, dtype: DType, numel: int, peer: int) -> None: ...
+
+    @abc.abstractmethod
+    def recv(self, out: np.ndarray, dtype: DType, numel: int, peer: int) -> None: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...

@@ -1,0 +1,163 @@
+"""Flags, descriptors and bounded waits over the control blocks of the shared-memory heap.
+
+Each rank writes only its own control block and polls its peers'. Polling spins for a while
+(cheapest when every rank has a core), then yields the core on every poll (so 4 ranks on 2
+cores make progress), and checks the clock and the peers' liveness now and then: every wait is
+bounded and a timeout names the operation, the sequence number and the missing ranks.
+
+NOTE [descriptor parity]
+    A collective's descriptor (what the rank is about to do) goes in slot ``seq % 2``. A rank
+    cannot post ``seq + 2`` before every peer has posted ``seq + 1``, which a peer does only
+    after reading all descriptors of ``seq``; so two slots never let a fast rank overwrite a
+    descriptor a slow rank has yet to read.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+from typing import Iterable
+
+from ...errors import CommTimeout
+from ...heap.base import SegmentLayout, SymmetricHeap
+
+# Descriptor fields (int64 slots within one descriptor).
+D_SEQ, D_COLL, D_ALGO, D_DTYPE, D_COUNT, D_OP, D_ROOT, D_EXTRA, D_PIECE, D_PLACE = range(10)
+NUM_PLACES = 4
+D_MSGLEN = D_PLACE + NUM_PLACES  # length of the error text (error descriptors)
+
+COLL_IDS = {name: i for i, name in enumerate(
+    ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all",
+     "all_to_all_v", "barrier", "alloc", "init"], start=1)}
+COLL_NAMES = {i: n for n, i in COLL_IDS.items()}
+ERROR_ID = 99
+
+PLACE_SCRATCH = -1   # the buffer is staged in (or lives in) the scratch area
+PLACE_LOCAL = -2     # no peer reads it: it stays in the caller's memory
+
+
+def algo_id(name: str) -> int:
+    return zlib.crc32(name.encode()) & 0x7FFFFFFF
+
+
+class Channel:
+    """Control-block access for one rank of a communicator."""
+
+    def __init__(self, heap: SymmetricHeap, timeout: float, spin: int):
+        self.heap = heap
+        self.layout: SegmentLayout = heap.layout
+        self.rank, self.world_size = heap.rank, heap.world_size
+        self.slots = [heap.slots(r) for r in range(self.world_size)]
+        self.me = self.slots[self.rank]
+        self.timeout = timeout
+        oversubscribed = self.world_size > (os.cpu_count() or 1)
+        self.spin = min(spin, 20) if oversubscribed else spin
+        self.me[SegmentLayout.PID] = os.getpid()
+        self.step = int(self.me[SegmentLayout.PROGRESS])
+
+    # ---- progress -------------------------------------------------------------------------
+    def advance(self) -> int:
+        """Publish that this rank finished its next step; returns the step number."""
+        self.step += 1
+        self.me[SegmentLayout.PROGRESS] = self.step
+        return self.step
+
+    def wait_progress(self, ranks: Iterable[int], step: int, what: tuple) -> None:
+        """Wait until every rank in ``ranks`` has published ``step``."""
+        self.wait_slots([(r, SegmentLayout.PROGRESS) for r in ranks], step, what)
+
+    def wait_slots(self, where: list[tuple[int, int]], value: int,
+                   what: tuple) -> None:
+        """Wait until ``slots[rank][index] >= value`` for every ``(rank, index)`` in ``where``.
+
+        ``what`` is ``(operation, sequence number, what is awaited)`` for the timeout message.
+        """
+        slots = self.slots
+        pending = [(slots[r], i, r) for r, i in where if slots[r][i] < value]
+        if not pending:
+            return
+        spins, start, next_check = 0, None, 0.0
+        while True:
+            pending = [p for p in pending if p[0][p[1]] < value]
+            if not pending:
+                return
+            spins += 1
+            if spins < self.spin:
+                continue
+            os.sched_yield()
+            if spins & 63:
+                continue
+            now = time.monotonic()
+            if start is None:
+                start, next_check = now, now + 0.2
+                continue
+            if now >= next_check:
+                next_check = now + 0.2
+                dead = [r for _, _, r in pending if not self.alive(r)]
+                if dead:
+                    self._raise_timeout(what, [r for _, _, r in pending], now - start, dead)
+            if now - start > self.timeout:
+                self._raise_timeout(what, [r for _, _, r in pending], now - start, [])
+
+    def alive(self, rank: int) -> bool:
+        pid = int(self.slots[rank][SegmentLayout.PID])
+        if pid <= 0:
+            return True
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            return False
+        except OSError:
+            return True
+        return state not in (b"Z", b"X")
+
+    def _raise_timeout(self, what, missing, waited, dead) -> None:
+        op, seq, detail = what
+        states = "; ".join(f"rank {r} is at {self.describe_peer(r)}" for r in missing)
+        if dead:
+            cause = f"rank(s) {dead} exited"
+        else:
+            cause = f"no progress from rank(s) {missing} in {waited:.1f} s (timeout {self.timeout:g} s)"
+        msg = (f"{op} #{seq} on rank {self.rank}: {cause} while waiting for {detail}. "
+               f"{states}.")
+        raise CommTimeout(msg, collective=op, seq=int(seq), missing=tuple(missing))
+
+    # ---- descriptors ----------------------------------------------------------------------
+    def desc_base(self, seq: int) -> int:
+        return SegmentLayout.DESC + (seq & 1) * SegmentLayout.DESC_LEN
+
+    def post_desc(self, seq: int, fields: list[int]) -> None:
+        base = self.desc_base(seq)
+        me = self.me
+        for i, v in enumerate(fields):
+            me[base + i] = int(v)
+
+    def read_desc(self, rank: int, seq: int) -> list[int]:
+        base = self.desc_base(seq)
+        return list(self.slots[rank][base:base + SegmentLayout.DESC_LEN])
+
+    def post_message(self, seq: int, text: str) -> int:
+        data = text.encode()[: SegmentLayout.MSG_BYTES]
+        off = self.layout.msg_offset + (seq & 1) * SegmentLayout.MSG_BYTES
+        seg = self.heap.segment(self.rank)
+        seg[off:off + len(data)] = memoryview(data)
+        return len(data)
+
+    def read_message(self, rank: int, seq: int, length: int) -> str:
+        off = self.layout.msg_offset + (seq & 1) * SegmentLayout.MSG_BYTES
+        return bytes(self.heap.segment(rank)[off:off + length]).decode(errors="replace")
+
+    def describe_peer(self, rank: int) -> str:
+        """What ``rank`` last announced (for timeout messages)."""
+        best = None
+        for parity in (0, 1):
+            d = self.read_desc(rank, parity)
+            if d[D_COLL] and (best is None or d[D_SEQ] > best[D_SEQ]):
+                best = d
+        step = int(self.slots[rank][SegmentLayout.PROGRESS])
+        if best is None:
+            return f"step {step}, no collective posted yet"
+        name = COLL_NAMES.get(best[D_COLL], "error" if best[D_COLL] == ERROR_ID else "?")
+        return f"{name} #{best[D_SEQ]} (step {step})"

@@ -1,0 +1,97 @@
+"""Point-to-point send/recv over per-pair mailboxes in the sender's segment.
+
+The sender copies a piece into its mailbox for ``dst`` and bumps ``sent_to[dst]``; the receiver
+copies it out and bumps ``done_from[src]``, which frees the mailbox for the next piece. A send
+returns once the receiver has taken the last piece (like MPI_Ssend), so a mismatch the receiver
+detects reaches the sender in the same call: the receiver records what it expected in
+``err_*[src]`` and both raise :class:`CommMismatch`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import CommMismatch
+from ...types import DTYPE_BY_ID, DType
+from .channel import Channel
+
+SENT, DONE, ERR, ERR_DTYPE, ERR_NUMEL = range(5)
+HEADER = 64  # bytes: msg id, dtype id, numel, npieces (int64 each), padded
+
+
+class PointToPoint:
+    def __init__(self, channel: Channel, heap):
+        self.ch, self.heap, self.layout = channel, heap, heap.layout
+        self.rank, self.world_size = channel.rank, channel.world_size
+        w = self.world_size
+        self.sent = [0] * w          # pieces posted to dst
+        self.done = [0] * w          # pieces consumed from src
+        self.msgs_sent = [0] * w
+        self.msgs_recv = [0] * w
+        self.capacity = self.layout.p2p_slot_bytes - HEADER
+
+    def _slot(self, array: int, peer: int) -> int:
+        return self.layout.p2p_slot(array, peer)
+
+    def send(self, data: np.ndarray, d: DType, numel: int, dst: int) -> None:
+        ch, me = self.ch, self.rank
+        msg = self.msgs_sent[dst]
+        self.msgs_sent[dst] += 1
+        nbytes = data.nbytes
+        npieces = max(1, -(-nbytes // self.capacity))
+        base = self.sent[dst]
+        mailbox = self.heap.segment(me)[self.layout.p2p_data(dst):]
+        header = mailbox[:HEADER].view(np.int64)
+        what = ("send", msg, f"rank {dst} to receive")
+        done_slot = [(dst, self._slot(DONE, me))]
+        for i in range(npieces):
+            ch.wait_slots(done_slot, base + i, what)
+            self._raise_if_rejected(dst, msg, d, numel, base, npieces)
+            header[:4] = (msg, d.id, numel, npieces)
+            lo = i * self.capacity
+            chunk = data[lo:lo + self.capacity]
+            np.copyto(mailbox[HEADER:HEADER + chunk.nbytes], chunk)
+            self.sent[dst] = base + i + 1
+            ch.me[self._slot(SENT, dst)] = base + i + 1
+        ch.wait_slots(done_slot, base + npieces, what)
+        self._raise_if_rejected(dst, msg, d, numel, base, npieces)
+
+    def _raise_if_rejected(self, dst, msg, d, numel, base, npieces) -> None:
+        peer = self.ch.slots[dst]
+        if peer[self._slot(ERR, self.rank)] != msg + 1:
+            return
+        self.sent[dst] = base + npieces
+        self.ch.me[self._slot(SENT, dst)] = base + npieces
+        want_d = DTYPE_BY_ID.get(int(peer[self._slot(ERR_DTYPE, self.rank)]))
+        want_n = int(peer[self._slot(ERR_NUMEL, self.rank)])
+        raise CommMismatch(f"send #{msg} to rank {dst}: sent {numel} x {d.name}, but rank {dst} "
+                           f"expects {want_n} x {want_d.name if want_d else '?'}")
+
+    def recv(self, out: np.ndarray, d: DType, numel: int, src: int) -> None:
+        ch, me = self.ch, self.rank
+        msg = self.msgs_recv[src]
+        self.msgs_recv[src] += 1
+        base = self.done[src]
+        mailbox = self.heap.segment(src)[self.layout.p2p_data(me):]
+        header = mailbox[:HEADER].view(np.int64)
+        what = ("recv", msg, f"rank {src} to send")
+        sent_slot = [(src, self._slot(SENT, me))]
+        ch.wait_slots(sent_slot, base + 1, what)
+        got_msg, got_d, got_n, npieces = (int(x) for x in header[:4])
+        if (got_d, got_n) != (d.id, numel) or got_msg != msg:
+            ch.me[self._slot(ERR_DTYPE, src)] = d.id
+            ch.me[self._slot(ERR_NUMEL, src)] = numel
+            ch.me[self._slot(ERR, src)] = msg + 1
+            self.done[src] = base + npieces
+            ch.me[self._slot(DONE, src)] = base + npieces
+            sent_d = DTYPE_BY_ID.get(got_d)
+            raise CommMismatch(f"recv #{msg} from rank {src}: expected {numel} x {d.name}, but "
+                               f"rank {src} sent {got_n} x {sent_d.name if sent_d else '?'}")
+        for i in range(npieces):
+            if i:
+                ch.wait_slots(sent_slot, base + i + 1, what)
+            lo = i * self.capacity
+            n = min(self.capacity, out.nbytes - lo)
+            np.copyto(out[lo:lo + n], mailbox[HEADER:HEADER + n])
+            self.done[src] = base + i + 1
+            ch.me[self._slot(DONE, src)] = base + i + 1

@@ -1,0 +1,46 @@
+"""Exceptions raised by tilecomm. Every collective failure is a :class:`CommError`."""
+
+from __future__ import annotations
+
+
+class CommError(RuntimeError):
+    """A communication operation failed (on this rank or because of a peer)."""
+
+
+class CommMismatch(CommError):
+    """Ranks disagree on a call: collective, size, dtype, op, root or algorithm.
+
+    Raised on every rank of the call, with a message naming the field and each rank's value.
+    """
+
+
+class CommTimeout(CommError):
+    """A rank waited longer than the timeout for peers that did not arrive.
+
+    ``collective``, ``seq`` and ``missing`` (the ranks that did not arrive) are attributes.
+    """
+
+    def __init__(self, message: str, *, collective: str = "", seq: int = -1,
+                 missing: tuple[int, ...] = ()):
+        super().__init__(message)
+        self.collective = collective
+        self.seq = seq
+        self.missing = missing
+
+
+class RankError(CommError):
+    """Raised by :func:`tilecomm.launch` when a rank raised or died.
+
+    ``rank`` is the failing rank, ``exc_type`` the name of its exception (or ``"exit"``), and
+    ``remote_traceback`` the traceback text from that rank.
+    """
+
+    def __init__(self, rank: int, exc_type: str, message: str, remote_traceback: str = ""):
+        text = f"rank {rank} failed: {exc_type}: {message}"
+        if remote_traceback:
+            text += f"\n\n--- traceback from rank {rank} ---\n{remote_traceback}"
+        super().__init__(text)
+        self.rank = rank
+        self.exc_type = exc_type
+        self.remote_message = message
+        self.remote_traceback = remote_traceback

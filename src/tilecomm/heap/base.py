@@ -1,0 +1,127 @@
+"""The heap interface and the byte layout of one rank's symmetric segment.
+
+Every rank owns one segment of identical layout; peers map it, so an offset names the same
+object on every rank (``comm.peer(t, r)`` is just "same offset, rank r's segment")::
+
+    +---------+------------------+-------------------------+---------------------+
+    | control | p2p mailboxes    | scratch (2 halves)      | user heap           |
+    | flags,  | one slot per     | staging for tensors     | comm.alloc tensors  |
+    | descrs  | destination rank | outside the heap        |                     |
+    +---------+------------------+-------------------------+---------------------+
+
+The control block holds int64 slots written only by the owner (peers only read them), so a
+single aligned 8-byte store publishes a flag; x86-64 keeps stores in order (TSO), so data written
+before a flag is visible to a peer that sees the flag.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import numpy as np
+
+ALIGN = 256
+
+
+def round_up(n: int, a: int = ALIGN) -> int:
+    return (n + a - 1) // a * a
+
+
+@dataclass(frozen=True)
+class SegmentLayout:
+    """Byte offsets inside each rank's segment (identical on every rank)."""
+
+    world_size: int
+    scratch_bytes: int
+    heap_bytes: int
+    p2p_slot_bytes: int = 4 << 20
+
+    # int64 slot indices in the control block
+    PROGRESS = 0          # collective step counter (monotonic)
+    PID = 1
+    DESC = 8              # two descriptors (by seq parity), DESC_LEN slots each
+    DESC_LEN = 16
+
+    @property
+    def rows(self) -> int:
+        """First slot of the all_to_all_v count rows: 2 parities x (send row, recv row)."""
+        return self.DESC + 2 * self.DESC_LEN
+
+    def row_slot(self, parity: int, which: int) -> int:
+        return self.rows + (parity * 2 + which) * self.world_size
+
+    @property
+    def p2p(self) -> int:
+        """First slot of the p2p counters: 5 arrays of world_size slots."""
+        return self.rows + 4 * self.world_size
+
+    def p2p_slot(self, array: int, peer: int) -> int:
+        # arrays: 0 sent_to[dst], 1 done_from[src], 2 err_from[src], 3 err_dtype, 4 err_numel
+        return self.p2p + array * self.world_size + peer
+
+    @property
+    def num_slots(self) -> int:
+        return self.p2p + 5 * self.world_size
+
+    MSG_BYTES = 512       # error text per parity
+
+    @property
+    def msg_offset(self) -> int:
+        return round_up(self.num_slots * 8)
+
+    @property
+    def control_bytes(self) -> int:
+        return round_up(self.msg_offset + 2 * self.MSG_BYTES, 4096)
+
+    @property
+    def p2p_offset(self) -> int:
+        return self.control_bytes
+
+    def p2p_data(self, dst: int) -> int:
+        return self.p2p_offset + dst * self.p2p_slot_bytes
+
+    @property
+    def scratch_offset(self) -> int:
+        return round_up(self.p2p_offset + self.world_size * self.p2p_slot_bytes, 4096)
+
+    def scratch_half(self, parity: int) -> int:
+        return self.scratch_offset + parity * (self.scratch_bytes // 2)
+
+    @property
+    def heap_offset(self) -> int:
+        return round_up(self.scratch_offset + self.scratch_bytes, 4096)
+
+    @property
+    def total_bytes(self) -> int:
+        return round_up(self.heap_offset + self.heap_bytes, 4096)
+
+
+class SymmetricHeap(abc.ABC):
+    """One segment per rank, all mapped by every rank.
+
+    ``segment(r)`` is rank ``r``'s whole segment as a ``uint8`` numpy array; ``slots(r)`` its
+    control block as a memoryview of int64 (fast scalar reads for polling).
+    """
+
+    rank: int
+    world_size: int
+    layout: SegmentLayout
+
+    @abc.abstractmethod
+    def segment(self, rank: int) -> np.ndarray: ...
+
+    @abc.abstractmethod
+    def slots(self, rank: int) -> memoryview: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def offset_of(self, array: np.ndarray) -> int | None:
+        """Byte offset of ``array``'s data in this rank's segment, or None if outside it."""
+        seg = self.segment(self.rank)
+        base = seg.ctypes.data
+        ptr = array.ctypes.data if isinstance(array, np.ndarray) else int(array)
+        if base <= ptr < base + seg.nbytes:
+            return ptr - base
+        return None

@@ -1,0 +1,240 @@
+"""Starting ranks: ``launch(fn, world_size)`` for local processes, ``init()`` under torchrun.
+
+The launcher creates every rank's segment file before starting the ranks and unlinks them all
+when it returns, whatever happened; each rank also unlinks its own file as soon as every rank
+has mapped it (see ``heap/shm.py``), so a crash of the launcher itself leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import os
+import signal
+import socket
+import sys
+import traceback
+from typing import Any, Callable
+
+from .backends.cpu import CpuBackend
+from .communicator import Communicator
+from .errors import CommError, RankError
+from .heap.base import SegmentLayout
+from .heap.shm import ShmHeap, create_segment_file, unlink_quietly
+from .settings import settings
+
+
+def _layout(world_size: int, heap_bytes: int | None, scratch_bytes: int | None) -> SegmentLayout:
+    s = settings()
+    return SegmentLayout(world_size, scratch_bytes or s.scratch_bytes, heap_bytes or s.heap_bytes)
+
+
+def _make_comm(rank: int, layout: SegmentLayout, paths: list[str], timeout: float) -> Communicator:
+    heap = ShmHeap(rank, layout, paths)
+    backend = CpuBackend(heap, timeout=timeout, spin=settings().spin,
+                         scratch_bytes=layout.scratch_bytes)
+    comm = Communicator(backend, heap, timeout=timeout)
+    comm._backend.rendezvous("init", layout.total_bytes, 0)  # every rank has mapped every file
+    heap.unlink()
+    return comm
+
+
+def _rank_main(rank: int, layout: SegmentLayout, paths: list[str], timeout: float, conn,
+               first_task) -> None:
+    """Body of a rank process: build the communicator, then run tasks from the launcher."""
+    code = 0
+    try:
+        import torch
+        torch.set_num_threads(1)  # one core per rank: ranks, not threads, share the machine
+        comm = _make_comm(rank, layout, paths, timeout)
+        task = first_task
+        while True:
+            if task is None:
+                task = conn.recv()
+                if task is None:
+                    break
+            fn, args = task
+            task = None
+            try:
+                result = fn(comm, *args)
+                conn.send(("ok", result))
+            except BaseException as e:  # noqa: BLE001 - reported to the launcher
+                conn.send(("err", type(e).__name__, str(e), traceback.format_exc()))
+            if first_task is not None:
+                break
+    except BaseException as e:  # noqa: BLE001
+        try:
+            conn.send(("err", type(e).__name__, str(e), traceback.format_exc()))
+        except Exception:
+            pass
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # never run the parent's atexit handlers in a forked child
+
+
+class RankGroup:
+    """``world_size`` local rank processes, each holding a ready :class:`Communicator`.
+
+    :func:`launch` runs one function on a fresh group; tests keep a group alive and run many
+    functions on it (``run``), which is much faster than starting processes per test.
+    """
+
+    def __init__(self, world_size: int, *, timeout: float | None = None,
+                 heap_bytes: int | None = None, scratch_bytes: int | None = None,
+                 start_method: str | None = None):
+        if not isinstance(world_size, int) or world_size < 1:
+            raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+        self.world_size = world_size
+        self.timeout = settings().timeout if timeout is None else float(timeout)
+        self.layout = _layout(world_size, heap_bytes, scratch_bytes)
+        self.ctx = mp.get_context(start_method or settings().start_method)
+        self.procs: list[mp.process.BaseProcess] = []
+        self.conns: list[Any] = []
+        self.paths: list[str] = []
+
+    def start(self, first_task=None) -> "RankGroup":
+        """Create the segment files and start the ranks (running ``first_task`` if given)."""
+        try:
+            shm_dir = settings().shm_dir
+            self.paths = [create_segment_file(shm_dir, self.layout.total_bytes)
+                          for _ in range(self.world_size)]
+            for r in range(self.world_size):
+                parent, child = self.ctx.Pipe()
+                p = self.ctx.Process(target=_rank_main, name=f"tilecomm-rank-{r}", daemon=True,
+                                     args=(r, self.layout, self.paths, self.timeout, child,
+                                           first_task))
+                p.start()
+                child.close()
+                self.procs.append(p)
+                self.conns.append(parent)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def run(self, fn: Callable, *args) -> list:
+        """Run ``fn(comm, *args)`` on every rank; results in rank order (see :func:`launch`)."""
+        for c in self.conns:
+            c.send((fn, args))
+        return self.collect()
+
+    def collect(self) -> list:
+        """Wait for one result per rank; on the first failure stop the ranks and raise."""
+        results: dict[int, Any] = {}
+        waiting = {c: r for r, c in enumerate(self.conns)}
+        sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
+        while waiting:
+            ready = mpc.wait(list(waiting) + [s for s, r in sentinels.items()
+                                              if r in waiting.values()])
+            for obj in ready:
+                if obj in waiting:
+                    r = waiting[obj]
+                    try:
+                        msg = obj.recv()
+                    except (EOFError, OSError):
+                        self._fail_exit(r)
+                    if msg[0] == "ok":
+                        results[r] = msg[1]
+                        del waiting[obj]
+                    else:
+                        self.stop()
+                        raise RankError(r, msg[1], msg[2], msg[3])
+                elif obj in sentinels:
+                    r = sentinels[obj]
+                    conn = self.conns[r]
+                    if conn in waiting and not conn.poll():
+                        self._fail_exit(r)
+        return [results[r] for r in range(self.world_size)]
+
+    def _fail_exit(self, rank: int) -> None:
+        p = self.procs[rank]
+        p.join(timeout=1)
+        code = p.exitcode
+        if code is not None and code < 0:
+            how = f"was killed by {signal.Signals(-code).name}"
+        else:
+            how = f"exited with code {code}"
+        self.stop()
+        raise RankError(rank, "exit", f"rank process {how} before returning")
+
+    def stop(self) -> None:
+        """Stop every rank (politely, then by force) and remove the segment files."""
+        for c in self.conns:
+            try:
+                c.send(None)
+            except (OSError, ValueError):
+                pass
+        for p in self.procs:
+            p.join(timeout=2)
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+        for c in self.conns:
+            c.close()
+        for path in self.paths:
+            unlink_quietly(path)
+        self.procs, self.conns, self.paths = [], [], []
+
+    def __enter__(self) -> "RankGroup":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def launch(fn: Callable, world_size: int, *args, timeout: float | None = None,
+           heap_bytes: int | None = None, scratch_bytes: int | None = None,
+           start_method: str | None = None) -> list:
+    """Run ``fn(comm, *args)`` in ``world_size`` new local processes; return results by rank.
+
+    ``timeout`` bounds every wait inside a collective (default ``TILECOMM_TIMEOUT``). If a rank
+    raises or dies, the others are stopped and :class:`~tilecomm.RankError` is raised with that
+    rank's number and traceback. With the default ``fork`` start method ``fn`` may be any
+    callable; with ``spawn`` it must be importable.
+    """
+    group = RankGroup(world_size, timeout=timeout, heap_bytes=heap_bytes,
+                      scratch_bytes=scratch_bytes, start_method=start_method)
+    group.start(first_task=(fn, args))
+    try:
+        return group.collect()
+    finally:
+        group.stop()
+
+
+def init(*, timeout: float | None = None, heap_bytes: int | None = None,
+         scratch_bytes: int | None = None) -> Communicator:
+    """The communicator of this process under torchrun (``RANK``, ``WORLD_SIZE``,
+    ``MASTER_ADDR``, ``MASTER_PORT``), rendezvousing through torch.distributed's store.
+
+    All ranks must be on one host (the heap is shared memory).
+    """
+    import torch.distributed as dist
+
+    missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+               if v not in os.environ]
+    if missing:
+        raise RuntimeError(f"tilecomm.init: {', '.join(missing)} not set; start the program "
+                           f"with torchrun, or use tilecomm.launch for local ranks")
+    tmo = settings().timeout if timeout is None else float(timeout)
+    from datetime import timedelta
+    store, rank, world = next(dist.rendezvous("env://", timeout=timedelta(seconds=tmo)))
+    store = dist.PrefixStore("tilecomm", store)
+    layout = _layout(world, heap_bytes, scratch_bytes)
+    path = create_segment_file(settings().shm_dir, layout.total_bytes)
+    try:
+        store.set(f"seg/{rank}", f"{socket.gethostname()}|{layout.total_bytes}|{path}")
+        infos = [store.get(f"seg/{r}").decode().split("|", 2) for r in range(world)]
+        hosts = sorted({h for h, _, _ in infos})
+        if len(hosts) > 1:
+            raise CommError(f"tilecomm.init: ranks span hosts {hosts}; the shared-memory heap "
+                            f"needs every rank on one host")
+        sizes = {int(s) for _, s, _ in infos}
+        if len(sizes) > 1:
+            raise CommError(f"tilecomm.init: ranks use different heap sizes {sorted(sizes)}; set "
+                            f"TILECOMM_HEAP_BYTES / TILECOMM_SCRATCH_BYTES alike on every rank")
+        return _make_comm(rank, layout, [p for _, _, p in infos], tmo)
+    finally:
+        unlink_quietly(path)

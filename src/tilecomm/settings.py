@@ -1,0 +1,79 @@
+"""Every setting tilecomm reads from the environment, with its default and meaning.
+
+Read once per process through :func:`settings`; pass explicit arguments to override per call.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields
+from functools import lru_cache
+
+
+@dataclass(frozen=True)
+class Settings:
+    #: TILECOMM_TIMEOUT: seconds a rank waits for peers before raising CommTimeout.
+    timeout: float = 60.0
+    #: TILECOMM_HEAP_BYTES: bytes of symmetric heap per rank for comm.alloc (reserved, backed
+    #: lazily by the kernel as pages are touched).
+    heap_bytes: int = 256 << 20
+    #: TILECOMM_SCRATCH_BYTES: bytes per rank used to stage tensors that are not in the heap.
+    #: Larger messages are moved in pieces of this size.
+    scratch_bytes: int = 32 << 20
+    #: TILECOMM_SPIN: polls of a flag before a waiting rank starts yielding its core.
+    spin: int = 2000
+    #: TILECOMM_SHM_DIR: directory of the POSIX shared-memory files.
+    shm_dir: str = "/dev/shm"
+    #: TILECOMM_START_METHOD: multiprocessing start method of tilecomm.launch (fork, spawn,
+    #: forkserver). fork starts in milliseconds and accepts closures.
+    start_method: str = "fork"
+    #: TILECOMM_ONE_SHOT_MAX: largest all_reduce (bytes) for which auto picks one_shot.
+    one_shot_max: int = 64 << 10
+    #: TILECOMM_DEBUG: 1 to validate more and keep more state for error messages.
+    debug: bool = False
+
+
+def _parse(kind, text: str):
+    if kind is bool:
+        return text.strip().lower() in ("1", "true", "yes", "on")
+    if kind is int:
+        from .units import parse_size
+        return parse_size(text)
+    return kind(text)
+
+
+@lru_cache(maxsize=1)
+def settings() -> Settings:
+    """The settings of this process: defaults overridden by ``TILECOMM_*`` variables."""
+    values = {}
+    for f in fields(Settings):
+        env = os.environ.get("TILECOMM_" + f.name.upper())
+        if env is not None:
+            kind = type(f.default)
+            try:
+                values[f.name] = _parse(kind, env)
+            except ValueError as e:
+                raise ValueError(f"TILECOMM_{f.name.upper()}={env!r}: {e}") from None
+    return Settings(**values)
+
+
+def describe() -> list[tuple[str, str, str]]:
+    """``(variable, current value, meaning)`` for every setting (for ``tilecomm doctor``)."""
+    import inspect
+
+    src = inspect.getsource(Settings).splitlines()
+    docs, out = {}, []
+    for i, line in enumerate(src):
+        if line.strip().startswith("#: TILECOMM_"):
+            name = line.strip()[3:].split(":")[0]
+            text = [line.strip()[3:].split(":", 1)[1].strip()]
+            j = i + 1
+            while src[j].strip().startswith("#:"):
+                text.append(src[j].strip()[2:].strip())
+                j += 1
+            docs[name] = " ".join(text)
+    cur = settings()
+    for f in fields(Settings):
+        var = "TILECOMM_" + f.name.upper()
+        out.append((var, str(getattr(cur, f.name)), docs.get(var, "")))
+    return out

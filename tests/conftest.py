@@ -1,0 +1,67 @@
+"""Shared fixtures. ``ranks(world_size)`` returns a RankGroup that stays alive across tests
+(starting processes per test is too slow); a group whose rank failed is restarted."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import tilecomm
+
+# Small scratch so that modest test sizes already run in several pieces.
+TEST_SCRATCH = 64 << 10
+TEST_HEAP = 16 << 20
+
+
+class _Pools:
+    def __init__(self):
+        self.groups: dict[int, tilecomm.RankGroup] = {}
+
+    def get(self, world_size: int) -> "PoolHandle":
+        g = self.groups.get(world_size)
+        if g is None or not g.procs or not all(p.is_alive() for p in g.procs):
+            if g is not None:
+                g.stop()
+            g = tilecomm.RankGroup(world_size, timeout=20, heap_bytes=TEST_HEAP,
+                                   scratch_bytes=TEST_SCRATCH).start()
+            self.groups[world_size] = g
+        return PoolHandle(self, world_size, g)
+
+    def close(self):
+        for g in self.groups.values():
+            g.stop()
+        self.groups.clear()
+
+
+class PoolHandle:
+    def __init__(self, pools, world_size, group):
+        self.pools, self.world_size, self.group = pools, world_size, group
+
+    def run(self, fn, *args):
+        try:
+            return self.group.run(fn, *args)
+        except BaseException:
+            self.pools.groups.pop(self.world_size, None)  # stopped by collect(); restart next time
+            raise
+
+
+@pytest.fixture(scope="session")
+def _pools():
+    pools = _Pools()
+    yield pools
+    pools.close()
+
+
+@pytest.fixture
+def ranks(_pools):
+    """``ranks(w).run(fn, *args)`` runs ``fn(comm, *args)`` on w live ranks."""
+    return _pools.get
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_leaks():
+    before = {f for f in os.listdir("/dev/shm") if f.startswith("tilecomm-")}
+    yield
+    after = {f for f in os.listdir("/dev/shm") if f.startswith("tilecomm-")}
+    assert not (after - before), f"segment files left behind: {sorted(after - before)}"

@@ -1,0 +1,289 @@
+"""Every collective and every registered algorithm against the reference, exactly.
+
+Sizes include 1, odd sizes, sizes not divisible by the world size and sizes that run in several
+pieces through the (deliberately small) scratch area of the test ranks.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tilecomm import reference
+from tilecomm.algorithms import algorithms
+
+from .data import ALL_DTYPES, MOVE_DTYPES, make
+
+WORLD_SIZES = [1, 2, 3, 4]
+SIZES = [1, 7, 1000, 20_011]  # 20_011 float64 elements exceed the 64 KiB test scratch
+REDUCE_OPS = ["sum", "prod", "min", "max", "avg"]
+
+
+def _ops_for(dtype):
+    return [op for op in REDUCE_OPS if op != "avg" or dtype.is_floating_point]
+
+
+def _run_all_reduce(comm, algo, cases):
+    outs = []
+    for seed, n, dtype, op in cases:
+        t = make(seed, comm.rank, (n,), dtype, op)
+        assert comm.all_reduce(t, op, algo=algo) is t
+        outs.append(t)
+    return outs
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("algo", algorithms("all_reduce") + ["auto"])
+def test_all_reduce(ranks, world_size, algo):
+    cases = [(i, n, d, op) for i, (n, d) in enumerate((n, d) for n in SIZES for d in ALL_DTYPES)
+             for op in _ops_for(d) if n < 2000 or op == "sum"]
+    results = ranks(world_size).run(_run_all_reduce, algo, cases)
+    for c, (seed, n, dtype, op) in enumerate(cases):
+        inputs = [make(seed, r, (n,), dtype, op) for r in range(world_size)]
+        want = reference.all_reduce(inputs, op)
+        for r in range(world_size):
+            torch.testing.assert_close(results[r][c], want[r], rtol=0, atol=0,
+                                       msg=lambda m: f"{algo} {dtype} n={n} op={op} rank {r}: {m}")
+
+
+def _run_all_gather(comm, algo, cases):
+    outs = []
+    for seed, shape, dtype in cases:
+        t = make(seed, comm.rank, shape, dtype)
+        outs.append(comm.all_gather(t, algo=algo))
+    return outs
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("algo", algorithms("all_gather") + ["auto"])
+def test_all_gather(ranks, world_size, algo):
+    cases = [(i, shape, d) for i, (shape, d) in enumerate(
+        (s, d) for s in [(1,), (7, 3), (1000,), (9001, 2)] for d in MOVE_DTYPES)]
+    results = ranks(world_size).run(_run_all_gather, algo, cases)
+    for c, (seed, shape, dtype) in enumerate(cases):
+        want = reference.all_gather([make(seed, r, shape, dtype) for r in range(world_size)])
+        for r in range(world_size):
+            assert results[r][c].shape == (world_size * shape[0], *shape[1:])
+            assert torch.equal(results[r][c], want[r]), f"{algo} {dtype} {shape} rank {r}"
+
+
+def _run_reduce_scatter(comm, algo, cases):
+    outs = []
+    for seed, rows, dtype, op in cases:
+        t = make(seed, comm.rank, (rows * comm.world_size, 3), dtype, op)
+        before = t.clone()
+        out = comm.reduce_scatter(t, op, algo=algo)
+        assert torch.equal(t, before), "reduce_scatter modified its input"
+        outs.append(out)
+    return outs
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("algo", algorithms("reduce_scatter") + ["auto"])
+def test_reduce_scatter(ranks, world_size, algo):
+    cases = [(i, rows, d, op) for i, (rows, d) in enumerate(
+        (rows, d) for rows in [1, 5, 3001] for d in ALL_DTYPES) for op in _ops_for(d)
+        if rows < 3000 or op == "sum"]
+    results = ranks(world_size).run(_run_reduce_scatter, algo, cases)
+    for c, (seed, rows, dtype, op) in enumerate(cases):
+        inputs = [make(seed, r, (rows * world_size, 3), dtype, op) for r in range(world_size)]
+        want = reference.reduce_scatter(inputs, op)
+        for r in range(world_size):
+            torch.testing.assert_close(results[r][c], want[r], rtol=0, atol=0)
+
+
+def _run_rooted(comm, name, algo, cases):
+    outs = []
+    for seed, n, dtype, root, op in cases:
+        t = make(seed, comm.rank, (n,), dtype, op or "sum")
+        if name == "broadcast":
+            assert comm.broadcast(t, root, algo=algo) is t
+        else:
+            assert comm.reduce(t, root, op, algo=algo) is t
+        outs.append(t)
+    return outs
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("name,algo", [("broadcast", a) for a in algorithms("broadcast")]
+                         + [("reduce", a) for a in algorithms("reduce")]
+                         + [("broadcast", "auto"), ("reduce", "auto")])
+def test_rooted(ranks, world_size, name, algo):
+    dtypes = MOVE_DTYPES if name == "broadcast" else ALL_DTYPES
+    cases = []
+    for i, (n, d) in enumerate((n, d) for n in [1, 33, 20_011] for d in dtypes):
+        for root in range(world_size):
+            for op in ([None] if name == "broadcast" else _ops_for(d)):
+                if n > 2000 and op not in (None, "sum"):
+                    continue
+                cases.append((i, n, d, root, op))
+    results = ranks(world_size).run(_run_rooted, name, algo, cases)
+    for c, (seed, n, dtype, root, op) in enumerate(cases):
+        inputs = [make(seed, r, (n,), dtype, op or "sum") for r in range(world_size)]
+        want = (reference.broadcast(inputs, root) if name == "broadcast"
+                else reference.reduce(inputs, root, op))
+        for r in range(world_size):
+            torch.testing.assert_close(results[r][c], want[r], rtol=0, atol=0,
+                                       msg=lambda m: f"{name}/{algo} root={root} rank {r}: {m}")
+
+
+def _run_all_to_all(comm, algo, cases):
+    outs = []
+    for seed, rows, dtype in cases:
+        t = make(seed, comm.rank, (rows * comm.world_size, 2), dtype)
+        outs.append(comm.all_to_all(t, algo=algo))
+    return outs
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("algo", algorithms("all_to_all") + ["auto"])
+def test_all_to_all(ranks, world_size, algo):
+    cases = [(i, rows, d) for i, (rows, d) in enumerate(
+        (rows, d) for rows in [1, 7, 5003] for d in MOVE_DTYPES)]
+    results = ranks(world_size).run(_run_all_to_all, algo, cases)
+    for c, (seed, rows, dtype) in enumerate(cases):
+        want = reference.all_to_all([make(seed, r, (rows * world_size, 2), dtype)
+                                     for r in range(world_size)])
+        for r in range(world_size):
+            assert torch.equal(results[r][c], want[r]), f"{algo} {dtype} rows={rows} rank {r}"
+
+
+def _counts(seed, w):
+    g = torch.Generator().manual_seed(seed)
+    m = torch.randint(0, 6, (w, w), generator=g)
+    if seed % 3 == 0:
+        m[:, 0] = 0          # a rank that receives nothing
+    if seed % 5 == 1:
+        m[0, :] = 4000       # a large sender: several pieces
+    return m.tolist()
+
+
+def _run_all_to_all_v(comm, algo, cases, give_recv):
+    outs = []
+    for seed, dtype in cases:
+        m = _counts(seed, comm.world_size)
+        send = m[comm.rank]
+        t = make(seed, comm.rank, (sum(send), 3), dtype)
+        recv = [m[j][comm.rank] for j in range(comm.world_size)] if give_recv else None
+        outs.append(comm.all_to_all_v(t, send, recv, algo=algo))
+    return outs
+
+
+@pytest.mark.parametrize("world_size", WORLD_SIZES)
+@pytest.mark.parametrize("algo", algorithms("all_to_all_v") + ["auto"])
+@pytest.mark.parametrize("give_recv", [False, True])
+def test_all_to_all_v(ranks, world_size, algo, give_recv):
+    cases = [(seed, d) for seed in range(6) for d in (torch.float32, torch.bfloat16, torch.int8)]
+    results = ranks(world_size).run(_run_all_to_all_v, algo, cases, give_recv)
+    for c, (seed, dtype) in enumerate(cases):
+        m = _counts(seed, world_size)
+        inputs = [make(seed, r, (sum(m[r]), 3), dtype) for r in range(world_size)]
+        want = reference.all_to_all_v(inputs, m)
+        for r in range(world_size):
+            assert torch.equal(results[r][c], want[r]), f"{algo} seed={seed} rank {r}"
+
+
+def _run_heap(comm, n):
+    """Symmetric-heap tensors: zero-copy paths, peer views, and the same results."""
+    out = {}
+    t = comm.alloc((n,), torch.float32)
+    t.copy_(make(1, comm.rank, (n,), torch.float32))
+    comm.barrier()
+    out["peer"] = comm.peer(t, (comm.rank + 1) % comm.world_size).clone()
+    comm.barrier()
+    for algo in ("one_shot", "two_shot", "ring", "recursive_doubling"):
+        t.copy_(make(1, comm.rank, (n,), torch.float32))
+        comm.all_reduce(t, algo=algo)
+        out[algo] = t.clone()
+    x = comm.alloc((n, 2), torch.bfloat16)
+    x.copy_(make(2, comm.rank, (n, 2), torch.bfloat16))
+    out["ag"] = comm.all_gather(x, algo="ring")
+    del x, t
+    return out
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("n", [5, 30_000])
+def test_symmetric_heap_tensors(ranks, world_size, n):
+    results = ranks(world_size).run(_run_heap, n)
+    inputs = [make(1, r, (n,), torch.float32) for r in range(world_size)]
+    want = reference.reduced(inputs)
+    for r in range(world_size):
+        assert torch.equal(results[r]["peer"], inputs[(r + 1) % world_size])
+        for algo in ("one_shot", "two_shot", "ring", "recursive_doubling"):
+            assert torch.equal(results[r][algo], want), algo
+        want_ag = reference.all_gather([make(2, j, (n, 2), torch.bfloat16)
+                                        for j in range(world_size)])[r]
+        assert torch.equal(results[r]["ag"], want_ag)
+
+
+def _run_noncontig(comm):
+    base = make(3, comm.rank, (6, 8), torch.float32)
+    comm.all_reduce(base.t())                  # in place through a non-contiguous view
+    g = comm.all_gather(make(4, comm.rank, (6, 8), torch.float32)[:, ::2])
+    out = torch.zeros(8, 6).t()                # non-contiguous output
+    comm.reduce_scatter(make(5, comm.rank, (6 * comm.world_size, 8), torch.float32), out=out)
+    return base, g, out
+
+
+def test_non_contiguous(ranks):
+    w = 2
+    results = ranks(w).run(_run_noncontig)
+    inputs = [make(3, r, (6, 8), torch.float32) for r in range(w)]
+    want = reference.reduced(inputs)
+    ag = reference.all_gather([make(4, r, (6, 8), torch.float32)[:, ::2] for r in range(w)])
+    rs = reference.reduce_scatter([make(5, r, (12, 8), torch.float32) for r in range(w)])
+    for r in range(w):
+        base, g, out = results[r]
+        assert torch.equal(base, want)
+        assert torch.equal(g, ag[r])
+        assert torch.equal(out, rs[r])
+
+
+def _run_send_recv(comm, sizes):
+    got = []
+    for n in sizes:
+        if comm.rank == 0:
+            for peer in range(1, comm.world_size):
+                comm.send(make(n, peer, (n,), torch.float64), peer)
+        else:
+            t = torch.empty(n, dtype=torch.float64)
+            got.append(comm.recv(t, 0))
+    # ring exchange: even ranks send first, odd ranks receive first (no deadlock)
+    nxt, prv = (comm.rank + 1) % comm.world_size, (comm.rank - 1) % comm.world_size
+    x = torch.full((5,), float(comm.rank))
+    y = torch.empty(5)
+    if comm.world_size > 1:
+        if comm.rank % 2 == 0:
+            comm.send(x, nxt)
+            comm.recv(y, prv)
+        else:
+            comm.recv(y, prv)
+            comm.send(x, nxt)
+    return got, y
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_send_recv(ranks, world_size):
+    sizes = [1, 1000, 1_000_003]   # the last one is larger than a mailbox: several pieces
+    results = ranks(world_size).run(_run_send_recv, sizes)
+    for r in range(1, world_size):
+        got, y = results[r]
+        for t, n in zip(got, sizes):
+            assert torch.equal(t, make(n, r, (n,), torch.float64))
+    for r in range(world_size):
+        assert torch.equal(results[r][1], torch.full((5,), float((r - 1) % world_size)))
+
+
+def _run_barrier(comm):
+    import time
+    if comm.rank == 0:
+        time.sleep(0.3)
+    t0 = time.monotonic()
+    comm.barrier()
+    return time.monotonic() - t0
+
+
+def test_barrier_waits_for_slowest(ranks):
+    waited = ranks(3).run(_run_barrier)
+    assert all(w > 0.15 for w in waited[1:]), waited
