@@ -79,9 +79,9 @@ class Communicator:
             self._alloc.free(off)
             raise CommError(f"alloc: symmetric heap diverged (offsets {offsets}); free symmetric "
                             f"tensors in the same order on every rank")
-        raw = self._heap.segment(self.rank)[off:off + nbytes]
+        raw = self._heap.block(self.rank, off, nbytes)
         raw[:] = 0
-        weakref.finalize(raw, self._alloc.free, off)
+        weakref.finalize(raw.base, self._alloc.free, off)  # runs when the last view is gone
         return _as_tensor(raw, d).reshape(shape)
 
     def peer(self, tensor: torch.Tensor, rank: int) -> torch.Tensor:

@@ -18,6 +18,8 @@ class CommTimeout(CommError):
     """A rank waited longer than the timeout for peers that did not arrive.
 
     ``collective``, ``seq`` and ``missing`` (the ranks that did not arrive) are attributes.
+    Sequence numbers count the communicator's collective calls; ``#0`` is the handshake made
+    when it was created, so the first call of the program is ``#1``.
     """
 
     def __init__(self, message: str, *, collective: str = "", seq: int = -1,
@@ -44,3 +46,5 @@ class RankError(CommError):
         self.exc_type = exc_type
         self.remote_message = message
         self.remote_traceback = remote_traceback
+        #: other ranks that failed too: rank -> (exception type, message, traceback)
+        self.others: dict[int, tuple[str, str, str]] = {}

@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import sys
+import time
 import traceback
 from typing import Any, Callable
 
@@ -120,44 +121,58 @@ class RankGroup:
             c.send((fn, args))
         return self.collect()
 
-    def collect(self) -> list:
-        """Wait for one result per rank; on the first failure stop the ranks and raise."""
+    def collect(self, grace: float = 2.0) -> list:
+        """Wait for one result per rank.
+
+        On the first failure (an exception, or a process that died) the other ranks get
+        ``grace`` seconds to report (a peer's death makes them raise CommTimeout quickly), then
+        all are stopped and :class:`RankError` is raised for the first failing rank, with the
+        others' errors in ``RankError.others``.
+        """
         results: dict[int, Any] = {}
-        waiting = {c: r for r, c in enumerate(self.conns)}
-        sentinels = {p.sentinel: r for r, p in enumerate(self.procs)}
-        while waiting:
-            ready = mpc.wait(list(waiting) + [s for s, r in sentinels.items()
-                                              if r in waiting.values()])
-            for obj in ready:
-                if obj in waiting:
-                    r = waiting[obj]
+        failures: dict[int, tuple[str, str, str]] = {}
+        pending = set(range(self.world_size))
+        deadline = None
+        while pending:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            objs = [self.conns[r] for r in pending] + [self.procs[r].sentinel for r in pending]
+            ready = mpc.wait(objs, timeout=remaining)
+            if not ready and deadline is not None:
+                break
+            for r in sorted(pending):
+                conn, proc = self.conns[r], self.procs[r]
+                msg = None
+                if conn in ready or (proc.sentinel in ready and conn.poll()):
                     try:
-                        msg = obj.recv()
+                        msg = conn.recv()
                     except (EOFError, OSError):
-                        self._fail_exit(r)
-                    if msg[0] == "ok":
-                        results[r] = msg[1]
-                        del waiting[obj]
-                    else:
-                        self.stop()
-                        raise RankError(r, msg[1], msg[2], msg[3])
-                elif obj in sentinels:
-                    r = sentinels[obj]
-                    conn = self.conns[r]
-                    if conn in waiting and not conn.poll():
-                        self._fail_exit(r)
+                        msg = None
+                elif proc.sentinel not in ready:
+                    continue
+                pending.discard(r)
+                if msg is None:
+                    failures[r] = ("exit", self._exit_reason(r), "")
+                elif msg[0] == "ok":
+                    results[r] = msg[1]
+                else:
+                    failures[r] = msg[1:]
+                if r in failures and deadline is None:
+                    deadline = time.monotonic() + grace
+        if failures:
+            self.stop()
+            first = min(failures, key=lambda r: (failures[r][0] in ("CommTimeout", "CommError"), r))
+            err = RankError(first, *failures[first])
+            err.others = {r: f for r, f in failures.items() if r != first}
+            raise err
         return [results[r] for r in range(self.world_size)]
 
-    def _fail_exit(self, rank: int) -> None:
+    def _exit_reason(self, rank: int) -> str:
         p = self.procs[rank]
         p.join(timeout=1)
         code = p.exitcode
         if code is not None and code < 0:
-            how = f"was killed by {signal.Signals(-code).name}"
-        else:
-            how = f"exited with code {code}"
-        self.stop()
-        raise RankError(rank, "exit", f"rank process {how} before returning")
+            return f"rank process was killed by {signal.Signals(-code).name}"
+        return f"rank process exited with code {code} before returning"
 
     def stop(self) -> None:
         """Stop every rank (politely, then by force) and remove the segment files."""

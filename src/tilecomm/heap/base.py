@@ -115,6 +115,11 @@ class SymmetricHeap(abc.ABC):
     def slots(self, rank: int) -> memoryview: ...
 
     @abc.abstractmethod
+    def block(self, rank: int, offset: int, nbytes: int) -> np.ndarray:
+        """``[offset, offset + nbytes)`` of ``rank``'s segment as an array that is the base of
+        every view taken from it (so a finalizer on it runs when the last view dies)."""
+
+    @abc.abstractmethod
     def close(self) -> None: ...
 
     def offset_of(self, array: np.ndarray) -> int | None:

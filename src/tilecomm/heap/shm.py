@@ -95,6 +95,11 @@ class ShmHeap(SymmetricHeap):
     def slots(self, rank: int) -> memoryview:
         return self._slots[rank]
 
+    def block(self, rank: int, offset: int, nbytes: int) -> np.ndarray:
+        """A uint8 array over ``[offset, offset + nbytes)`` of ``rank``'s segment that owns its
+        own buffer export, so views of it keep it (and a finalizer on it) alive."""
+        return np.frombuffer(memoryview(self._maps[rank])[offset:offset + nbytes], np.uint8)
+
     def unlink(self) -> None:
         """Remove this rank's segment file (the mappings stay valid)."""
         unlink_quietly(self.paths[self.rank])

@@ -321,8 +321,8 @@ class Executor:
             for j in range(w):
                 if recv[r][j] >= 0 and recv[r][j] != send[j][r]:
                     raise CommMismatch(
-                        f"all_to_all_v #{seq}: rank {r} expects {recv[r][j]} rows from rank "
-                        f"{j}, which sends it {send[j][r]}")
+                        f"all_to_all_v #{seq}: ranks disagree on split sizes: rank {r} expects "
+                        f"{recv[r][j]} rows from rank {j}, which sends it {send[j][r]}")
         return send
 
 

@@ -1,0 +1,158 @@
+"""Python API: ``predict`` / ``best`` / ``why`` for a collective on a system.
+
+>>> from tilecomm.sim import predict, best
+>>> best("all_reduce", 1 << 30, system="dgx-h100").algo
+'nvls'
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from tilecomm.algorithms import BUSBW_FACTOR, algorithms, get_schedule
+from tilecomm.topology import SystemSpec, Topology, build
+
+from . import builders
+from .analytic import alpha_beta, dbtree_time, nvls_time
+from .engine import simulate
+from .flowsched import FlowSchedule, from_schedule
+
+GB = 1e3
+# Registered schedules materialize every move; above this many we use builders or skip.
+MAX_REGISTERED_MOVES = 300_000
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted cost of one algorithm (with its best protocol) at one size."""
+
+    collective: str
+    algo: str
+    protocol: str
+    nbytes: int
+    world_size: int
+    time_us: float
+    algbw_GBps: float
+    busbw_GBps: float
+    bottleneck: str     # link kind that limited the slowest flows longest ("latency" if alpha)
+    method: str         # "events" | "phases" (simulated) or "analytic"
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _moves_estimate(collective: str, algo: str, w: int) -> int:
+    if algo in ("ring", "pairwise"):
+        return 2 * w * w
+    if algo in ("tree", "recursive_doubling"):
+        return w * max(1, w.bit_length())
+    return 2 * w * w
+
+
+def flow_schedule(collective: str, algo: str, topo: Topology) -> FlowSchedule | None:
+    """The flow schedule of ``algo`` on ``topo`` (None when it is analytic-only)."""
+    w = topo.world_size
+    if algo == "ring" and collective in ("all_reduce", "all_gather", "reduce_scatter"):
+        return builders.ring(collective, w)
+    if algo == "hierarchical":
+        return builders.hierarchical(collective, topo.nodes, topo.gpus)
+    if algo == "rhd":
+        return builders.rhd(collective, w)
+    if algo == "bruck":
+        return builders.bruck(collective, w)
+    if collective == "send_recv":
+        return builders.send_recv(w)
+    if algo in algorithms(collective):
+        if _moves_estimate(collective, algo, w) > MAX_REGISTERED_MOVES:
+            return None
+        return from_schedule(get_schedule(collective, algo, w))
+    return None
+
+
+def candidates(collective: str, topo: Topology) -> list[str]:
+    """Algorithms the model can time for ``collective`` on ``topo``."""
+    w = topo.world_size
+    out = [a for a in algorithms(collective) if a == "ring" or
+           _moves_estimate(collective, a, w) <= MAX_REGISTERED_MOVES]
+    if collective == "send_recv":
+        out = ["pairwise"]
+    if collective == "all_reduce":
+        if w & (w - 1) == 0 and w > 1:
+            out.append("rhd")
+        if topo.nodes > 1 and topo.gpus > 1:
+            out.append("hierarchical")
+        if topo.spec.intra != "shm":
+            out.append("dbtree")
+        if topo.spec.nvls and topo.nodes == 1:
+            out.append("nvls")
+    if collective == "all_to_all" and w > 1:
+        out.append("bruck")
+    return out
+
+
+def _one(collective: str, algo: str, topo: Topology, nbytes: int, protocol: str | None,
+         engine: str) -> Prediction:
+    spec = topo.spec
+    w = topo.world_size
+    protos = [spec.protocol(protocol)] if protocol else list(spec.protocols)
+    if algo == "nvls":
+        t, proto_name, bott, method = nvls_time(topo, nbytes), "NVLS", "nvswitch", "analytic"
+    elif algo == "dbtree":
+        t, proto_name = min((dbtree_time(topo, p, nbytes), p.name) for p in protos)
+        bott, method = ("nic_tx" if topo.nodes > 1 else "gpu_tx"), "analytic"
+    else:
+        fs = flow_schedule(collective, algo, topo)
+        if fs is None:
+            raise ValueError(f"{collective}/{algo} on {w} ranks is too large to simulate")
+        # Simulate the protocols whose uncontended estimate is within 1.5x of the best.
+        est = {p.name: alpha_beta(fs, topo, p, nbytes) for p in protos}
+        lo = min(est.values())
+        res = [(simulate(fs, topo, p, nbytes, engine), p.name) for p in protos
+               if est[p.name] <= 1.5 * lo]
+        r, proto_name = min(res, key=lambda x: x[0].time_us)
+        t, method = r.time_us, r.engine
+        fixed = spec.launch_us + spec.protocol(proto_name).base_us
+        moved = sum(r.time_by_kind.values())
+        bott = r.bottleneck
+        lat = t - fixed - moved  # time not spent moving data: latency-bound
+        if lat + fixed > moved:
+            bott = "latency"
+    factor = BUSBW_FACTOR.get(collective, lambda n: 1.0)(w)
+    algbw = nbytes / (t * GB) if t > 0 else float("inf")
+    return Prediction(collective, algo, proto_name, int(nbytes), w, t, algbw, algbw * factor,
+                      bott, method)
+
+
+def predict(collective: str, nbytes: int, system: str | SystemSpec = "dgx-h100",
+            nodes: int = 1, gpus: int | None = None, algo: str = "all",
+            protocol: str | None = None, engine: str = "auto") -> list[Prediction]:
+    """Predicted time of ``collective`` on ``nbytes`` for each algorithm (or ``algo``).
+
+    ``system``: preset name, .json path or :class:`SystemSpec`; ``gpus``: ranks per node
+    (default: all GPUs of the node). Sorted fastest first.
+    """
+    topo = build(system, nodes, gpus)
+    names = candidates(collective, topo) if algo == "all" else [algo]
+    preds = [_one(collective, a, topo, nbytes, protocol, engine) for a in names]
+    return sorted(preds, key=lambda p: p.time_us)
+
+
+def best(collective: str, nbytes: int, **kw) -> Prediction:
+    """The fastest algorithm: the choice a tuner with this model would make."""
+    return predict(collective, nbytes, **kw)[0]
+
+
+def why(collective: str, nbytes: int, **kw) -> str:
+    """One paragraph: which algorithm wins, by how much, and which link limits it."""
+    preds = predict(collective, nbytes, **kw)
+    b = preds[0]
+    lines = [f"{collective} of {nbytes} B on {b.world_size} ranks: best is {b.algo}/{b.protocol} "
+             f"at {b.time_us:.1f} us (busbw {b.busbw_GBps:.1f} GB/s, {b.method})."]
+    if b.bottleneck == "latency":
+        lines.append("It is latency-bound: per-step and launch latency exceed transfer time.")
+    else:
+        lines.append(f"Its bottleneck is the {b.bottleneck} links.")
+    for p in preds[1:]:
+        lines.append(f"  {p.algo:>18}: {p.time_us:10.1f} us ({p.time_us / b.time_us:.2f}x), "
+                     f"bottleneck {p.bottleneck}")
+    return "\n".join(lines)

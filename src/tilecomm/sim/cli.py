@@ -1,0 +1,164 @@
+"""``tilecomm sim`` and ``tilecomm topo``: argparse subcommands the top-level CLI mounts.
+
+    tilecomm sim all_reduce --system dgx-h100 --nodes 2 -b 1K -e 8G -f 2 --algo all \
+        [--json out.json] [--plot out.png] [--measured nccl.log|bench.json]
+    tilecomm topo [--system dgx-h100 [--nodes N]]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from tilecomm.algorithms import BUSBW_FACTOR
+
+from .units import format_size, parse_size, sizes
+
+
+def add_sim_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("sim", help="predict collective time per algorithm and size",
+                              description="Predict time, algbw and busbw of each algorithm.")
+    p.add_argument("collective", choices=["all_reduce", "all_gather", "reduce_scatter",
+                                          "broadcast", "reduce", "all_to_all", "send_recv"])
+    p.add_argument("--system", default="dgx-h100", help="preset name or system .json")
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--gpus", type=int, default=None, help="ranks per node (default: all)")
+    p.add_argument("-b", "--minbytes", default="1K")
+    p.add_argument("-e", "--maxbytes", default="1G")
+    p.add_argument("-f", "--stepfactor", type=int, default=2)
+    p.add_argument("--algo", default="all", help="algorithm name or 'all'")
+    p.add_argument("--protocol", default=None, help="force one protocol (e.g. Simple)")
+    p.add_argument("--engine", default="auto", choices=["auto", "events", "phases"])
+    p.add_argument("--json", default=None, help="write predictions as JSON rows")
+    p.add_argument("--plot", default=None, help="write a PNG (needs matplotlib)")
+    p.add_argument("--measured", default=None, help="nccl-tests log or tilecomm bench JSON")
+    p.set_defaults(func=run_sim)
+    return p
+
+
+def add_topo_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("topo", help="describe this machine or a preset system")
+    p.add_argument("--system", default=None, help="preset name or .json (default: this machine)")
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--no-measure", action="store_true", help="skip the memory bandwidth test")
+    p.set_defaults(func=run_topo)
+    return p
+
+
+def run_sim(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from .api import predict
+    from .measured import load_measurements
+
+    grid = sizes(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)
+    rows = []
+    for n in grid:
+        preds = predict(args.collective, n, system=args.system, nodes=args.nodes,
+                        gpus=args.gpus, algo=args.algo, protocol=args.protocol,
+                        engine=args.engine)
+        for i, p in enumerate(preds):
+            rows.append({**p.as_dict(), "best": i == 0})
+    w = rows[0]["world_size"] if rows else 0
+    measured = []
+    if args.measured:
+        factor = BUSBW_FACTOR.get(args.collective, lambda n: 1.0)
+        for m in load_measurements(args.measured, args.collective):
+            ws = m.world_size or w
+            bw = m.nbytes / (m.time_us * 1e3) * factor(ws) if m.time_us > 0 else 0.0
+            measured.append({"source": m.source, "nbytes": m.nbytes, "time_us": m.time_us,
+                             "busbw_GBps": bw})
+    by_size = {m["nbytes"]: m for m in measured}
+    con = Console()
+    t = Table(title=f"{args.collective} on {args.system} x{args.nodes} ({w} ranks): predicted")
+    for col in ("size", "algo", "proto", "time (us)", "algbw GB/s", "busbw GB/s", "bottleneck"):
+        t.add_column(col, justify="right")
+    if measured:
+        t.add_column("measured us", justify="right")
+        t.add_column("err", justify="right")
+    for r in rows:
+        cells = [format_size(r["nbytes"]), ("* " if r["best"] else "") + r["algo"], r["protocol"],
+                 f"{r['time_us']:.2f}", f"{r['algbw_GBps']:.2f}", f"{r['busbw_GBps']:.2f}",
+                 r["bottleneck"]]
+        if measured:
+            m = by_size.get(r["nbytes"])
+            ok = m is not None and r["best"]
+            cells += [f"{m['time_us']:.2f}" if ok else "",
+                      f"{(r['time_us'] - m['time_us']) / m['time_us']:+.0%}" if ok else ""]
+        t.add_row(*cells, style="bold" if r["best"] else None)
+    con.print(t)
+    con.print("* = fastest (the tuner's choice)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"system": args.system, "nodes": args.nodes, "predictions": rows,
+                       "measured": measured}, f, indent=1)
+    if args.plot:
+        from .plot import plot_sweep
+        plot_sweep(rows, args.plot, f"{args.collective}: {args.system} x{args.nodes} "
+                   f"({w} ranks)", measured)
+    return 0
+
+
+def run_topo(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    if args.system is None:
+        from tilecomm.topology.detect import detect
+        info = detect(measure=not args.no_measure)
+        t = Table(title="this machine")
+        t.add_column("property")
+        t.add_column("value")
+        for k, v in info.items():
+            if k != "topo":
+                t.add_row(k, str(v))
+        con.print(t)
+        if info.get("topo"):
+            con.print(info["topo"])
+        return 0
+    from tilecomm.topology import build
+    topo = build(args.system, args.nodes)
+    s = topo.spec
+    t = Table(title=f"{s.name}: {args.nodes} node(s) x {topo.gpus} {s.gpu} = "
+                    f"{topo.world_size} ranks")
+    t.add_column("parameter")
+    t.add_column("value", justify="right")
+    for k in ("intra", "gpu_link_GBps", "mem_GBps", "reduce_GBps", "nics_per_node", "nic_GBps",
+              "nvls", "nvls_alg_GBps", "nvls_us", "launch_us"):
+        t.add_row(k, str(getattr(s, k)))
+    f = s.fabric
+    t.add_row("fabric", f"{'rail-optimized' if f.rail_optimized else 'single-leaf'} fat tree, "
+              f"{f.levels} levels, {f.nodes_per_leaf} nodes/leaf, {f.oversubscription}:1")
+    t.add_row("links", str(len(topo.capacity)))
+    con.print(t)
+    p = Table(title="protocols (NCCL tuning model)")
+    for col in ("name", "eff", "step intra us", "step net us", "base us"):
+        p.add_column(col, justify="right")
+    for pr in s.protocols:
+        p.add_row(pr.name, f"{pr.eff:.3f}", str(pr.step_intra_us), str(pr.step_net_us),
+                  str(pr.base_us))
+    con.print(p)
+    if topo.world_size > 1:
+        last = topo.world_size - 1
+        con.print(f"path 0 -> 1: {topo.path(0, 1)}")
+        con.print(f"path 0 -> {last}: {topo.path(0, last)}")
+    for k, v in s.sources.items():
+        con.print(f"  source {k}: {v}")
+    return 0
+
+
+def main(argv=None) -> int:
+    """Standalone entry (``python -m tilecomm.sim.cli sim ...``) for tests and debugging."""
+    parser = argparse.ArgumentParser(prog="tilecomm")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    add_sim_parser(sub)
+    add_topo_parser(sub)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

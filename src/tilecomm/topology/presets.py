@@ -1,0 +1,132 @@
+"""Presets: systems with published numbers. Every parameter says where it comes from.
+
+Bandwidths are per direction (vendor "bidirectional" figures halved). Protocol latencies are
+NCCL's own tuning table (NVIDIA/nccl src/graph/tuning.cc, 2.19+: ``baseLat`` Ring
+{LL 6.6, LL128 14.0, Simple 8.4} us; ``hwLat`` Ring NVLink {0.6, 1.9, 3.4}, PCI {1.0, 2.5, 5.7},
+NET {2.7, 4.0, 14.0} us; NVLS NVLink 25 us). Protocol efficiencies: LL moves 8 data bytes per
+16-byte line (0.5 of the Simple rate, NCCL ``busBw * .5``); LL128 moves 120 of 128 bytes (NCCL
+``0.92``); Simple's efficiency is the measured large-message ring busbw over the line rate (cited
+per system). See docs/model.md for the validation of these numbers against measurements.
+"""
+
+from __future__ import annotations
+
+from .spec import Fabric, Protocol, SystemSpec
+
+NCCL_TUNING = "NVIDIA/nccl src/graph/tuning.cc (baseLat/hwLat, Ring column)"
+
+
+def _gpu_protocols(simple_eff: float, fabric: str = "nvlink") -> tuple[Protocol, ...]:
+    """LL / LL128 / Simple with NCCL's ring latencies for ``fabric`` ('nvlink' or 'pci')."""
+    hop = {"nvlink": (0.6, 1.9, 3.4), "pci": (1.0, 2.5, 5.7)}[fabric]
+    net = (2.7, 4.0, 14.0)
+    return (
+        Protocol("LL", 0.5 * simple_eff, hop[0], net[0], 6.6),
+        Protocol("LL128", 0.92 * simple_eff, hop[1], net[1], 14.0),
+        Protocol("Simple", simple_eff, hop[2], net[2], 8.4),
+    )
+
+
+# Rail-optimized leaf/spine of 64-port switches (NVIDIA QM9700: 64 x 400G ports): 32 nodes'
+# rail-r NICs per leaf, 32 uplinks, non-blocking. Source: NVIDIA DGX SuperPOD reference arch.
+SUPERPOD = Fabric(rail_optimized=True, nodes_per_leaf=32, leaves_per_pod=32,
+                  oversubscription=1.0, levels=2)
+
+# CX7 400 Gb/s = 50 GB/s line; 48.5 GB/s achievable per NIC (NVIDIA/nccl-tests#175, maintainer).
+CX7_GBPS = 48.5
+
+
+def dgx_a100() -> SystemSpec:
+    return SystemSpec(
+        name="dgx-a100", gpu="A100-SXM4-80GB", gpus_per_node=8, intra="nvswitch",
+        gpu_link_GBps=300.0,      # NVLink3 600 GB/s bidirectional per GPU (A100 datasheet)
+        mem_GBps=2039.0,          # HBM2e 2,039 GB/s (A100 80GB datasheet)
+        reduce_GBps=600.0,        # ~HBM/3 (read 2, write 1); reductions are fused into copies
+        nics_per_node=8, nic_GBps=24.5,  # 8x ConnectX-6 HDR 200 Gb/s (DGX A100 datasheet)
+        # Simple: 232.5/300 = 0.775 (8x A100 all_reduce busbw 232.54 GB/s at 4 GB,
+        # github.com/li-plus/playground cuda/nccl.md)
+        protocols=_gpu_protocols(0.775), fabric=SUPERPOD,
+        sources={"gpu_link_GBps": "A100 datasheet", "Simple.eff": "li-plus/playground nccl.md",
+                 "latencies": NCCL_TUNING})
+
+
+def dgx_h100() -> SystemSpec:
+    return SystemSpec(
+        name="dgx-h100", gpu="H100-SXM5-80GB", gpus_per_node=8, intra="nvswitch",
+        gpu_link_GBps=450.0,      # NVLink4 900 GB/s bidirectional per GPU (H100 datasheet)
+        mem_GBps=3350.0,          # HBM3 3.35 TB/s (H100 SXM datasheet)
+        reduce_GBps=1100.0,       # ~HBM/3
+        nics_per_node=8, nic_GBps=CX7_GBPS,  # 8x ConnectX-7 400 Gb/s (DGX H100 datasheet)
+        nvls=True,
+        # NVLS all_reduce algbw ~275 GB/s on 8x H100 (busbw 480; NVIDIA/nccl-tests#212, sjeaugey)
+        nvls_alg_GBps=275.0, nvls_us=25.0,   # NVLS hwLat NVLink 25 us (NCCL tuning.cc)
+        # Simple: ring busbw 365-370 GB/s of 450 => 0.815 (NVIDIA/nccl-tests#212, nccl#1455)
+        protocols=_gpu_protocols(0.815), fabric=SUPERPOD,
+        sources={"gpu_link_GBps": "H100 datasheet", "nvls_alg_GBps": "nccl-tests#212",
+                 "Simple.eff": "nccl-tests#212 / nccl#1455", "nic_GBps": "nccl-tests#175",
+                 "latencies": NCCL_TUNING})
+
+
+def hgx_h200() -> SystemSpec:
+    # Same NVLink4/NVSwitch fabric as H100 (H200 datasheet: NVLink 900 GB/s); HBM3e 4.8 TB/s.
+    return dgx_h100().with_(name="hgx-h200", gpu="H200-SXM-141GB", mem_GBps=4800.0,
+                            reduce_GBps=1600.0)
+
+
+def dgx_b200() -> SystemSpec:
+    # NVLink5 1.8 TB/s bidirectional per GPU (B200 datasheet); HBM3e 8 TB/s; 8x CX7 400G
+    # (DGX B200 datasheet). Efficiencies are H100's (not yet validated on B200).
+    return dgx_h100().with_(name="dgx-b200", gpu="B200", gpu_link_GBps=900.0, mem_GBps=8000.0,
+                            reduce_GBps=2600.0, nvls_alg_GBps=550.0)
+
+
+def gb200_nvl72() -> SystemSpec:
+    # One NVLink5 domain of 72 GPUs (GB200 NVL72 spec: 130 TB/s = 72 x 1.8 TB/s), modeled as one
+    # "node"; one 400G NIC per GPU (compute tray: 4 GPUs, 4 CX7). nodes=N means N racks.
+    return dgx_b200().with_(name="gb200-nvl72", gpu="GB200", gpus_per_node=72,
+                            nics_per_node=72)
+
+
+def pcie_8gpu() -> SystemSpec:
+    return SystemSpec(
+        name="pcie-8gpu", gpu="PCIe GPU (L40S-class)", gpus_per_node=8, intra="pcie",
+        gpu_link_GBps=26.0,       # PCIe Gen4 x16: 31.5 GB/s raw, ~26 achievable (PCI-SIG; 128b/130b)
+        mem_GBps=864.0,           # L40S GDDR6 864 GB/s (L40S datasheet)
+        reduce_GBps=300.0,
+        gpus_per_pcie_switch=4, pcie_uplink_GBps=26.0,  # 2 switches, Gen4 x16 uplinks
+        nics_per_node=2, nic_GBps=24.5,                 # 2x 200G
+        protocols=_gpu_protocols(0.85, "pci"),
+        fabric=Fabric(rail_optimized=False, nodes_per_leaf=16, oversubscription=1.0),
+        sources={"gpu_link_GBps": "PCIe 4.0 x16", "latencies": NCCL_TUNING + " (PCI row)"})
+
+
+def cpu_shm() -> SystemSpec:
+    """This machine: ranks are processes, peers' buffers are POSIX shared memory."""
+    return SystemSpec(
+        name="cpu-shm", gpu="CPU process", gpus_per_node=64, intra="shm",
+        gpu_link_GBps=6.0,        # one core's numpy copy from another process's shm (measured
+        mem_GBps=6.0,             # with `tilecomm topo`; see docs/model.md "local loop")
+        reduce_GBps=2.0,          # numpy add into a buffer, single core
+        nics_per_node=1, nic_GBps=1.2,  # 10 GbE between hosts (Gloo/TCP)
+        launch_us=30.0,           # Python call + handshake per collective
+        protocols=(Protocol("shm", 1.0, 8.0, 50.0, 0.0),),  # flag polling in Python, ~us
+        fabric=Fabric(rail_optimized=False, nodes_per_leaf=48),
+        sources={"all": "placeholders until calibrated with tilecomm bench --json"})
+
+
+PRESETS = {
+    "dgx-a100": dgx_a100, "dgx-h100": dgx_h100, "hgx-h200": hgx_h200, "dgx-b200": dgx_b200,
+    "gb200-nvl72": gb200_nvl72, "pcie-8gpu": pcie_8gpu, "cpu-shm": cpu_shm,
+}
+
+
+def preset_names() -> list[str]:
+    return sorted(PRESETS)
+
+
+def get_preset(name: str) -> SystemSpec:
+    try:
+        return PRESETS[name]()
+    except KeyError:
+        raise ValueError(f"unknown system {name!r}; presets: {', '.join(preset_names())}, "
+                         "or a path to a system description .json") from None
