@@ -71,7 +71,7 @@ def run_sim(args) -> int:
             measured.append({"source": m.source, "nbytes": m.nbytes, "time_us": m.time_us,
                              "busbw_GBps": bw})
     by_size = {m["nbytes"]: m for m in measured}
-    con = Console()
+    con = Console(width=max(Console().width, 130))  # never truncate algorithm names
     t = Table(title=f"{args.collective} on {args.system} x{args.nodes} ({w} ranks): predicted")
     for col in ("size", "algo", "proto", "time (us)", "algbw GB/s", "busbw GB/s", "bottleneck"):
         t.add_column(col, justify="right")
