@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+from array import array
 import zlib
 from typing import Iterable
 
@@ -130,9 +131,7 @@ class Channel:
 
     def post_desc(self, seq: int, fields: list[int]) -> None:
         base = self.desc_base(seq)
-        me = self.me
-        for i, v in enumerate(fields):
-            me[base + i] = int(v)
+        self.me[base:base + len(fields)] = array("q", fields)
 
     def read_desc(self, rank: int, seq: int) -> list[int]:
         base = self.desc_base(seq)

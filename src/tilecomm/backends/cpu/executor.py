@@ -25,60 +25,33 @@ NOTE [skipping the final wait]
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import lru_cache
+from array import array
 
 import numpy as np
 
-from ...algorithms.collectives import COLLECTIVES, chunk_lengths
-from ...algorithms.registry import get_schedule
-from ...algorithms.schedule import Schedule
 from ...errors import CommError, CommMismatch, CommTimeout
-from ...types import OP_BY_ID, OP_ID, DType, ReduceOp, combine, scale_avg, typed_view
+from ...types import OP_BY_ID, OP_ID, ReduceOp, scale_avg, typed_view
 from ..base import CollectiveCall
 from .channel import (COLL_IDS, COLL_NAMES, D_ALGO, D_COLL, D_COUNT, D_DTYPE, D_EXTRA, D_MSGLEN,
-                      D_OP, D_PIECE, D_PLACE, D_ROOT, D_SEQ, ERROR_ID, NUM_PLACES,
-                      PLACE_LOCAL, PLACE_SCRATCH, Channel, algo_id)
+                      D_OP, D_PIECE, D_PLACE, D_ROOT, D_SEQ, ERROR_ID, NUM_PLACES, Channel,
+                      algo_id)
+from .plan import (PLACE_LOCAL, PLACE_SCRATCH, USER_BUFFERS, Addresser, Layout, Program,
+                   make_layout, phase_ops, program, stage_ops)
 
-_USER_BUFFERS = ("buf", "in", "out")
-
-
-@dataclass(frozen=True)
-class _Program:
-    """One rank's moves, grouped per phase into fused operations (built once per schedule)."""
-
-    sched: Schedule
-    ops: tuple[tuple[tuple, ...], ...]      # per phase: (dst_loc, ((src_rank, src_loc, reduce), ...))
-    waits: tuple[tuple[int, ...], ...]      # per phase: ranks to wait for before it
-    end_waits: tuple[int, ...]              # ranks to wait for before returning
-    scratch_bufs: tuple[str, ...]           # buffers that may live in scratch, in slot order
-    slot_base: dict                         # buffer -> first scratch slot
-    last_read_bufs: frozenset[str]          # my buffers peers read in the last phase
+_CACHE_MAX_BYTES = 1 << 20   # calls up to this size keep their prepared plan
+_CACHE_ENTRIES = 64
 
 
-@lru_cache(maxsize=512)
-def _program(collective: str, algo: str, world_size: int, root: int, rank: int) -> _Program:
-    sched = get_schedule(collective, algo, world_size, root)
-    ops = []
-    for p in range(len(sched.phases)):
-        grouped: list[tuple] = []
-        for m in sched.moves_of(rank, p):
-            if grouped and grouped[-1][0] == m.dst and m.reduce:
-                grouped[-1] = (m.dst, grouped[-1][1] + ((m.src_rank, m.src, True),))
-            else:
-                grouped.append((m.dst, ((m.src_rank, m.src, m.reduce),)))
-        ops.append(tuple(grouped))
-    remote = sched.remote_read_buffers()
-    scratch = tuple(b.name for b in sched.buffers if b.like is not None or b.name in remote)
-    last = frozenset(m.src.buf for m in (sched.phases[-1] if sched.phases else ())
-                     if m.src_rank == rank and m.rank != rank)
-    waits = tuple(tuple(sorted(sched.waits_before(rank, p))) for p in range(len(sched.phases)))
-    base, slot = {}, 0
-    for b in scratch:
-        base[b] = slot
-        slot += sched.buffer(b).nchunks
-    return _Program(sched, tuple(ops), waits, tuple(sorted(sched.waits_at_end(rank))), scratch,
-                    base, last)
+class _Prepared:
+    """What a call needs before the handshake (cached for small repeated calls)."""
+
+    __slots__ = ("prog", "layout", "places", "fields", "pre", "post", "phases", "peer_places")
+
+    def __init__(self, prog, layout, places, fields):
+        self.prog, self.layout, self.places, self.fields = prog, layout, places, fields
+        self.pre = self.post = None
+        self.phases = None          # per remaining phase: list of callables (piece 0)
+        self.peer_places = None     # the peers' places the phases were built for
 
 
 class Executor:
@@ -93,15 +66,16 @@ class Executor:
         self.segs = [heap.segment(r) for r in range(self.world_size)]
         self.seq = 0
         self.broken: str | None = None
+        self._cache: dict = {}
 
     # ---- entry points ---------------------------------------------------------------------
     def run(self, call: CollectiveCall) -> None:
         self._check_usable()
-        prog = _program(call.collective, call.algo, self.world_size, call.root, self.rank)
         seq = self.seq
         self.seq += 1
         try:
-            self._run(call, prog, seq)
+            with np.errstate(all="ignore"):   # overflow is the data's business, as in torch
+                self._run(call, seq)
         except CommTimeout as e:
             self.broken = f"{call.collective} #{seq} failed: {e}"
             raise
@@ -123,24 +97,27 @@ class Executor:
         # Wait for everyone to arrive, like any collective: a rank that returned early could
         # start the next collective while a peer still reads its scratch from the last one.
         step = self.ch.advance()
-        self.ch.wait_progress(range(self.world_size), step, (collective, seq, "every rank to arrive"))
+        self.ch.wait_progress(range(self.world_size), step,
+                              (collective, seq, "every rank to arrive"))
 
     def rendezvous(self, name: str, count: int, extra: int) -> list[int]:
         """A handshake with no data (barrier, alloc); returns every rank's ``extra``."""
         self._check_usable()
         seq = self.seq
         self.seq += 1
-        fields = self._fields(seq, name, "direct", 0, count, None, 0, extra, 0, ())
+        # ``extra`` may differ per rank: it travels in the (uncompared) place slot.
+        fields = self._fields(seq, name, "direct", 0, count, None, 0, 0, 0, (extra,))
         self.ch.post_desc(seq, fields)
         descs = self._handshake(seq, name, fields)
-        return [d[D_EXTRA] for d in descs]
+        return [d[D_PLACE] for d in descs]
 
     def _check_usable(self) -> None:
         if self.broken:
             raise CommError(f"communicator unusable: {self.broken}; create a new one")
 
     # ---- descriptor handshake -------------------------------------------------------------
-    def _fields(self, seq, coll, algo, dtype_id, count, op, root, extra, piece, places):
+    @staticmethod
+    def _fields(seq, coll, algo, dtype_id, count, op, root, extra, piece, places):
         f = [0] * (D_PLACE + NUM_PLACES)
         f[D_SEQ], f[D_COLL], f[D_ALGO], f[D_DTYPE] = seq, COLL_IDS[coll], algo_id(algo), dtype_id
         f[D_COUNT], f[D_OP], f[D_ROOT], f[D_EXTRA] = count, OP_ID[op] if op else 0, root, extra
@@ -154,6 +131,18 @@ class Executor:
         ch = self.ch
         step = ch.advance()
         ch.wait_progress(range(self.world_size), step, (coll, seq, "every rank to arrive"))
+        base = ch.desc_base(seq)
+        ref = mine[1:D_PLACE]
+        descs = []
+        for r in range(self.world_size):
+            d = mine if r == self.rank else ch.slots[r][base:base + D_PLACE + NUM_PLACES].tolist()
+            if d[1:D_PLACE] != ref:
+                self._explain_mismatch(seq, coll, mine)
+            descs.append(d)
+        return descs
+
+    def _explain_mismatch(self, seq: int, coll: str, mine: list[int]) -> None:
+        ch = self.ch
         descs = [mine if r == self.rank else ch.read_desc(r, seq) for r in range(self.world_size)]
         for r, d in enumerate(descs):
             if d[D_COLL] == ERROR_ID:
@@ -161,82 +150,133 @@ class Executor:
                 raise CommError(f"{coll} #{seq}: rank {r} rejected its call: {text}")
         for idx, label in ((D_COLL, "collective"), (D_DTYPE, "dtype"), (D_COUNT, "count"),
                            (D_OP, "op"), (D_ROOT, "root"), (D_ALGO, "algorithm"),
-                           (D_EXTRA, "split sizes" if coll == "all_to_all_v" else "extra"),
-                           (D_PIECE, "piece size (TILECOMM_SCRATCH_BYTES)")):
-            if coll == "alloc" and idx == D_EXTRA:
-                continue
+                           (D_EXTRA, "extra"), (D_PIECE, "piece size (TILECOMM_SCRATCH_BYTES)")):
             vals = [d[idx] for d in descs]
             if len(set(vals)) > 1:
                 shown = ", ".join(f"rank {r}: {_show(idx, v)}" for r, v in enumerate(vals))
                 raise CommMismatch(f"{coll} #{seq}: ranks disagree on {label}: {shown}")
-        return descs
+        raise CommMismatch(f"{coll} #{seq}: ranks disagree on the call")
 
     # ---- one collective -------------------------------------------------------------------
-    def _run(self, call: CollectiveCall, prog: _Program, seq: int) -> None:
-        ch, me, w = self.ch, self.rank, self.world_size
-        sched = prog.sched
-        d = call.dtype
-        isz = d.itemsize
-        names = [b.name for b in sched.buffers]
-        places = [self._place(b, call, prog) for b in names]
-        nslots = sum(sched.buffer(b).nchunks for b in prog.scratch_bufs)
-        piece = (self.half_bytes // isz) // nslots if nslots else 0
-        if nslots and piece < 1:
-            raise ValueError("TILECOMM_SCRATCH_BYTES is too small for this world size")
-        variable = call.collective == "all_to_all_v"
-        extra = 0
-        if variable:
-            extra = self._post_rows(seq, call)
-        fields = self._fields(seq, call.collective, call.algo, d.id, call.count, call.op,
-                              call.root, extra, piece, places)
+    def _prepare(self, call: CollectiveCall, seq: int, counts=None) -> _Prepared:
+        prog = program(call.collective, call.algo, self.world_size, call.root, self.rank)
+        layout = make_layout(prog, self.world_size, call.count, call.dtype, self.half_bytes,
+                             counts)
+        places = tuple(self._place(b, call, prog) for b in prog.names)
+        fields = self._fields(seq, call.collective, call.algo, call.dtype.id, call.count,
+                              call.op, call.root, 0, layout.piece, places)
+        return _Prepared(prog, layout, places, fields)
+
+    def _addresser(self, prep: _Prepared, call, seq, peer_places) -> Addresser:
+        return Addresser(prep.prog, prep.layout, self.segs, call.buffers, peer_places,
+                         self.layout.scratch_half(seq & 1))
+
+    def _local_ops(self, prep, call, seq, k) -> list:
+        """Staging into scratch and the leading local phases of piece ``k``."""
+        mine = [prep.places] * self.world_size
+        addr = self._addresser(prep, call, seq, mine)
+        ops = stage_ops(addr, call.collective, k, self.rank, inbound=True)
+        for p in range(prep.prog.lead):
+            ops += phase_ops(addr, p, k, self.rank, call.op)
+        return ops
+
+    def _post_ops(self, prep, call, seq, k) -> list:
+        if call.collective == "reduce" and self.rank != call.root:
+            return []
+        addr = self._addresser(prep, call, seq, [prep.places] * self.world_size)
+        return stage_ops(addr, call.collective, k, self.rank, inbound=False)
+
+    def _run(self, call: CollectiveCall, seq: int) -> None:
+        ch, me = self.ch, self.rank
+        if call.collective == "all_to_all_v":
+            return self._run_variable(call, seq)
+        key = None
+        nbytes = sum(a.nbytes for a in call.buffers.values())
+        if nbytes <= _CACHE_MAX_BYTES:
+            key = (call.collective, call.algo, call.root, call.dtype.id, call.count, call.op,
+                   seq & 1, tuple((b, a.ctypes.data, a.nbytes) for b, a in call.buffers.items()))
+        prep = self._cache.get(key) if key is not None else None
+        if prep is None:
+            prep = self._prepare(call, seq)
+            if prep.layout.pieces == 1:
+                prep.pre = self._local_ops(prep, call, seq, 0)
+                prep.post = self._post_ops(prep, call, seq, 0)
+                if key is not None:
+                    if len(self._cache) >= _CACHE_ENTRIES:
+                        self._cache.pop(next(iter(self._cache)))
+                    self._cache[key] = prep
+        fields = prep.fields
+        fields[D_SEQ] = seq
         ch.post_desc(seq, fields)
+        pre = prep.pre if prep.pre is not None else self._local_ops(prep, call, seq, 0)
+        for f in pre:
+            f()
+        descs = self._handshake(seq, call.collective, fields)
+        n = len(prep.prog.names)
+        peer_places = tuple(tuple(d[D_PLACE:D_PLACE + n]) for d in descs)
+        self._pieces(call, seq, prep, peer_places, first_ready=True)
 
-        counts = None
-        if not variable:
-            lens = {b: chunk_lengths(sched, me, b, call.count) for b in names}
-            peer_lens = None
-            pieces = self._num_pieces(lens, piece)
-            self._stage_and_local(call, sched, prog, 0, piece, lens, places, seq)
-            descs = self._handshake(seq, call.collective, fields)
-        else:
-            descs = self._handshake(seq, call.collective, fields)
-            rows = self._read_matrix(seq)
-            if call.buffers.get("out") is None:
-                call.buffers["out"] = call.make_out(sum(rows[j][me] for j in range(w)))
-            counts = [[x * call.count for x in row] for row in rows]
-            lens = {b: chunk_lengths(sched, me, b, call.count, counts) for b in names}
-            peer_lens = [{b: chunk_lengths(sched, r, b, call.count, counts) for b in names}
-                         for r in range(w)]
-            pieces = max(self._num_pieces(pl, piece) for pl in peer_lens)
-        peer_places = [[desc[D_PLACE + i] for i in range(len(names))] for desc in descs]
-        ctx = _Ctx(self, call, sched, prog, seq, piece, names, peer_places, lens, peer_lens)
+    def _run_variable(self, call: CollectiveCall, seq: int) -> None:
+        """all_to_all_v: chunk lengths come from the count matrix, known after the handshake."""
+        ch, me, w = self.ch, self.rank, self.world_size
+        self._post_rows(seq, call)
+        prog = program(call.collective, call.algo, w, call.root, me)
+        places = tuple(self._place(b, call, prog) for b in prog.names)
+        fields = self._fields(seq, call.collective, call.algo, call.dtype.id, call.count,
+                              call.op, call.root, 0, 0, places)
+        ch.post_desc(seq, fields)
+        descs = self._handshake(seq, call.collective, fields)
+        rows = self._read_matrix(seq)
+        if call.buffers.get("out") is None:
+            call.buffers["out"] = call.make_out(sum(rows[j][me] for j in range(w)))
+        counts = [[x * call.count for x in row] for row in rows]
+        prep = self._prepare(call, seq, counts)
+        n = len(prog.names)
+        peer_places = tuple(tuple(d[D_PLACE:D_PLACE + n]) for d in descs)
+        self._pieces(call, seq, prep, peer_places, first_ready=False)
 
-        nphases = len(sched.phases)
-        lead = sched.leading_local_phases
+    def _pieces(self, call, seq, prep: _Prepared, peer_places, first_ready: bool) -> None:
+        """Run every piece after the handshake (piece 0's staging is done if first_ready)."""
+        ch, me = self.ch, self.rank
+        prog = prep.prog
+        nphases = len(prog.sched.phases)
+        pieces = prep.layout.pieces
+        addr = None
         for k in range(pieces):
-            if k > 0 or variable:
-                self._stage_and_local(call, sched, prog, k, piece, lens, places, seq)
+            if k > 0 or not first_ready:
+                for f in self._local_ops(prep, call, seq, k):
+                    f()
                 ch.advance()
             ready = ch.step
-            for p in range(lead, nphases):
-                waits = prog.waits[p]
+            if k == 0 and prep.phases is not None and prep.peer_places == peer_places:
+                phases = prep.phases
+            else:
+                addr = addr or self._addresser(prep, call, seq, peer_places)
+                phases = [phase_ops(addr, p, k, me, call.op) for p in range(prog.lead, nphases)]
+                if k == 0 and pieces == 1 and prep.pre is not None:
+                    prep.phases, prep.peer_places = phases, peer_places
+            for i, ops in enumerate(phases):
+                waits = prog.waits[prog.lead + i]
                 if waits:
-                    ch.wait_progress(waits, ready + (p - lead),
-                                     (call.collective, seq, f"phase {p} of piece {k}"))
-                ctx.do_phase(p, k)
+                    ch.wait_progress(waits, ready + i,
+                                     (call.collective, seq, f"phase {prog.lead + i} of piece {k}"))
+                for f in ops:
+                    f()
                 ch.advance()
-            self._copy_out(call, prog, seq, k, piece, lens, places)
-            last = k == pieces - 1
-            skip = last and all(places[names.index(b)] == PLACE_SCRATCH
-                                for b in prog.last_read_bufs)
-            ends = prog.end_waits
-            if ends and not skip:
-                ch.wait_progress(ends, ch.step, (call.collective, seq, f"readers of piece {k}"))
+            post = prep.post if (pieces == 1 and prep.post is not None) else \
+                self._post_ops(prep, call, seq, k)
+            for f in post:
+                f()
+            # NOTE [skipping the final wait]: peers that only read scratch need no wait.
+            if prog.end_waits and not (k == pieces - 1 and all(
+                    prep.places[i] == PLACE_SCRATCH for i in prog.last_read_bufs)):
+                ch.wait_progress(prog.end_waits, ch.step,
+                                 (call.collective, seq, f"readers of piece {k}"))
         if call.op is ReduceOp.AVG:
             self._scale_avg(call)
 
-    def _place(self, buf: str, call: CollectiveCall, prog: _Program) -> int:
-        if buf not in _USER_BUFFERS:
+    def _place(self, buf: str, call: CollectiveCall, prog: Program) -> int:
+        if buf not in USER_BUFFERS:
             return PLACE_SCRATCH
         if buf not in prog.scratch_bufs:
             return PLACE_LOCAL
@@ -248,53 +288,6 @@ class Executor:
             return off
         return PLACE_SCRATCH
 
-    @staticmethod
-    def _num_pieces(lens: dict[str, list[int]], piece: int) -> int:
-        longest = max((x for v in lens.values() for x in v), default=0)
-        if not piece or longest == 0:
-            return 1
-        return max(1, -(-longest // piece))
-
-    # ---- staging --------------------------------------------------------------------------
-    def _stage_and_local(self, call, sched, prog, k, piece, lens, places, seq) -> None:
-        """Copy this piece of staged inputs into scratch and run the leading local phases."""
-        spec = COLLECTIVES[call.collective]
-        names = [b.name for b in sched.buffers]
-        for i, b in enumerate(names):
-            if places[i] != PLACE_SCRATCH or b not in _USER_BUFFERS or b not in spec.inputs:
-                continue
-            user = call.buffers[b]
-            for c, (start, n) in enumerate(_slices(lens[b], k, piece)):
-                if n:
-                    dst = self._scratch(self.rank, seq, prog, b, c, piece, n, call.dtype)
-                    np.copyto(dst, user[start * call.dtype.itemsize:(start + n) * call.dtype.itemsize])
-        if sched.leading_local_phases:
-            ctx = _Ctx(self, call, sched, prog, seq, piece, names,
-                       [places] * self.world_size, lens, None)
-            for p in range(sched.leading_local_phases):
-                ctx.do_phase(p, k)
-
-    def _copy_out(self, call, prog, seq, k, piece, lens, places) -> None:
-        sched = prog.sched
-        names = [b.name for b in sched.buffers]
-        isz = call.dtype.itemsize
-        for i, b in enumerate(names):
-            if places[i] != PLACE_SCRATCH or b not in ("buf", "out"):
-                continue
-            if b == "buf" and call.collective == "reduce" and self.rank != call.root:
-                continue
-            user = call.buffers[b]
-            for c, (start, n) in enumerate(_slices(lens[b], k, piece)):
-                if n:
-                    src = self._scratch(self.rank, seq, prog, b, c, piece, n, call.dtype)
-                    np.copyto(user[start * isz:(start + n) * isz], src)
-
-    def _scratch(self, rank, seq, prog, buf, chunk, piece, n, d: DType) -> np.ndarray:
-        """Raw bytes of ``rank``'s scratch slot for ``buf[chunk]`` (first ``n`` elements)."""
-        slot = prog.slot_base[buf] + chunk
-        off = self.layout.scratch_half(seq & 1) + slot * piece * d.itemsize
-        return self.segs[rank][off:off + n * d.itemsize]
-
     def _scale_avg(self, call: CollectiveCall) -> None:
         if call.collective == "reduce" and self.rank != call.root:
             return
@@ -302,21 +295,19 @@ class Executor:
         scale_avg(typed_view(out, call.dtype), self.world_size)
 
     # ---- all_to_all_v rows ----------------------------------------------------------------
-    def _post_rows(self, seq: int, call: CollectiveCall) -> int:
+    def _post_rows(self, seq: int, call: CollectiveCall) -> None:
         lay, me = self.layout, self.ch.me
         s0, r0 = lay.row_slot(seq & 1, 0), lay.row_slot(seq & 1, 1)
         for j in range(self.world_size):
             me[s0 + j] = int(call.send_rows[j])
             me[r0 + j] = -1 if call.recv_rows is None else int(call.recv_rows[j])
-        return 0
 
     def _read_matrix(self, seq: int) -> list[list[int]]:
         """The exchanged send matrix (rows), after checking every rank's recv rows."""
         lay, w = self.layout, self.world_size
-        send = [list(self.ch.slots[r][lay.row_slot(seq & 1, 0):lay.row_slot(seq & 1, 0) + w])
-                for r in range(w)]
-        recv = [list(self.ch.slots[r][lay.row_slot(seq & 1, 1):lay.row_slot(seq & 1, 1) + w])
-                for r in range(w)]
+        s0, r0 = lay.row_slot(seq & 1, 0), lay.row_slot(seq & 1, 1)
+        send = [self.ch.slots[r][s0:s0 + w].tolist() for r in range(w)]
+        recv = [self.ch.slots[r][r0:r0 + w].tolist() for r in range(w)]
         for r in range(w):
             for j in range(w):
                 if recv[r][j] >= 0 and recv[r][j] != send[j][r]:
@@ -324,68 +315,6 @@ class Executor:
                         f"all_to_all_v #{seq}: ranks disagree on split sizes: rank {r} expects "
                         f"{recv[r][j]} rows from rank {j}, which sends it {send[j][r]}")
         return send
-
-
-def _slices(lens: list[int], k: int, piece: int):
-    """``(element start, length)`` of piece ``k`` of every chunk of a buffer."""
-    out, start = [], 0
-    for n in lens:
-        if piece:
-            lo = min(n, k * piece)
-            out.append((start + lo, min(n, lo + piece) - lo))
-        else:
-            out.append((start, n))
-        start += n
-    return out
-
-
-class _Ctx:
-    """Address resolution for the moves of one collective on this rank."""
-
-    def __init__(self, ex: Executor, call, sched, prog, seq, piece, names, peer_places, lens,
-                 peer_lens):
-        self.ex, self.call, self.sched, self.prog = ex, call, sched, prog
-        self.seq, self.piece, self.names = seq, piece, names
-        self.peer_places, self.lens, self.peer_lens = peer_places, lens, peer_lens
-        self.d = call.dtype
-        self.op = call.op
-
-    def raw(self, rank: int, buf: str, chunk: int, k: int) -> np.ndarray:
-        ex, isz = self.ex, self.d.itemsize
-        lens = self.lens if self.peer_lens is None else self.peer_lens[rank]
-        start, n = _slices(lens[buf], k, self.piece)[chunk]
-        place = self.peer_places[rank][self.names.index(buf)]
-        if place == PLACE_SCRATCH:
-            return ex._scratch(rank, self.seq, self.prog, buf, chunk, self.piece, n, self.d)
-        if place == PLACE_LOCAL or place is None:
-            assert rank == ex.rank, "peer read of a buffer that is not in symmetric memory"
-            return self.call.buffers[buf][start * isz:(start + n) * isz]
-        off = place + start * isz
-        return ex.segs[rank][off:off + n * isz]
-
-    def do_phase(self, p: int, k: int) -> None:
-        me = self.ex.rank
-        for dst_loc, srcs in self.prog.ops[p]:
-            dst = self.raw(me, dst_loc.buf, dst_loc.chunk, k)
-            if not dst.size:
-                continue
-            first_rank, first_loc, first_reduce = srcs[0]
-            a = self.raw(first_rank, first_loc.buf, first_loc.chunk, k)
-            if len(srcs) == 1 and not first_reduce:
-                np.copyto(dst, a)
-                continue
-            tdst = typed_view(dst, self.d)
-            if first_reduce:
-                combine(tdst, tdst, typed_view(a, self.d), self.op)
-                rest = srcs[1:]
-            else:
-                r1, l1, _ = srcs[1]
-                b = self.raw(r1, l1.buf, l1.chunk, k)
-                combine(tdst, typed_view(a, self.d), typed_view(b, self.d), self.op)
-                rest = srcs[2:]
-            for r, loc, _ in rest:
-                combine(tdst, tdst, typed_view(self.raw(r, loc.buf, loc.chunk, k), self.d),
-                        self.op)
 
 
 def _show(idx: int, v: int) -> str:
