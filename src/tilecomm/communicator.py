@@ -24,6 +24,10 @@ from .heap.allocator import HeapAllocator
 from .types import DType, ReduceOp, lookup_dtype
 
 
+_MEMO_ENTRIES = 32
+_MEMO_BYTES = 64 << 10
+
+
 class Communicator:
     """A group of ``world_size`` ranks that exchange CPU tensors through a symmetric heap.
 
@@ -40,12 +44,14 @@ class Communicator:
         lay = heap.layout
         self._alloc = HeapAllocator(lay.heap_offset, lay.heap_bytes)
         self._closed = False
+        self._memos: dict = {}
 
     # ---- lifecycle ------------------------------------------------------------------------
     def close(self) -> None:
         """Release this rank's mappings. Tensors from :meth:`alloc` must not be used after."""
         if not self._closed:
             self._closed = True
+            self._memos.clear()
             self._backend.close()
 
     def __enter__(self) -> "Communicator":
@@ -99,11 +105,16 @@ class Communicator:
     # ---- collectives ----------------------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, op="sum", *, algo: str = "auto") -> torch.Tensor:
         """Reduce ``tensor`` over all ranks, in place; returns ``tensor``."""
+        memo = self._memo("all_reduce", tensor, op, algo, 0)
+        if memo is not None:   # the same small call again: skip validation and view-making
+            self._backend.run(memo)
+            return tensor
         with self._validating("all_reduce"):
             rop = ReduceOp.parse(op)
             d = self._dtype(tensor, "all_reduce", rop)
             algo = self._algo("all_reduce", algo, tensor.numel() * d.itemsize)
         with _inout(tensor) as flat:
+            self._remember("all_reduce", tensor, op, algo, 0, flat, d, rop)
             self._run("all_reduce", algo, d, tensor.numel(), {"buf": flat}, op=rop)
         return tensor
 
@@ -142,23 +153,33 @@ class Communicator:
 
     def broadcast(self, tensor: torch.Tensor, root: int = 0, *, algo: str = "auto") -> torch.Tensor:
         """Copy ``root``'s ``tensor`` into every rank's ``tensor``; returns ``tensor``."""
+        memo = self._memo("broadcast", tensor, None, algo, root)
+        if memo is not None:
+            self._backend.run(memo)
+            return tensor
         with self._validating("broadcast"):
             self._check_rank(root, "broadcast", "root")
             d = self._dtype(tensor, "broadcast")
             algo = self._algo("broadcast", algo, tensor.numel() * d.itemsize)
         with _inout(tensor) as flat:
+            self._remember("broadcast", tensor, None, algo, root, flat, d, None)
             self._run("broadcast", algo, d, tensor.numel(), {"buf": flat}, root=root)
         return tensor
 
     def reduce(self, tensor: torch.Tensor, root: int = 0, op="sum", *,
                algo: str = "auto") -> torch.Tensor:
         """Reduce into ``root``'s ``tensor`` (other ranks' tensors are left unchanged)."""
+        memo = self._memo("reduce", tensor, op, algo, root)
+        if memo is not None:
+            self._backend.run(memo)
+            return tensor
         with self._validating("reduce"):
             self._check_rank(root, "reduce", "root")
             rop = ReduceOp.parse(op)
             d = self._dtype(tensor, "reduce", rop)
             algo = self._algo("reduce", algo, tensor.numel() * d.itemsize)
         with _inout(tensor) as flat:
+            self._remember("reduce", tensor, op, algo, root, flat, d, rop)
             self._run("reduce", algo, d, tensor.numel(), {"buf": flat}, op=rop, root=root)
         return tensor
 
@@ -233,6 +254,32 @@ class Communicator:
         return tensor
 
     # ---- helpers --------------------------------------------------------------------------
+    # NOTE [call memo]: latency-bound programs repeat the same small in-place call on the same
+    # tensor. The memo maps (data pointer, dtype, numel, op, algo, root) to the validated call,
+    # holding a view of the tensor (at most _MEMO_ENTRIES tensors of <= _MEMO_BYTES each, so a
+    # cached pointer can never be reused by another tensor while its entry lives).
+    def _memo(self, name, t, op, algo, root):
+        if type(t) is not torch.Tensor or not t.is_cpu:
+            return None
+        try:
+            return self._memos.get((name, t.data_ptr(), t.dtype, t.numel(), op, algo, root))
+        except TypeError:   # unhashable op
+            return None
+
+    def _remember(self, name, t, op, algo_in, root, flat, d, rop) -> None:
+        if not t.is_contiguous() or flat.nbytes > _MEMO_BYTES or type(t) is not torch.Tensor:
+            return
+        try:
+            key = (name, t.data_ptr(), t.dtype, t.numel(), op, algo_in, root)
+            hash(key)
+        except TypeError:
+            return
+        if len(self._memos) >= _MEMO_ENTRIES:
+            self._memos.pop(next(iter(self._memos)))
+        self._memos[key] = CollectiveCall(name, self._algo(name, algo_in, flat.nbytes), d,
+                                          t.numel(), {"buf": flat}, op=rop, root=root,
+                                          cache_key=key)
+
     def _run(self, collective, algo, d: DType, count, buffers, **kw) -> None:
         self._backend.run(CollectiveCall(collective, algo, d, count, buffers, **kw))
 

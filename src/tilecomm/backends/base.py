@@ -34,6 +34,9 @@ class CollectiveCall:
     recv_rows: Sequence[int] | None = None
     #: all_to_all_v: called with the number of rows this rank receives, returns the out buffer.
     make_out: Callable[[int], np.ndarray] | None = None
+    #: identifies a repeated call (same buffers, same arguments) so its plan can be reused;
+    #: must contain the buffers' data pointers. None: derived from the buffers.
+    cache_key: tuple | None = None
     info: dict = field(default_factory=dict)
 
 

@@ -191,8 +191,9 @@ class Executor:
         if call.collective == "all_to_all_v":
             return self._run_variable(call, seq)
         key = None
-        nbytes = sum(a.nbytes for a in call.buffers.values())
-        if nbytes <= _CACHE_MAX_BYTES:
+        if call.cache_key is not None:
+            key = (call.cache_key, seq & 1)
+        elif sum(a.nbytes for a in call.buffers.values()) <= _CACHE_MAX_BYTES:
             key = (call.collective, call.algo, call.root, call.dtype.id, call.count, call.op,
                    seq & 1, tuple((b, a.ctypes.data, a.nbytes) for b, a in call.buffers.items()))
         prep = self._cache.get(key) if key is not None else None
