@@ -24,8 +24,8 @@ from .heap.allocator import HeapAllocator
 from .types import DType, ReduceOp, lookup_dtype
 
 
-_MEMO_ENTRIES = 32
-_MEMO_BYTES = 64 << 10
+_MEMO_ENTRIES = 16
+_MEMO_BYTES = 1 << 20
 
 
 class Communicator:

@@ -20,6 +20,9 @@ class Settings:
     #: TILECOMM_SCRATCH_BYTES: bytes per rank used to stage tensors that are not in the heap.
     #: Larger messages are moved in pieces of this size.
     scratch_bytes: int = 32 << 20
+    #: TILECOMM_PIECE_BYTES: scratch bytes one piece of a large collective uses (all chunks
+    #: together). Pieces that fit in cache let the reads of a piece hit what its staging wrote.
+    piece_bytes: int = 1 << 20
     #: TILECOMM_SPIN: polls of a flag before a waiting rank starts yielding its core.
     spin: int = 2000
     #: TILECOMM_SHM_DIR: directory of the POSIX shared-memory files.

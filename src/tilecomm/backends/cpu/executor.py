@@ -29,6 +29,7 @@ from array import array
 
 import numpy as np
 
+from ...settings import settings
 from ...errors import CommError, CommMismatch, CommTimeout
 from ...types import OP_BY_ID, OP_ID, ReduceOp, scale_avg, typed_view
 from ..base import CollectiveCall
@@ -62,7 +63,7 @@ class Executor:
         self.heap = heap
         self.rank, self.world_size = channel.rank, channel.world_size
         self.layout = heap.layout
-        self.half_bytes = scratch_bytes // 2
+        self.half_bytes = min(scratch_bytes // 2, settings().piece_bytes)
         self.segs = [heap.segment(r) for r in range(self.world_size)]
         self.seq = 0
         self.broken: str | None = None

@@ -84,11 +84,12 @@ class Layout:
     d: DType
 
 
-def make_layout(prog: Program, world_size: int, count: int, d: DType, half_bytes: int,
+def make_layout(prog: Program, world_size: int, count: int, d: DType, half_bytes: int | None,
                 counts=None) -> Layout:
+    """``half_bytes``: bytes of one scratch half (None: no limit, one piece)."""
     sched = prog.sched
-    piece = (half_bytes // d.itemsize) // prog.nslots if prog.nslots else 0
-    if prog.nslots and piece < 1:
+    piece = (half_bytes // d.itemsize) // prog.nslots if prog.nslots and half_bytes else 0
+    if prog.nslots and half_bytes and piece < 1:
         raise ValueError("TILECOMM_SCRATCH_BYTES is too small for this world size")
     if counts is None:
         mine = {b: chunk_lengths(sched, 0, b, count) for b in prog.names}

@@ -1,0 +1,150 @@
+"""``tilecomm``: the command line.
+
+    tilecomm bench all_reduce -n 2 -b 8 -e 256M -f 4 [--algo NAME|all] [--check] [--vs gloo]
+    tilecomm sim all_reduce --system dgx-h100 -b 1K -e 8G -f 2
+    tilecomm topo [--system NAME]
+    tilecomm doctor
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .units import parse_size
+
+
+def _sizes(lo: int, hi: int, factor: int) -> list[int]:
+    if lo < 1 or hi < lo:
+        raise ValueError(f"need 1 <= minbytes <= maxbytes, got {lo} and {hi}")
+    if factor < 2:
+        raise ValueError("stepfactor must be >= 2")
+    out, n = [], lo
+    while n <= hi:
+        out.append(n)
+        n *= factor
+    return out
+
+
+def add_bench_parser(sub) -> None:
+    from .bench.cases import CASES
+
+    p = sub.add_parser("bench", help="nccl-tests-style benchmark on local ranks",
+                       description="Time a collective on local ranks over shared memory "
+                                   "(nccl-tests columns; time = slowest rank, median round).")
+    p.add_argument("op", choices=list(CASES))
+    p.add_argument("-n", "--nranks", type=int, default=2, help="number of local ranks")
+    p.add_argument("-b", "--minbytes", default="8")
+    p.add_argument("-e", "--maxbytes", default="64M")
+    p.add_argument("-f", "--stepfactor", type=int, default=4)
+    p.add_argument("-d", "--dtype", default="float32")
+    p.add_argument("--algo", default="auto", help="algorithm, 'auto' (tuner) or 'all'")
+    p.add_argument("--mem", choices=["user", "heap"], default="user",
+                   help="user: ordinary tensors (staged through scratch); heap: comm.alloc")
+    p.add_argument("--iters", type=int, default=None, help="calls per timed round")
+    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds (median reported)")
+    p.add_argument("-c", "--check", action="store_true", help="check results (#wrong)")
+    p.add_argument("--vs", action="append", default=[], choices=["gloo"],
+                   help="baseline measured in the same run")
+    p.add_argument("--no-bound", action="store_true", help="skip the memory-bandwidth bound")
+    p.add_argument("--json", default=None, help="write rows as JSON")
+    p.set_defaults(func=run_bench)
+
+
+def run_bench(args) -> int:
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from .bench import BenchConfig, run
+    from .bench.report import table, write_json
+
+    algos = [a.strip() for a in args.algo.split(",")]
+    cfg = BenchConfig(op=args.op, world_size=args.nranks,
+                      sizes=_sizes(parse_size(args.minbytes), parse_size(args.maxbytes),
+                                   args.stepfactor),
+                      dtype=args.dtype, algos=algos, mem=args.mem, iters=args.iters,
+                      warmup=args.warmup, rounds=args.rounds, check=args.check, vs=args.vs,
+                      bound=not args.no_bound)
+    console = _console()
+    with Progress(console=Console(stderr=True), transient=True) as prog:
+        task = prog.add_task(f"{args.op} on {args.nranks} ranks", total=None)
+
+        def progress(done, total, label):
+            prog.update(task, completed=done, total=total, description=label)
+
+        rows = run(cfg, progress)
+    console.print(table(rows, f"tilecomm {args.op}: {args.nranks} ranks, {args.dtype}, "
+                              f"{args.mem} memory"))
+    if args.json:
+        write_json(rows, args.json)
+        console.print(f"wrote {len(rows)} rows to {args.json}")
+    wrong = sum(r.get("wrong", 0) or 0 for r in rows)
+    return 1 if wrong else 0
+
+
+def _console():
+    """Wide tables when the output is a file or a CI log (rich assumes 80 columns there)."""
+    from rich.console import Console
+
+    c = Console()
+    return c if c.is_terminal else Console(width=200)
+
+
+def add_doctor_parser(sub) -> None:
+    p = sub.add_parser("doctor", help="settings, versions, and a 2-rank self-test")
+    p.set_defaults(func=run_doctor)
+
+
+def _doctor_check(comm):
+    import torch
+    t = torch.full((1000,), float(comm.rank + 1))
+    comm.all_reduce(t)
+    return float(t[0])
+
+
+def run_doctor(args) -> int:
+    import os
+    import platform
+
+    import numpy
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from . import __version__, launch
+    from .settings import describe, settings
+
+    c = _console()
+    c.print(f"tilecomm {__version__}, Python {platform.python_version()}, torch "
+            f"{torch.__version__}, numpy {numpy.__version__}, {os.cpu_count()} CPUs")
+    st = os.statvfs(settings().shm_dir)
+    c.print(f"{settings().shm_dir}: {st.f_bavail * st.f_frsize >> 20} MiB free")
+    t = Table("variable", "value", "meaning", header_style="bold")
+    for row in describe():
+        t.add_row(*row)
+    c.print(t)
+    got = launch(_doctor_check, 2, timeout=20)
+    ok = got == [3.0, 3.0]
+    c.print(f"2-rank all_reduce self-test: {'ok' if ok else f'FAILED {got}'}")
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tilecomm", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_bench_parser(sub)
+    from .sim.cli import add_sim_parser, add_topo_parser
+    add_sim_parser(sub)
+    add_topo_parser(sub)
+    add_doctor_parser(sub)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        print(f"tilecomm {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
