@@ -259,7 +259,7 @@ class Communicator:
     # holding a view of the tensor (at most _MEMO_ENTRIES tensors of <= _MEMO_BYTES each, so a
     # cached pointer can never be reused by another tensor while its entry lives).
     def _memo(self, name, t, op, algo, root):
-        if type(t) is not torch.Tensor or not t.is_cpu:
+        if type(t) is not torch.Tensor or not t.is_cpu or not t.is_contiguous():
             return None
         try:
             return self._memos.get((name, t.data_ptr(), t.dtype, t.numel(), op, algo, root))

@@ -287,3 +287,36 @@ def _run_barrier(comm):
 def test_barrier_waits_for_slowest(ranks):
     waited = ranks(3).run(_run_barrier)
     assert all(w > 0.15 for w in waited[1:]), waited
+
+
+def _run_repeated(comm):
+    """Cached plans and memoized calls must follow the tensor's current contents, and a
+    strided view sharing the pointer of a memoized tensor must not reuse its plan."""
+    outs = []
+    t = torch.empty(300)
+    for i in range(6):
+        t.copy_(make(10 + i, comm.rank, (300,), torch.float32))
+        comm.all_reduce(t, algo="one_shot" if i % 2 else "auto")
+        outs.append(t.clone())
+    big = make(20, comm.rank, (8, 8), torch.float32)
+    comm.all_reduce(big.view(-1)[:8])      # contiguous: first row, memoized
+    comm.all_reduce(big[:, 0])             # same data pointer and numel, strided: column 0
+    outs.append(big)
+    return outs
+
+
+def test_repeated_calls_and_aliasing_views(ranks):
+    w = 3
+    res = ranks(w).run(_run_repeated)
+    for i in range(6):
+        want = reference.reduced([make(10 + i, r, (300,), torch.float32) for r in range(w)])
+        for r in range(w):
+            assert torch.equal(res[r][i], want)
+    ins = [make(20, r, (8, 8), torch.float32) for r in range(w)]
+    row0 = reference.reduced([x[0] for x in ins])
+    for r in range(w):
+        got = res[r][-1]
+        assert torch.equal(got[0, 1:], row0[1:])                  # first call: row 0
+        assert got[0, 0] == w * row0[0]                           # both calls touched [0, 0]
+        assert torch.equal(got[1:, 0], reference.reduced([x[1:, 0] for x in ins]))  # column
+        assert torch.equal(got[1:, 1:], ins[r][1:, 1:])           # untouched
