@@ -22,6 +22,8 @@ class Settings:
     scratch_bytes: int = 32 << 20
     #: TILECOMM_PIECE_BYTES: scratch bytes one piece of a large collective uses (all chunks
     #: together). Pieces that fit in cache let the reads of a piece hit what its staging wrote.
+    #: Four times larger when ranks outnumber cores (each piece costs synchronizations, and
+    #: those wait for context switches there).
     piece_bytes: int = 1 << 20
     #: TILECOMM_SPIN: polls of a flag before a waiting rank starts yielding its core.
     spin: int = 2000
@@ -31,7 +33,7 @@ class Settings:
     #: forkserver). fork starts in milliseconds and accepts closures.
     start_method: str = "fork"
     #: TILECOMM_ONE_SHOT_MAX: largest all_reduce (bytes) for which auto picks one_shot.
-    one_shot_max: int = 64 << 10
+    one_shot_max: int = 256 << 10
     #: TILECOMM_DEBUG: 1 to validate more and keep more state for error messages.
     debug: bool = False
 

@@ -1,7 +1,8 @@
 """Picks an algorithm per call from the message size and world size.
 
-Thresholds come from measurements on the CPU shared-memory backend (docs/benchmarks.md); the
-cost-model-driven tuner replaces these rules once the simulator is calibrated for a machine.
+Thresholds come from measurements on the CPU shared-memory backend (docs/benchmarks.md: 2 and
+4 ranks, one_shot wins up to 128-256 KB, two_shot from 512 KB); the cost-model-driven tuner
+replaces these rules once the simulator is calibrated for a machine.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ NOTE [skipping the final wait]
 
 from __future__ import annotations
 
+import os
 from array import array
 
 import numpy as np
@@ -63,7 +64,11 @@ class Executor:
         self.heap = heap
         self.rank, self.world_size = channel.rank, channel.world_size
         self.layout = heap.layout
-        self.half_bytes = min(scratch_bytes // 2, settings().piece_bytes)
+        # Cache-sized pieces pay a synchronization each; when ranks outnumber cores every
+        # synchronization may wait for a context switch, so fewer, larger pieces win there.
+        oversubscribed = self.world_size > (os.cpu_count() or 1)
+        self.half_bytes = min(scratch_bytes // 2,
+                              settings().piece_bytes * (4 if oversubscribed else 1))
         self.segs = [heap.segment(r) for r in range(self.world_size)]
         self.seq = 0
         self.broken: str | None = None
