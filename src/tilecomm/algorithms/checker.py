@@ -25,7 +25,18 @@ class ScheduleError(AssertionError):
 
 
 def check_schedule(sched: Schedule) -> None:
-    """Raise :class:`ScheduleError` unless ``sched`` is a correct, race-free schedule."""
+    """Raise :class:`ScheduleError` unless ``sched`` is a correct, race-free schedule (and so is
+    its aliased form, when a scratch buffer may share another buffer's storage)."""
+    _check(sched)
+    folded = sched.aliased()
+    if folded is not sched:
+        try:
+            _check(folded)
+        except ScheduleError as e:
+            raise ScheduleError(f"with aliased buffers: {e}") from None
+
+
+def _check(sched: Schedule) -> None:
     spec = COLLECTIVES[sched.collective]
     w = sched.world_size
     name = f"{sched.collective}/{sched.algo} (world_size={w}, root={sched.root})"

@@ -60,12 +60,15 @@ class BufferSpec:
     """A buffer of the schedule.
 
     ``like`` names another buffer whose chunk layout this one copies (scratch such as ``tmp``).
-    ``nchunks`` is the number of chunks the buffer is cut into.
+    ``nchunks`` is the number of chunks the buffer is cut into. ``alias``: this scratch buffer
+    may share the storage of ``like`` when that buffer is already in symmetric memory (the
+    checker proves the schedule correct both ways; moves that become self-copies are skipped).
     """
 
     name: str
     nchunks: int
     like: str | None = None
+    alias: bool = False
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,27 @@ class Schedule:
                 break
             n += 1
         return n
+
+    def aliased(self) -> "Schedule":
+        """The schedule with every ``alias`` buffer folded into the buffer it is like."""
+        sub = {b.name: b.like for b in self.buffers if b.alias}
+        if not sub:
+            return self
+
+        def fold(loc: Loc) -> Loc:
+            return Loc(sub.get(loc.buf, loc.buf), loc.chunk)
+
+        phases = []
+        for ph in self.phases:
+            moves = []
+            for m in ph:
+                m2 = Move(m.rank, fold(m.dst), m.src_rank, fold(m.src), m.reduce)
+                if not (m2.is_local and m2.dst == m2.src and not m2.reduce):
+                    moves.append(m2)
+            phases.append(tuple(moves))
+        return Schedule(self.collective, self.algo, self.world_size,
+                        tuple(b for b in self.buffers if not b.alias),
+                        tuple(p for p in phases if p), self.root, self.notes, self.meta)
 
     def remote_read_buffers(self) -> frozenset[str]:
         """Buffers some peer reads: these must live in symmetric memory."""

@@ -1,13 +1,17 @@
-"""two_shot all_reduce: a direct reduce-scatter, then a direct all-gather, in place.
+"""two_shot all_reduce: a direct reduce-scatter, then a direct all-gather.
 
 ::
 
-    buf is cut into W chunks; rank r owns chunk r.
-    phase 0 (reduce-scatter)  buf_r[r] += buf_j[r]   for j = r+1, r+2, ... (mod W)
-    phase 1 (all-gather)      buf_r[j]  = buf_j[j]   for j != r
+    buf and tmp are cut into W chunks; rank r owns chunk r.
+    phase 0 (local)           tmp_r[c]  = buf_r[c]   for every c
+    phase 1 (reduce-scatter)  tmp_r[r] += tmp_j[r]   for j = r+1, r+2, ... (mod W)
+    phase 2 (all-gather)      buf_r[j]  = tmp_j[j]   for every j
 
 Each rank reads ``2 (W - 1) / W`` of the message: the bandwidth choice on a full-mesh fabric
 (shared memory, NVSwitch). Each chunk is reduced by its owner only, so all ranks end bit-identical.
+``tmp`` may alias ``buf``: for a tensor in symmetric memory the staging copy disappears and the
+algorithm runs in place; for any other tensor only ``tmp`` lives in shared memory and the
+all-gather writes straight into the caller's tensor.
 """
 
 from __future__ import annotations
@@ -19,9 +23,10 @@ from .schedule import BufferSpec, Loc, Move, Schedule
 @register("all_reduce", "two_shot")
 def two_shot_all_reduce(world_size: int, root: int = 0) -> Schedule:
     w = world_size
-    rs = tuple(Move(r, Loc("buf", r), (r + k) % w, Loc("buf", r), reduce=True)
+    stage = tuple(Move(r, Loc("tmp", c), r, Loc("buf", c)) for r in range(w) for c in range(w))
+    rs = tuple(Move(r, Loc("tmp", r), (r + k) % w, Loc("tmp", r), reduce=True)
                for r in range(w) for k in range(1, w))
-    ag = tuple(Move(r, Loc("buf", j), j, Loc("buf", j))
-               for r in range(w) for j in range(w) if j != r)
-    phases = tuple(p for p in (rs, ag) if p)
-    return Schedule("all_reduce", "two_shot", w, (BufferSpec("buf", w),), phases)
+    ag = tuple(Move(r, Loc("buf", j), j, Loc("tmp", j)) for r in range(w) for j in range(w))
+    phases = tuple(p for p in (stage, rs, ag) if p)
+    return Schedule("all_reduce", "two_shot", w,
+                    (BufferSpec("buf", w), BufferSpec("tmp", w, like="buf", alias=True)), phases)

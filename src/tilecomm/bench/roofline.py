@@ -54,12 +54,16 @@ def schedule_bytes(collective: str, algo: str, world_size: int, count: int, item
         prog = program(collective, algo, world_size, root, r)
         lay = make_layout(prog, world_size, count, _Item(itemsize), None)
         lens = lay.lens[r]
+        alias = {b.name: b.like for b in prog.sched.buffers if b.alias and not staged}
         copied = reduced = 0
         for ops in prog.ops:
             for dst, srcs in ops:
                 nb = lens[dst.buf][dst.chunk] * itemsize
                 if not srcs[0][2] and len(srcs) == 1:
-                    copied += nb
+                    src_rank, src, _ = srcs[0]
+                    same = (src_rank == r and src.chunk == dst.chunk and
+                            alias.get(src.buf, src.buf) == alias.get(dst.buf, dst.buf))
+                    copied += 0 if same else nb
                 else:
                     reduced += nb * (len(srcs) - (0 if srcs[0][2] else 1))
         if staged:

@@ -48,6 +48,27 @@ class Fabric:
 
 
 @dataclass(frozen=True)
+class ShmCost:
+    """Cost parameters of tilecomm's shared-memory runtime on one host (``sim/cpu_loop.py``).
+
+    A collective costs ``call_us`` (Python per call) + ``sync_us`` per synchronization (handshake,
+    one per remote phase and piece) + ``op_us`` per numpy operation + its copied and reduced bytes
+    at cache or DRAM rates. Bytes count as cache-resident in proportion ``min(1, cache / working
+    set)``. ``piece_bytes`` is the runtime's TILECOMM_PIECE_BYTES (not fitted).
+    """
+
+    call_us: float
+    sync_us: float
+    op_us: float
+    copy_cache_GBps: float
+    add_cache_GBps: float
+    copy_dram_GBps: float
+    add_dram_GBps: float
+    cache_bytes: int
+    piece_bytes: int = 1 << 20
+
+
+@dataclass(frozen=True)
 class SystemSpec:
     """One node type (``gpus_per_node`` accelerators) and its fabric. See docs/system-description.md."""
 
@@ -68,6 +89,7 @@ class SystemSpec:
     launch_us: float = 0.0          # per collective, on top of protocol base latency
     protocols: tuple[Protocol, ...] = ()
     fabric: Fabric = field(default_factory=Fabric)
+    shm: ShmCost | None = None      # shm systems: the runtime's own cost model (cpu_loop.py)
     sources: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self):

@@ -173,6 +173,10 @@ class Executor:
                               call.op, call.root, 0, layout.piece, places)
         return _Prepared(prog, layout, places, fields)
 
+    def _heap_offset(self, arr) -> int | None:
+        off = self.heap.offset_of(arr) if arr is not None else None
+        return off if off is not None and off >= self.layout.heap_offset else None
+
     def _addresser(self, prep: _Prepared, call, seq, peer_places) -> Addresser:
         return Addresser(prep.prog, prep.layout, self.segs, call.buffers, peer_places,
                          self.layout.scratch_half(seq & 1))
@@ -284,16 +288,16 @@ class Executor:
 
     def _place(self, buf: str, call: CollectiveCall, prog: Program) -> int:
         if buf not in USER_BUFFERS:
+            spec = prog.sched.buffer(buf)
+            if spec.alias:   # scratch that may share a symmetric user buffer's storage
+                off = self._heap_offset(call.buffers.get(spec.like))
+                if off is not None:
+                    return off
             return PLACE_SCRATCH
         if buf not in prog.scratch_bufs:
             return PLACE_LOCAL
-        arr = call.buffers.get(buf)
-        if arr is None:     # all_to_all_v output not allocated yet (never read remotely)
-            return PLACE_SCRATCH
-        off = self.heap.offset_of(arr)
-        if off is not None and off >= self.layout.heap_offset:
-            return off
-        return PLACE_SCRATCH
+        off = self._heap_offset(call.buffers.get(buf))
+        return PLACE_SCRATCH if off is None else off
 
     def _scale_avg(self, call: CollectiveCall) -> None:
         if call.collective == "reduce" and self.rank != call.root:

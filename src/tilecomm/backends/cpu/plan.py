@@ -139,6 +139,8 @@ class Addresser:
 def _fused(d: DType, op: ReduceOp, dst: np.ndarray, srcs: list[np.ndarray], first_reduce: bool):
     """Callables computing ``dst = srcs[0] (op) srcs[1] ...`` (or ``dst (op)= ...``)."""
     if not first_reduce and len(srcs) == 1:
+        if _addr(dst) == _addr(srcs[0]):
+            return []   # an aliased buffer copied onto itself
         return [partial(np.copyto, dst, srcs[0])]
     fn = _NP_UFUNC[op] if d.numpy is not None else _TORCH_FN[op]
     t = typed_view(dst, d)
@@ -152,6 +154,10 @@ def _fused(d: DType, op: ReduceOp, dst: np.ndarray, srcs: list[np.ndarray], firs
     for v in acc[2:]:
         calls.append(partial(fn, t, v, out=t))
     return calls
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
 
 
 def phase_ops(addr: Addresser, p: int, k: int, me: int, op: ReduceOp | None) -> list:

@@ -1,0 +1,379 @@
+"""The local loop: a cost model of tilecomm's own shared-memory runtime, fitted to its benchmarks.
+
+NOTE [what one CPU collective costs]
+    The executor (backends/cpu/executor.py, docs/design.md) runs, per rank::
+
+        Python call + plan (cached for calls <= 1 MiB)                 call_us
+        handshake: wait for every rank                                 sync_us
+        per piece k:  staging copies, local phases, remote phases
+            each remote phase: wait for its sources, do the moves      sync_us + ops
+            end wait for the readers (skipped on the last piece when
+            peers read only scratch: NOTE [skipping the final wait])   sync_us
+        each numpy call (copyto / add over a chunk slice)              op_us
+        each byte copied / reduced                                     1/rate
+
+    Counts come from the *same* programs the runtime executes (``plan.program``/``make_layout``):
+    number of pieces, which phases wait, which buffers are staged (user memory) or read in place
+    (heap memory), the numpy calls of every fused move. A byte moves at the cache rate with
+    probability ``h = min(1, cache / working set)`` and at the DRAM rate otherwise; the working
+    set of an operation that touches only scratch is the ranks' scratch pieces (cache-sized by
+    design), that of one touching the caller's buffers is all ranks' buffers plus scratch.
+
+    Time = ``theta . features`` with ``theta = (call_us, sync_us, op_us, 1/copy_cache,
+    1/add_cache, 1/copy_dram, 1/add_dram)``: linear for a fixed cache size. :func:`fit` solves the
+    non-negative least squares problem on *relative* errors for each cache size of a log grid and
+    keeps the best: seven physical parameters plus the cache size, never one per data point.
+
+``python -m tilecomm.sim.cpu_loop benchmarks/results/cpu_all_reduce_2ranks_{user,heap}.json``
+fits on the calibration subset (:data:`CALIB_ALGOS` at :data:`CALIB_SIZES`) and prints the
+errors of every row, calibrated and held out, per memory mode and regime.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tilecomm.topology.spec import ShmCost
+
+# The runtime's constants, restated (backends/cpu/executor.py, plan.py).
+CACHED_PLAN_BYTES = 1 << 20
+USER_BUFFERS = ("buf", "in", "out")
+
+# Calibration subset: two algorithms, every other size of the committed sweeps (8 B x4 steps).
+CALIB_ALGOS = ("one_shot", "two_shot")
+CALIB_SIZES = (8, 128, 2048, 32 << 10, 512 << 10, 8 << 20, 128 << 20)
+# Regimes of this machine: below 64 KiB time is overhead; up to 1 MiB data fits in cache.
+LAT_MAX, CACHE_MAX = 64 << 10, 1 << 20
+NAMES = ("call_us", "sync_us", "op_us", "copy_cache", "add_cache", "copy_dram", "add_dram")
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measurement from ``tilecomm bench --json``."""
+
+    collective: str
+    algo: str
+    world_size: int
+    nbytes: int
+    itemsize: int
+    mem: str            # "user" (staged through scratch) or "heap" (comm.alloc, read in place)
+    time_us: float
+
+    @property
+    def regime(self) -> str:
+        return "latency" if self.nbytes <= LAT_MAX else (
+            "cache" if self.nbytes <= CACHE_MAX else "dram")
+
+
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8,
+             "int8": 1, "uint8": 1}
+
+
+def load_rows(path: str) -> list[Row]:
+    data = json.loads(Path(path).read_text())
+    rows = data.get("rows", data.get("results", [])) if isinstance(data, dict) else data
+    return [Row(r["collective"], r["algo"], int(r["world_size"]), int(r["bytes"]),
+                _ITEMSIZE.get(r.get("dtype", "float32"), 4), r.get("mem", "user"),
+                float(r["time_us"])) for r in rows]
+
+
+# ---- counting what the runtime does ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class Work:
+    """What one rank does in one call (averaged over ranks): the model's raw counts."""
+
+    syncs: float
+    ops: float
+    pieces: int
+    cached: bool
+    # (kind, bytes, touches_caller_buffers) summed into four bins
+    copy_scratch: float
+    add_scratch: float
+    copy_user: float
+    add_user: float
+    ws_scratch: float   # bytes all ranks' scratch pieces span
+    ws_user: float      # bytes all ranks' buffers and scratch span
+
+
+class _Item:
+    def __init__(self, itemsize: int):
+        self.itemsize = itemsize
+
+
+def work(collective: str, algo: str, world_size: int, nbytes: int, mem: str = "user",
+         itemsize: int = 4, piece_bytes: int = 1 << 20) -> Work:
+    """Counts of syncs, numpy calls and bytes per rank, from the runtime's own programs."""
+    from tilecomm.algorithms.collectives import COLLECTIVES
+    from tilecomm.backends.cpu.plan import make_layout, program, slices
+
+    spec = COLLECTIVES[collective]
+    count = max(1, nbytes // itemsize)
+    tot = np.zeros(6)
+    pieces = 1
+    ws_scr = 0.0
+    for me in range(world_size):
+        prog = program(collective, algo, world_size, 0, me)
+        lay = make_layout(prog, world_size, count, _Item(itemsize), piece_bytes)
+        pieces = lay.pieces
+        # place of each buffer: scratch (staged or scratch by nature) or the caller's memory
+        in_scratch = {b: (b not in USER_BUFFERS) or (b in prog.scratch_bufs and mem == "user")
+                      for b in prog.names}
+        skip_last = all(in_scratch[prog.names[i]] for i in prog.last_read_bufs)
+        nph = len(prog.sched.phases)
+        syncs = ops = 0
+        byt = np.zeros(4)   # copy_scratch, add_scratch, copy_user, add_user
+        lens = lay.lens[me]
+        # Bytes of slices do not depend on the piece (only their split), so sum whole chunks;
+        # numpy calls do: count non-empty slices per piece.
+        for k in range(lay.pieces):
+            if k == 0:
+                syncs += 1                                  # handshake
+            for b in prog.names:                            # staging in and out
+                if in_scratch[b] and b in USER_BUFFERS:
+                    n_io = (b in spec.inputs) + (b in ("buf", "out"))
+                    ops += n_io * sum(1 for _, n in slices(lens[b], k, lay.piece) if n)
+            for p in range(nph):
+                if p >= prog.lead and prog.waits[p]:
+                    syncs += 1
+                for dst, srcs in prog.ops[p]:
+                    if slices(lens[dst.buf], k, lay.piece)[dst.chunk][1]:
+                        first = srcs[0][2]
+                        ops += len(srcs) if first else max(1, len(srcs) - 1)
+            if prog.end_waits and not (k == lay.pieces - 1 and skip_last):
+                syncs += 1
+        for b in prog.names:
+            if in_scratch[b] and b in USER_BUFFERS:
+                nb = sum(lens[b]) * itemsize
+                n_io = (b in spec.inputs) + (b in ("buf", "out"))
+                byt[2] += n_io * nb                         # user <-> scratch copies
+        for p in range(nph):
+            for dst, srcs in prog.ops[p]:
+                nb = lens[dst.buf][dst.chunk] * itemsize
+                user = not all(in_scratch[x.buf] for x in [dst] + [s[1] for s in srcs])
+                first = srcs[0][2]
+                if not first and len(srcs) == 1:
+                    byt[2 if user else 0] += nb
+                else:
+                    byt[3 if user else 1] += nb * (len(srcs) if first else len(srcs) - 1)
+        tot += np.array([syncs, ops, *byt])
+        used = lay.piece * prog.nslots if lay.piece else sum(
+            sum(lens[b]) for b in prog.names if in_scratch[b])
+        ws_scr += used * itemsize
+    tot /= world_size
+    buffers = nbytes * (2 if collective not in ("all_reduce", "broadcast", "reduce") else 1)
+    total_io = buffers  # in-place all_reduce: one buffer per rank
+    return Work(float(tot[0]), float(tot[1]), pieces, total_io <= CACHED_PLAN_BYTES,
+                *map(float, tot[2:]), ws_scratch=max(ws_scr, 1.0),
+                ws_user=ws_scr + world_size * float(buffers))
+
+
+def features(w: Work, cache_bytes: float) -> np.ndarray:
+    """Row of the linear model for a given cache size (see NOTE at the top)."""
+    h_s = min(1.0, cache_bytes / w.ws_scratch)
+    h_u = min(1.0, cache_bytes / w.ws_user)
+    us_per_byte = 1e-3   # 1 / (GB/s) -> us per byte is 1e-3 / GBps
+    return np.array([
+        1.0, w.syncs, w.ops,
+        us_per_byte * (h_s * w.copy_scratch + h_u * w.copy_user),
+        us_per_byte * (h_s * w.add_scratch + h_u * w.add_user),
+        us_per_byte * ((1 - h_s) * w.copy_scratch + (1 - h_u) * w.copy_user),
+        us_per_byte * ((1 - h_s) * w.add_scratch + (1 - h_u) * w.add_user),
+    ])
+
+
+def _theta(p: ShmCost) -> np.ndarray:
+    return np.array([p.call_us, p.sync_us, p.op_us, 1 / p.copy_cache_GBps,
+                     1 / p.add_cache_GBps, 1 / p.copy_dram_GBps, 1 / p.add_dram_GBps])
+
+
+def predict_us(p: ShmCost, collective: str, algo: str, world_size: int, nbytes: int,
+               mem: str = "user", itemsize: int = 4) -> float:
+    """Predicted time (us) of one call of tilecomm's shared-memory runtime."""
+    w = work(collective, algo, world_size, nbytes, mem, itemsize, p.piece_bytes)
+    return float(features(w, p.cache_bytes) @ _theta(p))
+
+
+def predict_row(p: ShmCost, r: Row) -> float:
+    return predict_us(p, r.collective, r.algo, r.world_size, r.nbytes, r.mem, r.itemsize)
+
+
+# ---- fitting ---------------------------------------------------------------------------------
+
+def nnls(A: np.ndarray, b: np.ndarray, iters: int = 100) -> np.ndarray:
+    """Non-negative least squares (Lawson-Hanson active set), small dense problems."""
+    n = A.shape[1]
+    x = np.zeros(n)
+    passive = np.zeros(n, bool)
+    for _ in range(iters):
+        grad = A.T @ (b - A @ x)
+        cand = ~passive & (grad > 1e-12 * max(1.0, np.abs(grad).max()))
+        if not cand.any():
+            break
+        passive[np.argmax(np.where(cand, grad, -np.inf))] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(A[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            neg = passive & (z <= 0)
+            alpha = np.min(x[neg] / (x[neg] - z[neg]))
+            x = x + alpha * (z - x)
+            passive &= x > 1e-15
+            x[~passive] = 0.0
+    return x
+
+
+@dataclass(frozen=True)
+class Fit:
+    params: ShmCost
+    rms_rel: float          # root mean square relative error on the calibration rows
+    rows: int
+
+
+def fit(rows: list[Row], piece_bytes: int = 1 << 20,
+        cache_grid: tuple[float, ...] | None = None) -> Fit:
+    """Least-squares fit of :class:`ShmCost` to ``rows`` (relative error, non-negative).
+
+    Linear in the seven rate/latency parameters for a fixed cache size; the cache size is chosen
+    on a log grid (256 KiB .. 256 MiB, 2^(1/4) steps).
+    """
+    if cache_grid is None:
+        cache_grid = tuple(2.0 ** (e / 4) for e in range(18 * 4, 28 * 4 + 1))
+    works = [work(r.collective, r.algo, r.world_size, r.nbytes, r.mem, r.itemsize, piece_bytes)
+             for r in rows]
+    t = np.array([r.time_us for r in rows])
+    best = None
+    for c in cache_grid:
+        A = np.stack([features(w, c) for w in works]) / t[:, None]
+        # Scale columns for conditioning, solve, unscale.
+        s = np.abs(A).max(0)
+        s[s == 0] = 1.0
+        th = nnls(A / s, np.ones_like(t)) / s
+        rel = A @ th - 1.0
+        err = float(np.sqrt(np.mean(rel ** 2)))
+        if best is None or err < best[0] - 1e-12:
+            best = (err, c, th)
+    err, c, th = best
+    inv = [1 / x if x > 0 else math.inf for x in th[3:]]
+    p = ShmCost(float(th[0]), float(th[1]), float(th[2]), *map(float, inv),
+                cache_bytes=int(round(c)), piece_bytes=piece_bytes)
+    return Fit(p, err, len(rows))
+
+
+def is_calibration(r: Row, algos=CALIB_ALGOS, sizes=CALIB_SIZES) -> bool:
+    return r.algo in algos and r.nbytes in sizes
+
+
+# ---- the loop and its report -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Check:
+    row: Row
+    predicted_us: float
+    calibrated: bool
+
+    @property
+    def error(self) -> float:
+        return (self.predicted_us - self.row.time_us) / self.row.time_us
+
+
+def loop(rows: list[Row], piece_bytes: int = 1 << 20, algos=CALIB_ALGOS,
+         sizes=CALIB_SIZES) -> tuple[Fit, list[Check]]:
+    """Fit on the calibration subset of ``rows``, predict every row."""
+    cal = [r for r in rows if is_calibration(r, algos, sizes)]
+    if not cal:
+        raise ValueError("no calibration rows (algorithms "
+                         f"{algos} at sizes {sizes}) in the measurements")
+    f = fit(cal, piece_bytes)
+    return f, [Check(r, predict_row(f.params, r), is_calibration(r, algos, sizes)) for r in rows]
+
+
+def summary(checks: list[Check]) -> dict:
+    """(mem, regime, 'calibrated'|'held-out') -> (points, median |error|); plus totals."""
+    out: dict = {}
+    for c in checks:
+        part = "calibrated" if c.calibrated else "held-out"
+        for key in ((c.row.mem, c.row.regime, part), (c.row.mem, "all", part),
+                    ("all", "all", part)):
+            out.setdefault(key, []).append(abs(c.error))
+    return {k: (len(v), float(np.median(v))) for k, v in out.items()}
+
+
+def held_out_median(checks: list[Check]) -> float:
+    return float(np.median([abs(c.error) for c in checks if not c.calibrated]))
+
+
+def _fmt_params(p: ShmCost) -> str:
+    return (f"call {p.call_us:.2f} us, sync {p.sync_us:.2f} us, op {p.op_us:.2f} us, "
+            f"copy {p.copy_cache_GBps:.1f} / {p.copy_dram_GBps:.1f} GB/s (cache / DRAM), "
+            f"add {p.add_cache_GBps:.1f} / {p.add_dram_GBps:.1f} GB/s, "
+            f"cache {p.cache_bytes / 2**20:.2f} MiB, pieces {p.piece_bytes >> 10} KiB")
+
+
+def report(paths: list[str], piece_bytes: int = 1 << 20, per_point: bool = True) -> str:
+    """Markdown: fitted parameters, per-point errors and the summary table, per world size."""
+    rows = [r for path in paths for r in load_rows(path)]
+    out = []
+    for ws in sorted({r.world_size for r in rows}):
+        sub = [r for r in rows if r.world_size == ws]
+        f, checks = loop(sub, piece_bytes)
+        out.append(f"### {ws} ranks ({', '.join(sorted({r.mem for r in sub}))} memory)\n")
+        out.append(f"Fitted on {f.rows} rows ({'/'.join(CALIB_ALGOS)} at "
+                   f"{', '.join(_size(s) for s in CALIB_SIZES)}; rms relative error "
+                   f"{f.rms_rel:.1%}): {_fmt_params(f.params)}\n")
+        if per_point:
+            algos = sorted({r.algo for r in sub})
+            out.append("| mem | size | " + " | ".join(algos) + " |")
+            out.append("|---|---:|" + "---:|" * len(algos))
+            by = {(c.row.mem, c.row.nbytes, c.row.algo): c for c in checks}
+            for mem in sorted({r.mem for r in sub}):
+                for n in sorted({r.nbytes for r in sub if r.mem == mem}):
+                    cells = []
+                    for a in algos:
+                        c = by.get((mem, n, a))
+                        cells.append("" if c is None else
+                                     f"{c.row.time_us:.1f} / {c.predicted_us:.1f} "
+                                     f"({c.error:+.0%}){'*' if c.calibrated else ''}")
+                    out.append(f"| {mem} | {_size(n)} | " + " | ".join(cells) + " |")
+            out.append("\nCells: measured us / predicted us (error); * = calibration point.\n")
+        s = summary(checks)
+        out.append("| mem | regime | calibrated: points | median abs err | held-out: points "
+                   "| median abs err |")
+        out.append("|---|---|---:|---:|---:|---:|")
+        for mem in sorted({r.mem for r in sub}) + ["all"]:
+            for reg in (("latency", "cache", "dram", "all") if mem != "all" else ("all",)):
+                c = s.get((mem, reg, "calibrated"), (0, float("nan")))
+                h = s.get((mem, reg, "held-out"), (0, float("nan")))
+                out.append(f"| {mem} | {reg} | {c[0]} | {c[1]:.1%} | {h[0]} | {h[1]:.1%} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def _size(n: int) -> str:
+    from .units import format_size
+    return format_size(n)
+
+
+def main(argv=None) -> int:
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m tilecomm.sim.cpu_loop",
+                                 description="Fit the shared-memory runtime's cost model on part "
+                                             "of tilecomm bench --json output, predict the rest.")
+    ap.add_argument("files", nargs="+", help="tilecomm bench --json files")
+    ap.add_argument("--piece-bytes", default="1M", help="TILECOMM_PIECE_BYTES of the run")
+    ap.add_argument("--summary-only", action="store_true")
+    a = ap.parse_args(argv)
+    from .units import parse_size
+    print(report(a.files, parse_size(a.piece_bytes), per_point=not a.summary_only))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
