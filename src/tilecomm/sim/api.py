@@ -90,10 +90,30 @@ def candidates(collective: str, topo: Topology) -> list[str]:
     return out
 
 
+def _shm_one(collective: str, algo: str, topo: Topology, nbytes: int, mem: str) -> Prediction:
+    """A registered algorithm on one shared-memory host: the runtime's own cost model."""
+    from .cpu_loop import NAMES, breakdown
+    w = topo.world_size
+    p = topo.spec.shm
+    ranks = sorted({0, 1 % w, w - 1})
+    t = max(breakdown(p, collective, algo, w, nbytes, mem, 4, [r]).sum() for r in ranks)
+    parts = dict(zip(NAMES, breakdown(p, collective, algo, w, nbytes, mem, 4, ranks)))
+    fixed = parts["call_us"] + parts["sync_us"] + parts["op_us"]
+    moved = {k: v for k, v in parts.items() if k not in ("call_us", "sync_us", "op_us")}
+    bott = "latency" if fixed >= sum(moved.values()) else max(moved, key=moved.get)
+    factor = BUSBW_FACTOR.get(collective, lambda n: 1.0)(w)
+    algbw = nbytes / (t * GB) if t > 0 else float("inf")
+    return Prediction(collective, algo, f"shm/{mem}", int(nbytes), w, t, algbw, algbw * factor,
+                      bott, "shm-model")
+
+
 def _one(collective: str, algo: str, topo: Topology, nbytes: int, protocol: str | None,
-         engine: str) -> Prediction:
+         engine: str, mem: str = "user") -> Prediction:
     spec = topo.spec
     w = topo.world_size
+    if spec.shm is not None and topo.nodes == 1 and algo in algorithms(collective) and \
+            protocol in (None, "shm"):
+        return _shm_one(collective, algo, topo, nbytes, mem)
     protos = [spec.protocol(protocol)] if protocol else list(spec.protocols)
     if algo == "nvls":
         t, proto_name, bott, method = nvls_time(topo, nbytes), "NVLS", "nvswitch", "analytic"
@@ -125,15 +145,18 @@ def _one(collective: str, algo: str, topo: Topology, nbytes: int, protocol: str 
 
 def predict(collective: str, nbytes: int, system: str | SystemSpec = "dgx-h100",
             nodes: int = 1, gpus: int | None = None, algo: str = "all",
-            protocol: str | None = None, engine: str = "auto") -> list[Prediction]:
+            protocol: str | None = None, engine: str = "auto",
+            mem: str = "user") -> list[Prediction]:
     """Predicted time of ``collective`` on ``nbytes`` for each algorithm (or ``algo``).
 
     ``system``: preset name, .json path or :class:`SystemSpec`; ``gpus``: ranks per node
-    (default: all GPUs of the node). Sorted fastest first.
+    (default: all GPUs of the node). ``mem`` (shared-memory systems): ``user`` tensors are
+    staged through scratch, ``heap`` tensors (``comm.alloc``) are read in place. Sorted fastest
+    first.
     """
     topo = build(system, nodes, gpus)
     names = candidates(collective, topo) if algo == "all" else [algo]
-    preds = [_one(collective, a, topo, nbytes, protocol, engine) for a in names]
+    preds = [_one(collective, a, topo, nbytes, protocol, engine, mem) for a in names]
     return sorted(preds, key=lambda p: p.time_us)
 
 

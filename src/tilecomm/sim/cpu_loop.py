@@ -15,7 +15,8 @@ NOTE [what one CPU collective costs]
     Counts come from the *same* programs the runtime executes (``plan.program``/``make_layout``):
     number of pieces, which phases wait, which buffers are staged (user memory) or read in place
     (heap memory), the numpy calls of every fused move. A byte moves at the cache rate with
-    probability ``h = min(1, cache / working set)`` and at the DRAM rate otherwise; the working
+    rate when the working set fits the cache (``h = 1``) and at the DRAM rate otherwise
+    (``h = 0``: a cyclic sweep larger than an LRU cache never hits); the working
     set of an operation that touches only scratch is the ranks' scratch pieces (cache-sized by
     design), that of one touching the caller's buffers is all ranks' buffers plus scratch.
 
@@ -45,7 +46,9 @@ CACHED_PLAN_BYTES = 1 << 20
 USER_BUFFERS = ("buf", "in", "out")
 
 # Calibration subset: two algorithms, every other size of the committed sweeps (8 B x4 steps).
-CALIB_ALGOS = ("one_shot", "two_shot")
+# one_shot and ring, not two_shot: the committed sweeps predate two_shot's tmp aliasing
+# (commit 2975464), so two_shot's user-memory rows measure a schedule that no longer exists.
+CALIB_ALGOS = ("one_shot", "ring")
 CALIB_SIZES = (8, 128, 2048, 32 << 10, 512 << 10, 8 << 20, 128 << 20)
 # Regimes of this machine: below 64 KiB time is overhead; up to 1 MiB data fits in cache.
 LAT_MAX, CACHE_MAX = 64 << 10, 1 << 20
@@ -107,23 +110,35 @@ class _Item:
 
 
 def work(collective: str, algo: str, world_size: int, nbytes: int, mem: str = "user",
-         itemsize: int = 4, piece_bytes: int = 1 << 20) -> Work:
-    """Counts of syncs, numpy calls and bytes per rank, from the runtime's own programs."""
+         itemsize: int = 4, piece_bytes: int = 1 << 20, ranks=None) -> Work:
+    """Counts of syncs, numpy calls and bytes per rank (mean over ``ranks``, default all), from
+    the runtime's own programs."""
     from tilecomm.algorithms.collectives import COLLECTIVES
-    from tilecomm.backends.cpu.plan import make_layout, program, slices
+    from tilecomm.backends.cpu.plan import make_layout, program
 
     spec = COLLECTIVES[collective]
     count = max(1, nbytes // itemsize)
     tot = np.zeros(6)
     pieces = 1
     ws_scr = 0.0
-    for me in range(world_size):
+    ranks = list(range(world_size)) if ranks is None else list(ranks)
+    for me in ranks:
         prog = program(collective, algo, world_size, 0, me)
         lay = make_layout(prog, world_size, count, _Item(itemsize), piece_bytes)
         pieces = lay.pieces
-        # place of each buffer: scratch (staged or scratch by nature) or the caller's memory
-        in_scratch = {b: (b not in USER_BUFFERS) or (b in prog.scratch_bufs and mem == "user")
-                      for b in prog.names}
+        # Place of each buffer, as Executor._place decides it: scratch (staged, or scratch by
+        # nature) or the caller's memory (a heap tensor read in place, or never read by peers).
+        # A scratch buffer marked ``alias`` shares its ``like`` buffer's storage in heap memory.
+        alias = {}
+        in_scratch = {}
+        for b in prog.names:
+            if b in USER_BUFFERS:
+                in_scratch[b] = b in prog.scratch_bufs and mem == "user"
+            else:
+                bs = prog.sched.buffer(b)
+                if getattr(bs, "alias", False) and mem == "heap" and bs.like in USER_BUFFERS:
+                    alias[b] = bs.like
+                in_scratch[b] = b not in alias
         skip_last = all(in_scratch[prog.names[i]] for i in prog.last_read_bufs)
         nph = len(prog.sched.phases)
         syncs = ops = 0
@@ -131,22 +146,30 @@ def work(collective: str, algo: str, world_size: int, nbytes: int, mem: str = "u
         lens = lay.lens[me]
         # Bytes of slices do not depend on the piece (only their split), so sum whole chunks;
         # numpy calls do: count non-empty slices per piece.
-        for k in range(lay.pieces):
+        # Every piece but the first and last looks like piece 1: count three, scale the middle.
+        last = lay.pieces - 1
+        reps = {0: 1} if last == 0 else ({0: 1, last: 1} if last == 1 else
+                                          {0: 1, 1: last - 1, last: 1})
+        for k, times in reps.items():
+            s_k = o_k = 0
             if k == 0:
-                syncs += 1                                  # handshake
+                s_k += 1                                    # handshake
             for b in prog.names:                            # staging in and out
                 if in_scratch[b] and b in USER_BUFFERS:
                     n_io = (b in spec.inputs) + (b in ("buf", "out"))
-                    ops += n_io * sum(1 for _, n in slices(lens[b], k, lay.piece) if n)
+                    o_k += n_io * sum(1 for _, n in _slices(lens[b], k, lay.piece) if n)
             for p in range(nph):
                 if p >= prog.lead and prog.waits[p]:
-                    syncs += 1
+                    s_k += 1
                 for dst, srcs in prog.ops[p]:
-                    if slices(lens[dst.buf], k, lay.piece)[dst.chunk][1]:
+                    if _slices(lens[dst.buf], k, lay.piece)[dst.chunk][1] and \
+                            not _self_copy(me, dst, srcs, alias):
                         first = srcs[0][2]
-                        ops += len(srcs) if first else max(1, len(srcs) - 1)
-            if prog.end_waits and not (k == lay.pieces - 1 and skip_last):
-                syncs += 1
+                        o_k += len(srcs) if first else max(1, len(srcs) - 1)
+            if prog.end_waits and not (k == last and skip_last):
+                s_k += 1
+            syncs += times * s_k
+            ops += times * o_k
         for b in prog.names:
             if in_scratch[b] and b in USER_BUFFERS:
                 nb = sum(lens[b]) * itemsize
@@ -154,6 +177,8 @@ def work(collective: str, algo: str, world_size: int, nbytes: int, mem: str = "u
                 byt[2] += n_io * nb                         # user <-> scratch copies
         for p in range(nph):
             for dst, srcs in prog.ops[p]:
+                if _self_copy(me, dst, srcs, alias):
+                    continue
                 nb = lens[dst.buf][dst.chunk] * itemsize
                 user = not all(in_scratch[x.buf] for x in [dst] + [s[1] for s in srcs])
                 first = srcs[0][2]
@@ -162,10 +187,10 @@ def work(collective: str, algo: str, world_size: int, nbytes: int, mem: str = "u
                 else:
                     byt[3 if user else 1] += nb * (len(srcs) if first else len(srcs) - 1)
         tot += np.array([syncs, ops, *byt])
-        used = lay.piece * prog.nslots if lay.piece else sum(
-            sum(lens[b]) for b in prog.names if in_scratch[b])
-        ws_scr += used * itemsize
-    tot /= world_size
+        ws_scr += itemsize * sum(min(n, lay.piece) if lay.piece else n
+                                 for b in prog.names if in_scratch[b] for n in lens[b])
+    tot /= len(ranks)
+    ws_scr *= world_size / len(ranks)
     buffers = nbytes * (2 if collective not in ("all_reduce", "broadcast", "reduce") else 1)
     total_io = buffers  # in-place all_reduce: one buffer per rank
     return Work(float(tot[0]), float(tot[1]), pieces, total_io <= CACHED_PLAN_BYTES,
@@ -173,10 +198,34 @@ def work(collective: str, algo: str, world_size: int, nbytes: int, mem: str = "u
                 ws_user=ws_scr + world_size * float(buffers))
 
 
+def _slices(lens: list[int], k: int, piece: int) -> list[tuple[int, int]]:
+    """``(start, length)`` of piece ``k`` of every chunk (the runtime's piece split)."""
+    out, start = [], 0
+    for n in lens:
+        lo = min(n, k * piece) if piece else 0
+        out.append((start + lo, (min(n, lo + piece) - lo) if piece else n))
+        start += n
+    return out
+
+
+def _self_copy(me, dst, srcs, alias) -> bool:
+    """A copy onto itself once an aliased buffer is folded into its ``like`` (skipped)."""
+    if len(srcs) != 1 or srcs[0][2] or srcs[0][0] != me:
+        return False
+    src = srcs[0][1]
+    return src.chunk == dst.chunk and alias.get(src.buf, src.buf) == alias.get(dst.buf, dst.buf)
+
+
+def _hit(cache: float, ws: float) -> float:
+    """Hit fraction of a working set swept once per call: an LRU cache keeps all of it or, once
+    it is larger (a cyclic sweep evicts each line before its reuse), none of it."""
+    return 1.0 if ws <= cache else 0.0
+
+
 def features(w: Work, cache_bytes: float) -> np.ndarray:
     """Row of the linear model for a given cache size (see NOTE at the top)."""
-    h_s = min(1.0, cache_bytes / w.ws_scratch)
-    h_u = min(1.0, cache_bytes / w.ws_user)
+    h_s = _hit(cache_bytes, w.ws_scratch)
+    h_u = _hit(cache_bytes, w.ws_user)
     us_per_byte = 1e-3   # 1 / (GB/s) -> us per byte is 1e-3 / GBps
     return np.array([
         1.0, w.syncs, w.ops,
@@ -193,10 +242,18 @@ def _theta(p: ShmCost) -> np.ndarray:
 
 
 def predict_us(p: ShmCost, collective: str, algo: str, world_size: int, nbytes: int,
-               mem: str = "user", itemsize: int = 4) -> float:
-    """Predicted time (us) of one call of tilecomm's shared-memory runtime."""
-    w = work(collective, algo, world_size, nbytes, mem, itemsize, p.piece_bytes)
-    return float(features(w, p.cache_bytes) @ _theta(p))
+               mem: str = "user", itemsize: int = 4, ranks=None) -> float:
+    """Predicted time (us) of one call of tilecomm's shared-memory runtime: the slowest of
+    ``ranks`` (default: all; pass a few for large worlds, e.g. ``{0, 1, W-1}``)."""
+    return max(breakdown(p, collective, algo, world_size, nbytes, mem, itemsize, [r]).sum()
+               for r in (range(world_size) if ranks is None else sorted(set(ranks))))
+
+
+def breakdown(p: ShmCost, collective: str, algo: str, world_size: int, nbytes: int,
+              mem: str = "user", itemsize: int = 4, ranks=None) -> np.ndarray:
+    """Time (us) per term, in the order of :data:`NAMES` (mean over ``ranks``)."""
+    w = work(collective, algo, world_size, nbytes, mem, itemsize, p.piece_bytes, ranks)
+    return features(w, p.cache_bytes) * _theta(p)
 
 
 def predict_row(p: ShmCost, r: Row) -> float:

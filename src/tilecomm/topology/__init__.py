@@ -3,7 +3,7 @@
 from .loader import load_system, spec_from_dict
 from .model import Topology
 from .presets import PRESETS, get_preset, preset_names
-from .spec import Fabric, Protocol, SystemSpec
+from .spec import Fabric, Protocol, ShmCost, SystemSpec
 
 
 def build(system: "str | SystemSpec", nodes: int = 1, gpus: int | None = None) -> Topology:
@@ -12,5 +12,5 @@ def build(system: "str | SystemSpec", nodes: int = 1, gpus: int | None = None) -
     return Topology(spec, nodes, gpus or spec.gpus_per_node)
 
 
-__all__ = ["Fabric", "PRESETS", "Protocol", "SystemSpec", "Topology", "build", "get_preset",
+__all__ = ["Fabric", "PRESETS", "Protocol", "ShmCost", "SystemSpec", "Topology", "build", "get_preset",
            "load_system", "preset_names", "spec_from_dict"]

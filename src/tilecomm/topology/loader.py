@@ -15,7 +15,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from .presets import PRESETS, get_preset
-from .spec import Fabric, Protocol, SystemSpec
+from .spec import Fabric, Protocol, ShmCost, SystemSpec
 
 _SPEC_FIELDS = {f.name for f in fields(SystemSpec)}
 _FABRIC_FIELDS = {f.name for f in fields(Fabric)}
@@ -36,6 +36,8 @@ def spec_from_dict(d: dict) -> SystemSpec:
             raise ValueError(f"unknown fabric keys: {sorted(bad)}")
     if "protocols" in d:
         d["protocols"] = tuple(Protocol(**p) for p in d["protocols"])
+    if d.get("shm") is not None:
+        d["shm"] = ShmCost(**d["shm"])
     if base is not None:
         spec = get_preset(base)
         if "fabric" in d:

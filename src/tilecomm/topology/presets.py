@@ -11,7 +11,7 @@ per system). See docs/model.md for the validation of these numbers against measu
 
 from __future__ import annotations
 
-from .spec import Fabric, Protocol, SystemSpec
+from .spec import Fabric, Protocol, ShmCost, SystemSpec
 
 NCCL_TUNING = "NVIDIA/nccl src/graph/tuning.cc (baseLat/hwLat, Ring column)"
 
@@ -100,18 +100,36 @@ def pcie_8gpu() -> SystemSpec:
         sources={"gpu_link_GBps": "PCIe 4.0 x16", "latencies": NCCL_TUNING + " (PCI row)"})
 
 
+# Fitted by `python -m tilecomm.sim.cpu_loop benchmarks/results/cpu_all_reduce_2ranks_user.json
+# benchmarks/results/cpu_all_reduce_2ranks_heap.json` (one_shot and ring at 8 B, 128 B, 2 KiB,
+# 32 KiB, 512 KiB, 8 MiB, 128 MiB, both memory modes: 28 of 104 rows; docs/model.md "Local loop").
+# 2 ranks on a 2-core AMD EPYC VM (L2 1 MiB/core, L3 32 MiB). Ranks outnumbering cores are not
+# covered (their synchronizations wait for context switches: see the 4-rank table).
+CPU_SHM_COST = ShmCost(call_us=7.09, sync_us=2.35, op_us=0.59, copy_cache_GBps=43.9,
+                       add_cache_GBps=9.6, copy_dram_GBps=16.7, add_dram_GBps=4.8,
+                       cache_bytes=2 << 20, piece_bytes=1 << 20)
+CPU_LOOP_COMMAND = ("python -m tilecomm.sim.cpu_loop "
+                    "benchmarks/results/cpu_all_reduce_2ranks_{user,heap}.json")
+
+
 def cpu_shm() -> SystemSpec:
-    """This machine: ranks are processes, peers' buffers are POSIX shared memory."""
+    """This machine: ranks are processes, peers' buffers are POSIX shared memory.
+
+    Registered algorithms are timed by the runtime's own cost model (``shm``, sim/cpu_loop.py);
+    the flow-model fields below are its DRAM-regime equivalents for builder-only algorithms.
+    """
+    c = CPU_SHM_COST
     return SystemSpec(
         name="cpu-shm", gpu="CPU process", gpus_per_node=64, intra="shm",
-        gpu_link_GBps=6.0,        # one core's numpy copy from another process's shm (measured
-        mem_GBps=6.0,             # with `tilecomm topo`; see docs/model.md "local loop")
-        reduce_GBps=2.0,          # numpy add into a buffer, single core
-        nics_per_node=1, nic_GBps=1.2,  # 10 GbE between hosts (Gloo/TCP)
-        launch_us=30.0,           # Python call + handshake per collective
-        protocols=(Protocol("shm", 1.0, 8.0, 50.0, 0.0),),  # flag polling in Python, ~us
+        gpu_link_GBps=c.copy_dram_GBps,   # a peer's shm read is a memory copy
+        mem_GBps=c.copy_dram_GBps,
+        reduce_GBps=c.add_dram_GBps,
+        nics_per_node=1, nic_GBps=1.2,    # 10 GbE between hosts (Gloo/TCP), not measured
+        launch_us=c.call_us + c.sync_us,  # Python call + handshake per collective
+        protocols=(Protocol("shm", 1.0, c.sync_us, 50.0, 0.0),),  # one flag wait per step
         fabric=Fabric(rail_optimized=False, nodes_per_leaf=48),
-        sources={"all": "placeholders until calibrated with tilecomm bench --json"})
+        shm=c,
+        sources={"shm": CPU_LOOP_COMMAND, "nic_GBps": "placeholder (10 GbE)"})
 
 
 PRESETS = {

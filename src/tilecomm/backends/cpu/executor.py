@@ -37,23 +37,40 @@ from ..base import CollectiveCall
 from .channel import (COLL_IDS, COLL_NAMES, D_ALGO, D_COLL, D_COUNT, D_DTYPE, D_EXTRA, D_MSGLEN,
                       D_OP, D_PIECE, D_PLACE, D_ROOT, D_SEQ, ERROR_ID, NUM_PLACES, Channel,
                       algo_id)
-from .plan import (PLACE_LOCAL, PLACE_SCRATCH, USER_BUFFERS, Addresser, Layout, Program,
-                   make_layout, phase_ops, program, stage_ops)
+from .plan import (PLACE_LOCAL, PLACE_SCRATCH, USER_BUFFERS, Addresser, Program, Runner,
+                   make_layout, phase_template, program, stage_template)
 
-_CACHE_MAX_BYTES = 1 << 20   # calls up to this size keep their prepared plan
+_CACHE_MAX_BYTES = 1 << 20   # calls up to this size also keep ready-made callables
 _CACHE_ENTRIES = 64
 
 
-class _Prepared:
-    """What a call needs before the handshake (cached for small repeated calls)."""
+class _Template:
+    """Everything about a call that does not depend on the caller's memory (cached by call
+    signature and places, for any size)."""
 
-    __slots__ = ("prog", "layout", "places", "fields", "pre", "post", "phases", "peer_places")
+    __slots__ = ("prog", "layout", "places", "fields", "pre", "post", "phases")
 
-    def __init__(self, prog, layout, places, fields):
+    def __init__(self, prog, layout, places, fields, pre, post):
         self.prog, self.layout, self.places, self.fields = prog, layout, places, fields
-        self.pre = self.post = None
-        self.phases = None          # per remaining phase: list of callables (piece 0)
-        self.peer_places = None     # the peers' places the phases were built for
+        self.pre, self.post = pre, post     # ops: staging + leading local phases; copy-back
+        self.phases: dict = {}              # peers' places -> ops per remaining phase
+
+
+class _Ready:
+    """A small call's callables over the caller's memory (cached by buffer addresses)."""
+
+    __slots__ = ("tpl", "pre", "post", "phases", "peer_places")
+
+    def __init__(self, tpl, pre, post):
+        self.tpl, self.pre, self.post = tpl, pre, post
+        self.phases = None
+        self.peer_places = None
+
+
+def _bounded_put(cache: dict, key, value) -> None:
+    if len(cache) >= _CACHE_ENTRIES:
+        cache.pop(next(iter(cache)))
+    cache[key] = value
 
 
 class Executor:
@@ -72,7 +89,8 @@ class Executor:
         self.segs = [heap.segment(r) for r in range(self.world_size)]
         self.seq = 0
         self.broken: str | None = None
-        self._cache: dict = {}
+        self._templates: dict = {}
+        self._ready: dict = {}
 
     # ---- entry points ---------------------------------------------------------------------
     def run(self, call: CollectiveCall) -> None:
@@ -164,40 +182,49 @@ class Executor:
         raise CommMismatch(f"{coll} #{seq}: ranks disagree on the call")
 
     # ---- one collective -------------------------------------------------------------------
-    def _prepare(self, call: CollectiveCall, seq: int, counts=None) -> _Prepared:
-        prog = program(call.collective, call.algo, self.world_size, call.root, self.rank)
-        layout = make_layout(prog, self.world_size, call.count, call.dtype, self.half_bytes,
-                             counts)
-        places = tuple(self._place(b, call, prog) for b in prog.names)
-        fields = self._fields(seq, call.collective, call.algo, call.dtype.id, call.count,
-                              call.op, call.root, 0, layout.piece, places)
-        return _Prepared(prog, layout, places, fields)
-
     def _heap_offset(self, arr) -> int | None:
         off = self.heap.offset_of(arr) if arr is not None else None
         return off if off is not None and off >= self.layout.heap_offset else None
 
-    def _addresser(self, prep: _Prepared, call, seq, peer_places) -> Addresser:
-        return Addresser(prep.prog, prep.layout, self.segs, call.buffers, peer_places,
+    def _template(self, call: CollectiveCall, seq: int, counts=None) -> _Template:
+        prog = program(call.collective, call.algo, self.world_size, call.root, self.rank)
+        places = tuple(self._place(b, call, prog) for b in prog.names)
+        key = None
+        if counts is None:
+            key = (call.collective, call.algo, call.root, call.dtype.id, call.count, call.op,
+                   seq & 1, places)
+            tpl = self._templates.get(key)
+            if tpl is not None:
+                return tpl
+        me = self.rank
+        layout = make_layout(prog, self.world_size, call.count, call.dtype, self.half_bytes,
+                             counts)
+        fields = self._fields(seq, call.collective, call.algo, call.dtype.id, call.count,
+                              call.op, call.root, 0, layout.piece, places)
+        addr = Addresser(prog, layout, [places] * self.world_size,
                          self.layout.scratch_half(seq & 1))
+        pre = stage_template(addr, call.collective, me, inbound=True)
+        for p in range(prog.lead):
+            pre += phase_template(addr, p, me)
+        post = [] if (call.collective == "reduce" and me != call.root) else \
+            stage_template(addr, call.collective, me, inbound=False)
+        tpl = _Template(prog, layout, places, fields, pre, post)
+        if key is not None:
+            _bounded_put(self._templates, key, tpl)
+        return tpl
 
-    def _local_ops(self, prep, call, seq, k) -> list:
-        """Staging into scratch and the leading local phases of piece ``k``."""
-        mine = [prep.places] * self.world_size
-        addr = self._addresser(prep, call, seq, mine)
-        ops = stage_ops(addr, call.collective, k, self.rank, inbound=True)
-        for p in range(prep.prog.lead):
-            ops += phase_ops(addr, p, k, self.rank, call.op)
+    def _phase_ops(self, tpl: _Template, seq: int, peer_places) -> list:
+        ops = tpl.phases.get(peer_places)
+        if ops is None:
+            addr = Addresser(tpl.prog, tpl.layout, peer_places, self.layout.scratch_half(seq & 1))
+            ops = [phase_template(addr, p, self.rank)
+                   for p in range(tpl.prog.lead, len(tpl.prog.sched.phases))]
+            if len(tpl.phases) < 8:
+                tpl.phases[peer_places] = ops
         return ops
 
-    def _post_ops(self, prep, call, seq, k) -> list:
-        if call.collective == "reduce" and self.rank != call.root:
-            return []
-        addr = self._addresser(prep, call, seq, [prep.places] * self.world_size)
-        return stage_ops(addr, call.collective, k, self.rank, inbound=False)
-
     def _run(self, call: CollectiveCall, seq: int) -> None:
-        ch, me = self.ch, self.rank
+        ch = self.ch
         if call.collective == "all_to_all_v":
             return self._run_variable(call, seq)
         key = None
@@ -206,26 +233,28 @@ class Executor:
         elif sum(a.nbytes for a in call.buffers.values()) <= _CACHE_MAX_BYTES:
             key = (call.collective, call.algo, call.root, call.dtype.id, call.count, call.op,
                    seq & 1, tuple((b, a.ctypes.data, a.nbytes) for b, a in call.buffers.items()))
-        prep = self._cache.get(key) if key is not None else None
-        if prep is None:
-            prep = self._prepare(call, seq)
-            if prep.layout.pieces == 1:
-                prep.pre = self._local_ops(prep, call, seq, 0)
-                prep.post = self._post_ops(prep, call, seq, 0)
-                if key is not None:
-                    if len(self._cache) >= _CACHE_ENTRIES:
-                        self._cache.pop(next(iter(self._cache)))
-                    self._cache[key] = prep
-        fields = prep.fields
+        ready = self._ready.get(key) if key is not None else None
+        runner = None
+        if ready is None:
+            tpl = self._template(call, seq)
+            runner = Runner(self.segs, call.buffers, tpl.layout, call.op)
+            if key is not None and tpl.layout.pieces == 1:
+                ready = _Ready(tpl, runner.calls(tpl.pre, 0), runner.calls(tpl.post, 0))
+                _bounded_put(self._ready, key, ready)
+        else:
+            tpl = ready.tpl
+        fields = tpl.fields
         fields[D_SEQ] = seq
         ch.post_desc(seq, fields)
-        pre = prep.pre if prep.pre is not None else self._local_ops(prep, call, seq, 0)
-        for f in pre:
-            f()
+        if ready is not None:
+            for f in ready.pre:
+                f()
+        else:
+            runner.run(tpl.pre, 0)
         descs = self._handshake(seq, call.collective, fields)
-        n = len(prep.prog.names)
+        n = len(tpl.prog.names)
         peer_places = tuple(tuple(d[D_PLACE:D_PLACE + n]) for d in descs)
-        self._pieces(call, seq, prep, peer_places, first_ready=True)
+        self._pieces(call, seq, tpl, peer_places, runner, ready, first_ready=True)
 
     def _run_variable(self, call: CollectiveCall, seq: int) -> None:
         """all_to_all_v: chunk lengths come from the count matrix, known after the handshake."""
@@ -241,46 +270,51 @@ class Executor:
         if call.buffers.get("out") is None:
             call.buffers["out"] = call.make_out(sum(rows[j][me] for j in range(w)))
         counts = [[x * call.count for x in row] for row in rows]
-        prep = self._prepare(call, seq, counts)
+        tpl = self._template(call, seq, counts)
         n = len(prog.names)
         peer_places = tuple(tuple(d[D_PLACE:D_PLACE + n]) for d in descs)
-        self._pieces(call, seq, prep, peer_places, first_ready=False)
+        runner = Runner(self.segs, call.buffers, tpl.layout, call.op)
+        self._pieces(call, seq, tpl, peer_places, runner, None, first_ready=False)
 
-    def _pieces(self, call, seq, prep: _Prepared, peer_places, first_ready: bool) -> None:
+    def _pieces(self, call, seq, tpl: _Template, peer_places, runner, ready,
+                first_ready: bool) -> None:
         """Run every piece after the handshake (piece 0's staging is done if first_ready)."""
         ch, me = self.ch, self.rank
-        prog = prep.prog
-        nphases = len(prog.sched.phases)
-        pieces = prep.layout.pieces
-        addr = None
+        prog = tpl.prog
+        pieces = tpl.layout.pieces
+        phases = None
+        if ready is not None and ready.peer_places == peer_places:
+            phases = ready.phases            # ready-made callables for the only piece
+        else:
+            templates = self._phase_ops(tpl, seq, peer_places)
+            if ready is not None:
+                runner = Runner(self.segs, call.buffers, tpl.layout, call.op)
+                ready.phases = phases = [runner.calls(ops, 0) for ops in templates]
+                ready.peer_places = peer_places
         for k in range(pieces):
             if k > 0 or not first_ready:
-                for f in self._local_ops(prep, call, seq, k):
-                    f()
+                runner.run(tpl.pre, k)
                 ch.advance()
-            ready = ch.step
-            if k == 0 and prep.phases is not None and prep.peer_places == peer_places:
-                phases = prep.phases
-            else:
-                addr = addr or self._addresser(prep, call, seq, peer_places)
-                phases = [phase_ops(addr, p, k, me, call.op) for p in range(prog.lead, nphases)]
-                if k == 0 and pieces == 1 and prep.pre is not None:
-                    prep.phases, prep.peer_places = phases, peer_places
-            for i, ops in enumerate(phases):
+            step0 = ch.step
+            for i in range(len(prog.sched.phases) - prog.lead):
                 waits = prog.waits[prog.lead + i]
                 if waits:
-                    ch.wait_progress(waits, ready + i,
+                    ch.wait_progress(waits, step0 + i,
                                      (call.collective, seq, f"phase {prog.lead + i} of piece {k}"))
-                for f in ops:
-                    f()
+                if phases is not None:
+                    for f in phases[i]:
+                        f()
+                else:
+                    runner.run(templates[i], k)
                 ch.advance()
-            post = prep.post if (pieces == 1 and prep.post is not None) else \
-                self._post_ops(prep, call, seq, k)
-            for f in post:
-                f()
+            if ready is not None:
+                for f in ready.post:
+                    f()
+            else:
+                runner.run(tpl.post, k)
             # NOTE [skipping the final wait]: peers that only read scratch need no wait.
             if prog.end_waits and not (k == pieces - 1 and all(
-                    prep.places[i] == PLACE_SCRATCH for i in prog.last_read_bufs)):
+                    tpl.places[i] == PLACE_SCRATCH for i in prog.last_read_bufs)):
                 ch.wait_progress(prog.end_waits, ch.step,
                                  (call.collective, seq, f"readers of piece {k}"))
         if call.op is ReduceOp.AVG:

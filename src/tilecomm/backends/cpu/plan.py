@@ -1,11 +1,12 @@
 """Turns one rank's share of a schedule into ready-to-call operations on concrete memory.
 
 A :class:`Program` is the rank's moves grouped per phase (built once per schedule). A
-:class:`Layout` fixes the element ranges of every chunk of every buffer for one call. From both,
-``pre_ops`` (staging copies and leading local phases: nothing that reads a peer), ``phase_ops``
-(one list per remaining phase) and ``post_ops`` (copies back from scratch) produce lists of
-zero-argument callables over numpy/torch views, so running a cached plan costs one Python call
-per fused move.
+:class:`Layout` fixes the element ranges of every chunk of every buffer for one call. From both
+and the places every rank announced, ``phase_template`` and ``stage_template`` give
+:class:`Op` lists whose operands are (segment or caller buffer, offset of piece 0, step per
+piece): one template serves every piece and holds no reference to the caller's memory, so it
+can be cached for calls of any size. A :class:`Runner` turns a template into numpy/torch calls
+for one piece; small calls also cache those callables.
 
 Where a buffer lives is its *place*: a byte offset in the owner's segment (symmetric tensor,
 read in place), ``PLACE_SCRATCH`` (staged in, or scratch by nature), or ``PLACE_LOCAL`` (caller's
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache, partial
+from typing import NamedTuple
 
 import numpy as np
 
@@ -102,95 +104,137 @@ def make_layout(prog: Program, world_size: int, count: int, d: DType, half_bytes
     return Layout(lens, piece, pieces, d)
 
 
-def slices(lens: list[int], k: int, piece: int) -> list[tuple[int, int]]:
-    """``(element start, length)`` of piece ``k`` of every chunk of a buffer."""
-    out, start = [], 0
-    for n in lens:
-        if piece:
-            lo = min(n, k * piece)
-            out.append((start + lo, min(n, lo + piece) - lo))
-        else:
-            out.append((start, n))
-        start += n
-    return out
+class Operand(NamedTuple):
+    """Where one chunk of one buffer lives, for any piece: bytes ``[off0 + k * step, ...)`` of
+    rank ``rank``'s segment, or of the caller's buffer ``buf`` when ``rank`` is None. Scratch
+    slots have ``step == 0`` (every piece reuses the slot)."""
+
+    rank: int | None
+    buf: str
+    off0: int
+    step: int
+
+
+class Op(NamedTuple):
+    """``dst = srcs[0] (op) srcs[1] ...`` (``dst (op)= ...`` if ``first_reduce``; a copy when
+    there is one source and no reduction) over a chunk of ``chunk`` elements."""
+
+    dst: Operand
+    srcs: tuple[Operand, ...]
+    first_reduce: bool
+    chunk: int
 
 
 class Addresser:
-    """Raw byte views of ``(rank, buffer, chunk)`` for piece ``k`` of one call."""
+    """Operands of ``(rank, buffer, chunk)`` for one call, from every rank's places."""
 
-    def __init__(self, prog: Program, layout: Layout, segs, user: dict, places, scratch_off):
-        self.prog, self.layout, self.segs, self.user = prog, layout, segs, user
+    def __init__(self, prog: Program, layout: Layout, places, scratch_off: int):
+        self.prog, self.layout = prog, layout
         self.places, self.scratch_off = places, scratch_off   # places[rank][buffer index]
+        self._starts: dict = {}
 
-    def raw(self, rank: int, buf: str, chunk: int, k: int) -> np.ndarray:
-        lay = self.layout
-        isz = lay.d.itemsize
-        start, n = slices(lay.lens[rank][buf], k, lay.piece)[chunk]
-        place = self.places[rank][self.prog.names.index(buf)]
+    def chunk_len(self, rank: int, buf: str, chunk: int) -> int:
+        return self.layout.lens[rank][buf][chunk]
+
+    def operand(self, rank: int, buf: str, chunk: int, me: int) -> Operand:
+        lay, prog = self.layout, self.prog
+        isz, piece = lay.d.itemsize, lay.piece
+        starts = self._starts.get((rank, buf))
+        if starts is None:
+            starts = self._starts[(rank, buf)] = np.cumsum([0] + lay.lens[rank][buf]).tolist()
+        place = self.places[rank][prog.names.index(buf)]
         if place == PLACE_SCRATCH:
-            off = self.scratch_off + (self.prog.slot_base[buf] + chunk) * lay.piece * isz
-            return self.segs[rank][off:off + n * isz]
+            return Operand(rank, buf, self.scratch_off + (prog.slot_base[buf] + chunk) * piece * isz,
+                           0)
         if place == PLACE_LOCAL:
-            return self.user[buf][start * isz:(start + n) * isz]
-        off = place + start * isz
-        return self.segs[rank][off:off + n * isz]
+            assert rank == me, "a peer's buffer that is not in symmetric memory"
+            return Operand(None, buf, starts[chunk] * isz, piece * isz)
+        return Operand(rank, buf, place + starts[chunk] * isz, piece * isz)
+
+    def aliased(self, a: str, b: str, rank: int) -> bool:
+        """Whether buffers ``a`` and ``b`` of ``rank`` share storage (an active alias)."""
+        sched = self.prog.sched
+        for x, y in ((a, b), (b, a)):
+            spec = sched.buffer(x)
+            if spec.alias and spec.like == y and \
+                    self.places[rank][self.prog.names.index(x)] >= 0:
+                return True
+        return False
 
 
-def _fused(d: DType, op: ReduceOp, dst: np.ndarray, srcs: list[np.ndarray], first_reduce: bool):
-    """Callables computing ``dst = srcs[0] (op) srcs[1] ...`` (or ``dst (op)= ...``)."""
-    if not first_reduce and len(srcs) == 1:
-        if _addr(dst) == _addr(srcs[0]):
-            return []   # an aliased buffer copied onto itself
-        return [partial(np.copyto, dst, srcs[0])]
-    fn = _NP_UFUNC[op] if d.numpy is not None else _TORCH_FN[op]
-    t = typed_view(dst, d)
-    views = [typed_view(s, d) for s in srcs]
-    calls = []
-    if first_reduce:
-        acc = [t] + views
-    else:
-        acc = views
-    calls.append(partial(fn, acc[0], acc[1], out=t))
-    for v in acc[2:]:
-        calls.append(partial(fn, t, v, out=t))
-    return calls
-
-
-def _addr(a: np.ndarray) -> int:
-    return a.__array_interface__["data"][0]
-
-
-def phase_ops(addr: Addresser, p: int, k: int, me: int, op: ReduceOp | None) -> list:
-    """Callables doing this rank's moves of phase ``p``, piece ``k``."""
-    calls = []
-    d = addr.layout.d
+def phase_template(addr: Addresser, p: int, me: int) -> list[Op]:
+    """This rank's moves of phase ``p`` as operations (aliased self-copies dropped)."""
+    ops = []
     for dst_loc, srcs in addr.prog.ops[p]:
-        dst = addr.raw(me, dst_loc.buf, dst_loc.chunk, k)
-        if not dst.size:
+        if (len(srcs) == 1 and not srcs[0][2] and srcs[0][0] == me
+                and srcs[0][1].chunk == dst_loc.chunk
+                and addr.aliased(dst_loc.buf, srcs[0][1].buf, me)):
             continue
-        views = [addr.raw(r, loc.buf, loc.chunk, k) for r, loc, _ in srcs]
-        calls += _fused(d, op or ReduceOp.SUM, dst, views, srcs[0][2])
-    return calls
+        ops.append(Op(addr.operand(me, dst_loc.buf, dst_loc.chunk, me),
+                      tuple(addr.operand(r, loc.buf, loc.chunk, me) for r, loc, _ in srcs),
+                      srcs[0][2], addr.chunk_len(me, dst_loc.buf, dst_loc.chunk)))
+    return ops
 
 
-def stage_ops(addr: Addresser, collective: str, k: int, me: int, inbound: bool) -> list:
+def stage_template(addr: Addresser, collective: str, me: int, inbound: bool) -> list[Op]:
     """Copies between the caller's buffers and their scratch slots (in before, out after)."""
     spec = COLLECTIVES[collective]
-    lay = addr.layout
-    isz = lay.d.itemsize
-    calls = []
+    ops = []
     for i, b in enumerate(addr.prog.names):
         if addr.places[me][i] != PLACE_SCRATCH or b not in USER_BUFFERS:
             continue
-        if inbound and b not in spec.inputs:
+        if (inbound and b not in spec.inputs) or (not inbound and b not in ("buf", "out")):
             continue
-        if not inbound and b not in ("buf", "out"):
-            continue
-        user = addr.user[b]
-        for c, (start, n) in enumerate(slices(lay.lens[me][b], k, lay.piece)):
-            if n:
-                slot = addr.raw(me, b, c, k)
-                mem = user[start * isz:(start + n) * isz]
-                calls.append(partial(np.copyto, slot, mem) if inbound
-                             else partial(np.copyto, mem, slot))
-    return calls
+        for c, n in enumerate(addr.layout.lens[me][b]):
+            if not n:
+                continue
+            slot = addr.operand(me, b, c, me)
+            isz = addr.layout.d.itemsize
+            start = sum(addr.layout.lens[me][b][:c])
+            user = Operand(None, b, start * isz, addr.layout.piece * isz)
+            ops.append(Op(slot, (user,), False, n) if inbound else Op(user, (slot,), False, n))
+    return ops
+
+
+class Runner:
+    """Turns operations into work on concrete memory for piece ``k``."""
+
+    def __init__(self, segs, user: dict, layout: Layout, op: ReduceOp | None):
+        self.segs, self.user, self.layout = segs, user, layout
+        self.d = layout.d
+        self.fn = (_NP_UFUNC if self.d.numpy is not None else _TORCH_FN)[op or ReduceOp.SUM]
+
+    def _n(self, chunk: int, k: int) -> int:
+        piece = self.layout.piece
+        if not piece:
+            return chunk if k == 0 else 0
+        return max(0, min(piece, chunk - k * piece))
+
+    def _view(self, o: Operand, k: int, nbytes: int) -> np.ndarray:
+        base = self.segs[o.rank] if o.rank is not None else self.user[o.buf]
+        s = o.off0 + k * o.step
+        return base[s:s + nbytes]
+
+    def calls(self, ops: list[Op], k: int) -> list:
+        """Zero-argument callables doing ``ops`` for piece ``k`` (for cached plans)."""
+        out = []
+        isz, d, fn = self.d.itemsize, self.d, self.fn
+        for op in ops:
+            n = self._n(op.chunk, k)
+            if not n:
+                continue
+            dst = self._view(op.dst, k, n * isz)
+            srcs = [self._view(s, k, n * isz) for s in op.srcs]
+            if len(srcs) == 1 and not op.first_reduce:
+                out.append(partial(np.copyto, dst, srcs[0]))
+                continue
+            t = typed_view(dst, d)
+            acc = ([t] if op.first_reduce else []) + [typed_view(x, d) for x in srcs]
+            out.append(partial(fn, acc[0], acc[1], out=t))
+            out.extend(partial(fn, t, v, out=t) for v in acc[2:])
+        return out
+
+    def run(self, ops: list[Op], k: int) -> None:
+        """Do ``ops`` for piece ``k`` now (no callables kept)."""
+        for f in self.calls(ops, k):
+            f()
