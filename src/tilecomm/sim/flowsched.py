@@ -61,6 +61,9 @@ def _count_per_nbyte(collective: str, w: int) -> float:
 
 def from_schedule(sched: Schedule) -> FlowSchedule:
     """Aggregate a registered schedule's moves into flows (one per (phase, rank, source))."""
+    # The model assumes buffers in symmetric memory (registered, as on the GPU heap): a scratch
+    # buffer that may alias its user buffer does, so staging copies are not data movement.
+    sched = sched.aliased()
     w = sched.world_size
     coll = sched.collective
     if coll == "barrier":
