@@ -76,6 +76,8 @@ def candidates(collective: str, topo: Topology) -> list[str]:
            _moves_estimate(collective, a, w) <= MAX_REGISTERED_MOVES]
     if collective == "send_recv":
         out = ["pairwise"]
+    if topo.spec.shm is not None and topo.nodes == 1:
+        return out   # one shared-memory host: only what the runtime runs (its cost model)
     if collective == "all_reduce":
         if w & (w - 1) == 0 and w > 1:
             out.append("rhd")
