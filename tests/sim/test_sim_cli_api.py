@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 
@@ -96,7 +97,30 @@ def test_cli_topo_local(capsys):
 
 
 def test_plot(tmp_path):
-    pytest.importorskip("matplotlib")
+    # matplotlib is a test dependency (pyproject [test]): no skip.
+    from tilecomm.sim.plot import plot_sweep
     out = tmp_path / "p.png"
     assert main(["sim", "all_reduce", "-b", "1K", "-e", "1M", "-f", "8", "--plot", str(out)]) == 0
-    assert out.stat().st_size > 1000
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+    rows = [{**p.as_dict(), "best": i == 0} for n in (1024, 1 << 20)
+            for i, p in enumerate(predict("all_reduce", n, system="dgx-h100"))]
+    measured = [{"source": "bench.json", "algo": "ring", "nbytes": 1024, "time_us": 20.0,
+                 "busbw_GBps": 0.1},
+                {"source": "nccl.log", "algo": "nccl", "nbytes": 1024, "time_us": 10.5,
+                 "busbw_GBps": 0.2}]
+    drawn = plot_sweep(rows, str(tmp_path / "m.png"), "t", measured)
+    assert drawn == {"model_lines": len({r["algo"] for r in rows}), "measured_series": 2}
+
+
+def test_cli_measured_bench_json_matches_algorithms(tmp_path, capsys):
+    bench = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "results",
+                         "cpu_all_reduce_2ranks_user.json")
+    out = tmp_path / "cpu.json"
+    assert main(["sim", "all_reduce", "--system", "cpu-shm", "--gpus", "2", "-b", "8",
+                 "-e", "8", "--measured", bench, "--json", str(out),
+                 "--plot", str(tmp_path / "cpu.png")]) == 0
+    text = capsys.readouterr().out
+    # every algorithm's row is compared with its own measurement (ring measured 18.26 us)
+    assert "18.26" in text and "13.85" in text
+    assert (tmp_path / "cpu.png").stat().st_size > 20_000

@@ -33,6 +33,8 @@ def add_sim_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, help="write predictions as JSON rows")
     p.add_argument("--plot", default=None, help="write a PNG (needs matplotlib)")
     p.add_argument("--measured", default=None, help="nccl-tests log or tilecomm bench JSON")
+    p.add_argument("--mem", default="user", choices=["user", "heap"],
+                   help="shared-memory systems: user tensors (staged) or comm.alloc (heap)")
     p.set_defaults(func=run_sim)
     return p
 
@@ -58,7 +60,7 @@ def run_sim(args) -> int:
     for n in grid:
         preds = predict(args.collective, n, system=args.system, nodes=args.nodes,
                         gpus=args.gpus, algo=args.algo, protocol=args.protocol,
-                        engine=args.engine)
+                        engine=args.engine, mem=args.mem)
         for i, p in enumerate(preds):
             rows.append({**p.as_dict(), "best": i == 0})
     w = rows[0]["world_size"] if rows else 0
@@ -68,9 +70,14 @@ def run_sim(args) -> int:
         for m in load_measurements(args.measured, args.collective):
             ws = m.world_size or w
             bw = m.nbytes / (m.time_us * 1e3) * factor(ws) if m.time_us > 0 else 0.0
-            measured.append({"source": m.source, "nbytes": m.nbytes, "time_us": m.time_us,
-                             "busbw_GBps": bw})
-    by_size = {m["nbytes"]: m for m in measured}
+            measured.append({"source": m.source, "algo": m.algo, "nbytes": m.nbytes,
+                             "time_us": m.time_us, "busbw_GBps": bw})
+    # A measured row is compared with the prediction of its algorithm when the model has it
+    # (tilecomm bench), else with the best prediction (nccl-tests: NCCL chose).
+    predicted_algos = {r["algo"] for r in rows}
+    by_key = {}
+    for m in measured:
+        by_key[(m["nbytes"], m["algo"] if m["algo"] in predicted_algos else None)] = m
     con = Console(width=max(Console().width, 130))  # never truncate algorithm names
     t = Table(title=f"{args.collective} on {args.system} x{args.nodes} ({w} ranks): predicted")
     for col in ("size", "algo", "proto", "time (us)", "algbw GB/s", "busbw GB/s", "bottleneck"):
@@ -83,8 +90,9 @@ def run_sim(args) -> int:
                  f"{r['time_us']:.2f}", f"{r['algbw_GBps']:.2f}", f"{r['busbw_GBps']:.2f}",
                  r["bottleneck"]]
         if measured:
-            m = by_size.get(r["nbytes"])
-            ok = m is not None and r["best"]
+            m = by_key.get((r["nbytes"], r["algo"])) or (
+                by_key.get((r["nbytes"], None)) if r["best"] else None)
+            ok = m is not None
             cells += [f"{m['time_us']:.2f}" if ok else "",
                       f"{(r['time_us'] - m['time_us']) / m['time_us']:+.0%}" if ok else ""]
         t.add_row(*cells, style="bold" if r["best"] else None)
@@ -96,8 +104,10 @@ def run_sim(args) -> int:
                        "measured": measured}, f, indent=1)
     if args.plot:
         from .plot import plot_sweep
-        plot_sweep(rows, args.plot, f"{args.collective}: {args.system} x{args.nodes} "
-                   f"({w} ranks)", measured)
+        nodes = f"{args.nodes} node{'s' if args.nodes > 1 else ''}"
+        plot_sweep(rows, args.plot, f"{args.collective} on {args.system}, {nodes}, {w} ranks"
+                   + (f" ({args.mem} memory)" if "shm" in {r['protocol'][:3] for r in rows}
+                      else ""), measured)
     return 0
 
 
@@ -133,6 +143,8 @@ def run_topo(args) -> int:
     t.add_row("fabric", f"{'rail-optimized' if f.rail_optimized else 'single-leaf'} fat tree, "
               f"{f.levels} levels, {f.nodes_per_leaf} nodes/leaf, {f.oversubscription}:1")
     t.add_row("links", str(len(topo.capacity)))
+    if s.shm is not None:
+        t.add_row("shm cost model", str(s.shm))
     con.print(t)
     p = Table(title="protocols (NCCL tuning model)")
     for col in ("name", "eff", "step intra us", "step net us", "base us"):
