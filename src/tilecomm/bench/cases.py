@@ -56,6 +56,39 @@ def _a2a_expected(inputs, r, w):
     return torch.cat([x.chunk(w)[r] for x in inputs])
 
 
+def uneven_rows(total: int, world: int, rank: int) -> list[int]:
+    """Rows ``rank`` sends to each peer in the all_to_all_v benchmark: uneven (weights
+    1..world rotating with the rank) and summing to ``total``."""
+    weights = [1 + (rank + j) % world for j in range(world)]
+    rows = [total * wt // sum(weights) for wt in weights]
+    rows[-1] += total - sum(rows)
+    return rows
+
+
+def _a2av(comm, b, algo):
+    w, r = comm.world_size, comm.rank
+    n = b.inp.numel()
+    send = uneven_rows(n, w, r)
+    recv = [uneven_rows(n, w, j)[r] for j in range(w)]
+    out = comm.all_to_all_v(b.inp, send, recv, algo=algo)
+    b.out = out
+
+
+def _a2av_baseline(dist, b):
+    w, r = dist.get_world_size(), dist.get_rank()
+    n = b.inp.numel()
+    send = uneven_rows(n, w, r)
+    recv = [uneven_rows(n, w, j)[r] for j in range(w)]
+    if b.out is None or b.out.numel() != sum(recv):
+        b.out = torch.empty(sum(recv), dtype=b.inp.dtype)
+    dist.all_to_all_single(b.out, b.inp, recv, send)
+
+
+def _a2av_expected(inputs, r, w):
+    parts = [torch.split(x, uneven_rows(x.numel(), w, j))[r] for j, x in enumerate(inputs)]
+    return torch.cat(parts)
+
+
 def _sendrecv(comm, b, algo):
     w, r = comm.world_size, comm.rank
     if w == 1:
@@ -105,6 +138,7 @@ CASES: dict[str, Case] = {c.name: c for c in [
          lambda comm, b, algo: comm.all_to_all(b.inp, b.out, algo=algo),
          lambda dist, b: dist.all_to_all_single(b.out, b.inp),
          _a2a_expected),
+    Case("all_to_all_v", lambda n, w: n, None, _a2av, _a2av_baseline, _a2av_expected),
     Case("send_recv", lambda n, w: n, lambda n, w: n,
          _sendrecv, _sendrecv_baseline,
          lambda xs, r, w: xs[(r - 1) % w]),

@@ -146,7 +146,7 @@ def run(cfg: BenchConfig, progress=None) -> list[dict]:
         if "gloo" in cfg.vs:
             group.run(_rank_init_gloo, _free_port())
         rates = None
-        if cfg.bound and cfg.op != "send_recv":
+        if cfg.bound and cfg.op not in ("send_recv", "all_to_all_v"):
             per = group.run(measure_rates)
             rates = {k: min(p[k] for p in per) for k in ("copy", "add")}
         total, done = len(cfg.sizes) * len(algos), 0
@@ -184,7 +184,7 @@ def _row(cfg, nbytes, algo, res, rates, itemsize) -> dict:
                        vs_gloo=gt / t)
         else:
             row["gloo_error"] = res[0].get("gloo_error", "unsupported")
-    if rates is not None and cfg.op != "send_recv":
+    if rates is not None and cfg.op not in ("send_recv", "all_to_all_v"):
         in_count = case.in_count(count, w)
         b = bound_seconds(cfg.op, used, w, in_count, itemsize, cfg.mem != "heap", rates)
         # memcpy: one copy of the caller's largest buffer, the floor of any staged collective
