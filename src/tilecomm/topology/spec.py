@@ -53,8 +53,7 @@ class ShmCost:
 
     A collective costs ``call_us`` (Python per call) + ``sync_us`` per synchronization (handshake,
     one per remote phase and piece) + ``op_us`` per numpy operation + its copied and reduced bytes
-    at cache or DRAM rates. Bytes count as cache-resident in proportion ``min(1, cache / working
-    set)``. ``piece_bytes`` is the runtime's TILECOMM_PIECE_BYTES (not fitted).
+    at cache rates when the operation's working set fits in ``cache_bytes``, DRAM rates otherwise. ``piece_bytes`` is the runtime's TILECOMM_PIECE_BYTES (not fitted).
     """
 
     call_us: float
