@@ -45,6 +45,9 @@ class Communicator:
         self._alloc = HeapAllocator(lay.heap_offset, lay.heap_bytes)
         self._closed = False
         self._memos: dict = {}
+        seg = heap.segment(self.rank)
+        self._heap_lo = seg.ctypes.data + lay.heap_offset
+        self._heap_hi = seg.ctypes.data + lay.heap_offset + lay.heap_bytes
 
     # ---- lifecycle ------------------------------------------------------------------------
     def close(self) -> None:
@@ -93,7 +96,9 @@ class Communicator:
     def peer(self, tensor: torch.Tensor, rank: int) -> torch.Tensor:
         """View of ``rank``'s copy of the symmetric ``tensor`` (same offset in its segment)."""
         self._check_rank(rank, "peer", "rank")
-        raw = _raw_bytes(tensor, "peer", writable_copy=False)
+        if not isinstance(tensor, torch.Tensor) or not tensor.is_contiguous():
+            raise ValueError("peer: pass a contiguous tensor from comm.alloc")
+        raw = tensor.detach().reshape(-1).view(torch.uint8).numpy()
         off = self._heap.offset_of(raw)
         if off is None or off < self._heap.layout.heap_offset:
             raise ValueError("peer: tensor is not in symmetric memory; allocate it with "
@@ -105,17 +110,21 @@ class Communicator:
     # ---- collectives ----------------------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, op="sum", *, algo: str = "auto") -> torch.Tensor:
         """Reduce ``tensor`` over all ranks, in place; returns ``tensor``."""
-        memo = self._memo("all_reduce", tensor, op, algo, 0)
+        key = self._memo_key("all_reduce", tensor, op, algo, 0)
+        memo = self._memos.get(key) if key is not None else None
         if memo is not None:   # the same small call again: skip validation and view-making
             self._backend.run(memo)
             return tensor
         with self._validating("all_reduce"):
             rop = ReduceOp.parse(op)
             d = self._dtype(tensor, "all_reduce", rop)
-            algo = self._algo("all_reduce", algo, tensor.numel() * d.itemsize)
-        with _inout(tensor) as flat:
-            self._remember("all_reduce", tensor, op, algo, 0, flat, d, rop)
-            self._run("all_reduce", algo, d, tensor.numel(), {"buf": flat}, op=rop)
+            resolved = self._algo("all_reduce", algo, tensor.numel() * d.itemsize)
+            buf = _Bytes(tensor, "all_reduce")
+        call = CollectiveCall("all_reduce", resolved, d, tensor.numel(), {"buf": buf.flat},
+                              op=rop, cache_key=key)
+        self._remember(key, tensor, call)
+        self._backend.run(call)
+        buf.finish()
         return tensor
 
     def all_gather(self, tensor: torch.Tensor, out: torch.Tensor | None = None, *,
@@ -130,9 +139,10 @@ class Communicator:
             shape = (w * tensor.shape[0], *tensor.shape[1:]) if tensor.dim() else (w,)
             out = self._out(out, shape, tensor.dtype, "all_gather")
             algo = self._algo("all_gather", algo, out.numel() * d.itemsize)
-        with _inout(out, read=False) as oflat:
-            self._run("all_gather", algo, d, tensor.numel(),
-                      {"in": _raw_bytes(tensor, "all_gather"), "out": oflat})
+            src, dst = _Bytes(tensor, "all_gather", write=False), _Bytes(out, "all_gather",
+                                                                           read=False)
+        self._run("all_gather", algo, d, tensor.numel(), {"in": src.flat, "out": dst.flat})
+        dst.finish()
         return out
 
     def reduce_scatter(self, tensor: torch.Tensor, op="sum", out: torch.Tensor | None = None, *,
@@ -146,30 +156,37 @@ class Communicator:
             out = self._out(out, (tensor.shape[0] // w, *tensor.shape[1:]), tensor.dtype,
                             "reduce_scatter")
             algo = self._algo("reduce_scatter", algo, tensor.numel() * d.itemsize)
-        with _inout(out, read=False) as oflat:
-            self._run("reduce_scatter", algo, d, tensor.numel(),
-                      {"in": _raw_bytes(tensor, "reduce_scatter"), "out": oflat}, op=rop)
+            src = _Bytes(tensor, "reduce_scatter", write=False)
+            dst = _Bytes(out, "reduce_scatter", read=False)
+        self._run("reduce_scatter", algo, d, tensor.numel(), {"in": src.flat, "out": dst.flat},
+                  op=rop)
+        dst.finish()
         return out
 
     def broadcast(self, tensor: torch.Tensor, root: int = 0, *, algo: str = "auto") -> torch.Tensor:
         """Copy ``root``'s ``tensor`` into every rank's ``tensor``; returns ``tensor``."""
-        memo = self._memo("broadcast", tensor, None, algo, root)
+        key = self._memo_key("broadcast", tensor, None, algo, root)
+        memo = self._memos.get(key) if key is not None else None
         if memo is not None:
             self._backend.run(memo)
             return tensor
         with self._validating("broadcast"):
             self._check_rank(root, "broadcast", "root")
             d = self._dtype(tensor, "broadcast")
-            algo = self._algo("broadcast", algo, tensor.numel() * d.itemsize)
-        with _inout(tensor) as flat:
-            self._remember("broadcast", tensor, None, algo, root, flat, d, None)
-            self._run("broadcast", algo, d, tensor.numel(), {"buf": flat}, root=root)
+            resolved = self._algo("broadcast", algo, tensor.numel() * d.itemsize)
+            buf = _Bytes(tensor, "broadcast")
+        call = CollectiveCall("broadcast", resolved, d, tensor.numel(), {"buf": buf.flat},
+                              root=root, cache_key=key)
+        self._remember(key, tensor, call)
+        self._backend.run(call)
+        buf.finish()
         return tensor
 
     def reduce(self, tensor: torch.Tensor, root: int = 0, op="sum", *,
                algo: str = "auto") -> torch.Tensor:
         """Reduce into ``root``'s ``tensor`` (other ranks' tensors are left unchanged)."""
-        memo = self._memo("reduce", tensor, op, algo, root)
+        key = self._memo_key("reduce", tensor, op, algo, root)
+        memo = self._memos.get(key) if key is not None else None
         if memo is not None:
             self._backend.run(memo)
             return tensor
@@ -177,10 +194,13 @@ class Communicator:
             self._check_rank(root, "reduce", "root")
             rop = ReduceOp.parse(op)
             d = self._dtype(tensor, "reduce", rop)
-            algo = self._algo("reduce", algo, tensor.numel() * d.itemsize)
-        with _inout(tensor) as flat:
-            self._remember("reduce", tensor, op, algo, root, flat, d, rop)
-            self._run("reduce", algo, d, tensor.numel(), {"buf": flat}, op=rop, root=root)
+            resolved = self._algo("reduce", algo, tensor.numel() * d.itemsize)
+            buf = _Bytes(tensor, "reduce")
+        call = CollectiveCall("reduce", resolved, d, tensor.numel(), {"buf": buf.flat}, op=rop,
+                              root=root, cache_key=key)
+        self._remember(key, tensor, call)
+        self._backend.run(call)
+        buf.finish()
         return tensor
 
     def all_to_all(self, tensor: torch.Tensor, out: torch.Tensor | None = None, *,
@@ -192,9 +212,10 @@ class Communicator:
             self._check_rows(tensor, "all_to_all")
             out = self._out(out, tuple(tensor.shape), tensor.dtype, "all_to_all")
             algo = self._algo("all_to_all", algo, tensor.numel() * d.itemsize)
-        with _inout(out, read=False) as oflat:
-            self._run("all_to_all", algo, d, tensor.numel(),
-                      {"in": _raw_bytes(tensor, "all_to_all"), "out": oflat})
+            src = _Bytes(tensor, "all_to_all", write=False)
+            dst = _Bytes(out, "all_to_all", read=False)
+        self._run("all_to_all", algo, d, tensor.numel(), {"in": src.flat, "out": dst.flat})
+        dst.finish()
         return out
 
     def all_to_all_v(self, tensor: torch.Tensor, send_counts: Sequence[int],
@@ -205,7 +226,7 @@ class Communicator:
         Returns the received rows, in rank order, shape ``(sum(recv_counts), *tensor.shape[1:])``.
         ``recv_counts`` is optional (learned from the peers); when given it is checked.
         """
-        w = self.world_size
+        holder: list[torch.Tensor] = []
         with self._validating("all_to_all_v"):
             d = self._dtype(tensor, "all_to_all_v")
             if tensor.dim() == 0:
@@ -216,17 +237,16 @@ class Communicator:
                                  f"{tensor.shape[0]} rows")
             recv = None if recv_counts is None else self._counts(recv_counts, "recv_counts")
             algo = self._algo("all_to_all_v", algo, tensor.numel() * d.itemsize)
-        rest = tuple(tensor.shape[1:])
-        row = int(np.prod(rest, dtype=np.int64))
-        holder: list[torch.Tensor] = []
+            rest = tuple(tensor.shape[1:])
+            row = int(np.prod(rest, dtype=np.int64))
 
-        def make_out(rows: int) -> np.ndarray:
-            holder.append(torch.empty((rows, *rest), dtype=tensor.dtype))
-            return _raw_bytes(holder[-1], "all_to_all_v")
+            def make_out(rows: int) -> np.ndarray:
+                holder.append(torch.empty((rows, *rest), dtype=tensor.dtype))
+                return _Bytes(holder[-1], "all_to_all_v", read=False).flat
 
-        bufs = {"in": _raw_bytes(tensor, "all_to_all_v")}
-        if recv is not None:
-            bufs["out"] = make_out(sum(recv))
+            bufs = {"in": _Bytes(tensor, "all_to_all_v", write=False).flat}
+            if recv is not None:
+                bufs["out"] = make_out(sum(recv))
         self._run("all_to_all_v", algo, d, row, bufs, send_rows=send, recv_rows=recv,
                   make_out=make_out)
         return holder[-1]
@@ -242,54 +262,57 @@ class Communicator:
         self._check_open()
         self._check_rank(peer, "send", "peer", not_self=True)
         d = self._dtype(tensor, "send")
-        self._backend.send(_raw_bytes(tensor, "send"), d, tensor.numel(), peer)
+        self._backend.send(_Bytes(tensor, "send", write=False).flat, d, tensor.numel(), peer)
 
     def recv(self, tensor: torch.Tensor, peer: int) -> torch.Tensor:
         """Receive into ``tensor`` from ``peer`` (sizes and dtypes must match); returns it."""
         self._check_open()
         self._check_rank(peer, "recv", "peer", not_self=True)
         d = self._dtype(tensor, "recv")
-        with _inout(tensor, read=False) as flat:
-            self._backend.recv(flat, d, tensor.numel(), peer)
+        buf = _Bytes(tensor, "recv", read=False)
+        self._backend.recv(buf.flat, d, tensor.numel(), peer)
+        buf.finish()
         return tensor
 
     # ---- helpers --------------------------------------------------------------------------
     # NOTE [call memo]: latency-bound programs repeat the same small in-place call on the same
-    # tensor. The memo maps (data pointer, dtype, numel, op, algo, root) to the validated call,
-    # holding a view of the tensor (at most _MEMO_ENTRIES tensors of <= _MEMO_BYTES each, so a
-    # cached pointer can never be reused by another tensor while its entry lives).
-    def _memo(self, name, t, op, algo, root):
+    # tensor. The memo maps (data pointer, dtype, numel, op, requested algo, root) to the
+    # validated call, holding a view of the tensor (at most _MEMO_ENTRIES tensors of at most
+    # _MEMO_BYTES each, so a cached pointer can never be reused by another tensor while its entry
+    # lives). Symmetric tensors are never memoized: a view held on one rank only would keep its
+    # heap block alive there and make the heaps diverge.
+    def _memo_key(self, name, t, op, algo, root):
         if type(t) is not torch.Tensor or not t.is_cpu or not t.is_contiguous():
             return None
+        nbytes = t.numel() * t.element_size()
+        ptr = t.data_ptr()
+        if nbytes > _MEMO_BYTES or self._heap_lo <= ptr < self._heap_hi:
+            return None
+        key = (name, ptr, t.dtype, t.numel(), op, algo, root)
         try:
-            return self._memos.get((name, t.data_ptr(), t.dtype, t.numel(), op, algo, root))
+            hash(key)
         except TypeError:   # unhashable op
             return None
+        return key
 
-    def _remember(self, name, t, op, algo_in, root, flat, d, rop) -> None:
-        if not t.is_contiguous() or flat.nbytes > _MEMO_BYTES or type(t) is not torch.Tensor:
-            return
-        try:
-            key = (name, t.data_ptr(), t.dtype, t.numel(), op, algo_in, root)
-            hash(key)
-        except TypeError:
+    def _remember(self, key, t, call: CollectiveCall) -> None:
+        if key is None:
             return
         if len(self._memos) >= _MEMO_ENTRIES:
             self._memos.pop(next(iter(self._memos)))
-        self._memos[key] = CollectiveCall(name, self._algo(name, algo_in, flat.nbytes), d,
-                                          t.numel(), {"buf": flat}, op=rop, root=root,
-                                          cache_key=key)
+        self._memos[key] = call
 
     def _run(self, collective, algo, d: DType, count, buffers, **kw) -> None:
         self._backend.run(CollectiveCall(collective, algo, d, count, buffers, **kw))
 
     @contextlib.contextmanager
     def _validating(self, collective: str):
-        """Argument errors are announced to the peers before being raised here."""
+        """Any error while checking arguments or preparing buffers is announced to the peers
+        (so they raise instead of waiting) before being raised here."""
         self._check_open()
         try:
             yield
-        except (ValueError, TypeError, MemoryError) as e:
+        except Exception as e:  # noqa: BLE001 - re-raised after telling the peers
             self._backend.reject(collective, f"{type(e).__name__}: {e}")
             raise
 
@@ -303,6 +326,9 @@ class Communicator:
         if t.device.type != "cpu":
             raise TypeError(f"{what}: tensor is on {t.device}; this communicator moves CPU "
                             f"tensors (GPU kernels are a separate backend)")
+        if t.layout != torch.strided:
+            raise TypeError(f"{what}: {t.layout} tensors are not supported; pass a dense tensor "
+                            f"(e.g. t.to_dense())")
         return lookup_dtype(t.dtype, op=op, what=what)
 
     def _algo(self, collective: str, algo: str, nbytes: int) -> str:
@@ -347,13 +373,27 @@ class Communicator:
         return out
 
 
-def _raw_bytes(t: torch.Tensor, what: str, writable_copy: bool = True) -> np.ndarray:
-    """Flat uint8 numpy view of a contiguous tensor (a contiguous copy for others)."""
-    if not t.is_contiguous():
-        if not writable_copy:
-            raise ValueError(f"{what}: tensor must be contiguous")
-        t = t.contiguous()
-    return t.detach().reshape(-1).view(torch.uint8).numpy()
+class _Bytes:
+    """Flat ``uint8`` numpy view of a tensor's memory for the backend.
+
+    A non-contiguous tensor gets a contiguous copy (``read``: with its contents); ``finish``
+    writes a copy back into the tensor (``write``).
+    """
+
+    __slots__ = ("tensor", "tmp", "flat", "write")
+
+    def __init__(self, t: torch.Tensor, what: str, read: bool = True, write: bool = True):
+        self.tensor, self.tmp, self.write = t, None, write
+        if not t.is_contiguous():
+            self.tmp = (t.detach().contiguous() if read else
+                        torch.empty_like(t, memory_format=torch.contiguous_format))
+            t = self.tmp
+        self.flat = t.detach().reshape(-1).view(torch.uint8).numpy()
+
+    def finish(self) -> None:
+        if self.tmp is not None and self.write:
+            with torch.no_grad():
+                self.tensor.copy_(self.tmp)
 
 
 def _as_tensor(raw: np.ndarray, d: DType) -> torch.Tensor:
@@ -361,15 +401,3 @@ def _as_tensor(raw: np.ndarray, d: DType) -> torch.Tensor:
     if d.numpy is not None:
         return torch.from_numpy(raw.view(d.numpy))
     return torch.from_numpy(raw.view(np.int16)).view(d.torch)
-
-
-@contextlib.contextmanager
-def _inout(t: torch.Tensor, read: bool = True):
-    """Flat bytes of ``t`` to write into; a non-contiguous ``t`` gets a copy written back."""
-    if t.is_contiguous():
-        yield t.detach().reshape(-1).view(torch.uint8).numpy()
-        return
-    tmp = t.detach().contiguous() if read else torch.empty_like(t, memory_format=torch.contiguous_format)
-    yield tmp.reshape(-1).view(torch.uint8).numpy()
-    with torch.no_grad():
-        t.copy_(tmp)

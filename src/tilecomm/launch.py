@@ -99,8 +99,8 @@ class RankGroup:
         """Create the segment files and start the ranks (running ``first_task`` if given)."""
         try:
             shm_dir = settings().shm_dir
-            self.paths = [create_segment_file(shm_dir, self.layout.total_bytes)
-                          for _ in range(self.world_size)]
+            for _ in range(self.world_size):   # one at a time: stop() must see every file made
+                self.paths.append(create_segment_file(shm_dir, self.layout.total_bytes))
             for r in range(self.world_size):
                 parent, child = self.ctx.Pipe()
                 p = self.ctx.Process(target=_rank_main, name=f"tilecomm-rank-{r}", daemon=True,
@@ -239,6 +239,9 @@ def init(*, timeout: float | None = None, heap_bytes: int | None = None,
     store = dist.PrefixStore("tilecomm", store)
     layout = _layout(world, heap_bytes, scratch_bytes)
     path = create_segment_file(settings().shm_dir, layout.total_bytes)
+    # torchrun stops the other ranks with SIGTERM when one fails: make that unwind through the
+    # finally below (which removes the file) instead of killing the process on the spot.
+    previous = _raise_on_sigterm()
     try:
         store.set(f"seg/{rank}", f"{socket.gethostname()}|{layout.total_bytes}|{path}")
         infos = [store.get(f"seg/{r}").decode().split("|", 2) for r in range(world)]
@@ -253,3 +256,18 @@ def init(*, timeout: float | None = None, heap_bytes: int | None = None,
         return _make_comm(rank, layout, [p for _, _, p in infos], tmo)
     finally:
         unlink_quietly(path)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _raise_on_sigterm():
+    """Turn SIGTERM into SystemExit while a segment file exists (main thread only)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    return signal.signal(signal.SIGTERM, handler)

@@ -220,3 +220,86 @@ def test_alloc_must_be_collective(ranks):
     for sizes, diverged in ranks(2).run(_alloc_diverge):
         assert sizes[0] == "CommMismatch" and "count" in sizes[1]
         assert diverged[0] == "CommError" and "diverged" in diverged[1]
+
+
+# ---- regressions found in review ---------------------------------------------------------------
+
+def _free_after_collectives(comm):
+    """Plans and memos must not keep a symmetric block alive on some ranks only."""
+    import gc
+    h = comm.alloc(1)
+    h.fill_(comm.rank + 1)
+    comm.all_reduce(h, algo="two_shot")
+    for i in range(20):                       # more calls than the memo and plan caches hold
+        comm.all_reduce(torch.ones(2) * i, algo="one_shot")
+    o = comm.alloc(4 * comm.world_size)
+    comm.all_gather(torch.ones(4), o)
+    for _ in range(70):                       # ranks hit and evict plan-cache entries differently
+        comm.all_gather(torch.ones(4)) if comm.rank == 0 else comm.all_gather(
+            torch.ones(4), torch.empty(4 * comm.world_size))
+    del h, o
+    gc.collect()
+    return comm._alloc.bytes_in_use, _catch(lambda: comm.alloc(1))
+
+
+def test_symmetric_blocks_are_freed_alike_on_every_rank():
+    res = tilecomm.launch(_free_after_collectives, 3, timeout=20, scratch_bytes=64 << 10)
+    for used, err in res:
+        assert used == 0 and err is None, (used, err)
+
+
+def _p2p_timeout(comm):
+    if comm.rank == 0:
+        time.sleep(2.0)
+        return _catch(lambda: comm.send(torch.ones(4), 1))
+    first = _catch(lambda: comm.recv(torch.empty(4), 0))
+    second = _catch(lambda: comm.recv(torch.empty(4), 0))
+    return first, second
+
+
+def test_point_to_point_timeout_makes_the_communicator_unusable():
+    res = tilecomm.launch(_p2p_timeout, 2, timeout=0.5)
+    first, second = res[1]
+    assert first[0] == "CommTimeout" and "recv #0" in first[1]
+    assert second[0] == "CommError" and "unusable" in second[1]
+
+
+def _a2av_piece_mismatch(comm):
+    ex = comm._backend.executor
+    if comm.rank == 1:
+        ex.half_bytes //= 4     # as if TILECOMM_PIECE_BYTES differed on this rank
+    return _catch(lambda: comm.all_to_all_v(torch.ones(40000), [20000, 20000]))
+
+
+def test_all_to_all_v_checks_piece_size():
+    for err in tilecomm.launch(_a2av_piece_mismatch, 2, timeout=10, scratch_bytes=64 << 10):
+        assert err[0] == "CommMismatch" and "piece size" in err[1]
+
+
+def _sparse_on_one_rank(comm):
+    t = torch.ones(4)
+    if comm.rank == 0:
+        t = t.to_sparse()
+    t0 = time.monotonic()
+    return _catch(lambda: comm.all_reduce(t)), time.monotonic() - t0
+
+
+def test_unsupported_layout_on_one_rank_does_not_hang(ranks):
+    res = ranks(2).run(_sparse_on_one_rank)
+    assert res[0][0][0] == "TypeError" and "sparse" in res[0][0][1]
+    assert res[1][0][0] == "CommError" and "rank 0 rejected" in res[1][0][1]
+    assert res[1][1] < 5
+
+
+def _memo_with_auto(comm):
+    t = torch.ones(16)
+    comm.all_reduce(t)
+    key = comm._memo_key("all_reduce", t, "sum", "auto", 0)
+    hit = key in comm._memos
+    comm.all_reduce(t)
+    return hit, t[0].item()
+
+
+def test_call_memo_serves_the_default_auto_algorithm(ranks):
+    for hit, v in ranks(2).run(_memo_with_auto):
+        assert hit and v == 4.0

@@ -56,6 +56,8 @@ class Channel:
         self.spin = min(spin, 20) if oversubscribed else spin
         self.me[SegmentLayout.PID] = os.getpid()
         self.step = int(self.me[SegmentLayout.PROGRESS])
+        #: why the communicator can no longer be used (set after a timeout), or None
+        self.broken: str | None = None
 
     # ---- progress -------------------------------------------------------------------------
     def advance(self) -> int:

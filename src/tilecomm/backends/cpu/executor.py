@@ -88,7 +88,6 @@ class Executor:
                               settings().piece_bytes * (4 if oversubscribed else 1))
         self.segs = [heap.segment(r) for r in range(self.world_size)]
         self.seq = 0
-        self.broken: str | None = None
         self._templates: dict = {}
         self._ready: dict = {}
 
@@ -101,12 +100,12 @@ class Executor:
             with np.errstate(all="ignore"):   # overflow is the data's business, as in torch
                 self._run(call, seq)
         except CommTimeout as e:
-            self.broken = f"{call.collective} #{seq} failed: {e}"
+            self.ch.broken = f"{call.collective} #{seq} failed: {e}"
             raise
         except CommError:
             raise   # every rank raised at the same step: the communicator stays consistent
         except BaseException:
-            self.broken = f"{call.collective} #{seq} was interrupted on rank {self.rank}"
+            self.ch.broken = f"{call.collective} #{seq} was interrupted on rank {self.rank}"
             raise
 
     def reject(self, collective: str, message: str) -> None:
@@ -136,8 +135,8 @@ class Executor:
         return [d[D_PLACE] for d in descs]
 
     def _check_usable(self) -> None:
-        if self.broken:
-            raise CommError(f"communicator unusable: {self.broken}; create a new one")
+        if self.ch.broken:
+            raise CommError(f"communicator unusable: {self.ch.broken}; create a new one")
 
     # ---- descriptor handshake -------------------------------------------------------------
     @staticmethod
@@ -174,7 +173,7 @@ class Executor:
                 raise CommError(f"{coll} #{seq}: rank {r} rejected its call: {text}")
         for idx, label in ((D_COLL, "collective"), (D_DTYPE, "dtype"), (D_COUNT, "count"),
                            (D_OP, "op"), (D_ROOT, "root"), (D_ALGO, "algorithm"),
-                           (D_EXTRA, "extra"), (D_PIECE, "piece size (TILECOMM_SCRATCH_BYTES)")):
+                           (D_EXTRA, "extra"), (D_PIECE, "piece size (TILECOMM_PIECE_BYTES / TILECOMM_SCRATCH_BYTES)")):
             vals = [d[idx] for d in descs]
             if len(set(vals)) > 1:
                 shown = ", ".join(f"rank {r}: {_show(idx, v)}" for r, v in enumerate(vals))
@@ -262,8 +261,10 @@ class Executor:
         self._post_rows(seq, call)
         prog = program(call.collective, call.algo, w, call.root, me)
         places = tuple(self._place(b, call, prog) for b in prog.names)
+        # The piece size depends only on the settings: announce it like every collective does.
+        piece = (self.half_bytes // call.dtype.itemsize) // prog.nslots if prog.nslots else 0
         fields = self._fields(seq, call.collective, call.algo, call.dtype.id, call.count,
-                              call.op, call.root, 0, 0, places)
+                              call.op, call.root, 0, piece, places)
         ch.post_desc(seq, fields)
         descs = self._handshake(seq, call.collective, fields)
         rows = self._read_matrix(seq)
@@ -328,10 +329,12 @@ class Executor:
                 if off is not None:
                     return off
             return PLACE_SCRATCH
-        if buf not in prog.scratch_bufs:
-            return PLACE_LOCAL
         off = self._heap_offset(call.buffers.get(buf))
-        return PLACE_SCRATCH if off is None else off
+        if off is not None:
+            # Symmetric tensors are addressed through the segment even when only this rank
+            # reads them, so cached plans never hold a view that keeps a heap block alive.
+            return off
+        return PLACE_SCRATCH if buf in prog.scratch_bufs else PLACE_LOCAL
 
     def _scale_avg(self, call: CollectiveCall) -> None:
         if call.collective == "reduce" and self.rank != call.root:

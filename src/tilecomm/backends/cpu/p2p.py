@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...errors import CommMismatch
+from ...errors import CommError, CommMismatch, CommTimeout
 from ...types import DTYPE_BY_ID, DType
 from .channel import Channel
 
@@ -34,6 +34,22 @@ class PointToPoint:
         return self.layout.p2p_slot(array, peer)
 
     def send(self, data: np.ndarray, d: DType, numel: int, dst: int) -> None:
+        self._guarded(self._send, data, d, numel, dst)
+
+    def recv(self, out: np.ndarray, d: DType, numel: int, src: int) -> None:
+        self._guarded(self._recv, out, d, numel, src)
+
+    def _guarded(self, fn, *args) -> None:
+        """A timed-out transfer leaves the pair's counters unknowable: refuse further use."""
+        if self.ch.broken:
+            raise CommError(f"communicator unusable: {self.ch.broken}; create a new one")
+        try:
+            fn(*args)
+        except CommTimeout as e:
+            self.ch.broken = str(e)
+            raise
+
+    def _send(self, data: np.ndarray, d: DType, numel: int, dst: int) -> None:
         ch, me = self.ch, self.rank
         msg = self.msgs_sent[dst]
         self.msgs_sent[dst] += 1
@@ -67,7 +83,7 @@ class PointToPoint:
         raise CommMismatch(f"send #{msg} to rank {dst}: sent {numel} x {d.name}, but rank {dst} "
                            f"expects {want_n} x {want_d.name if want_d else '?'}")
 
-    def recv(self, out: np.ndarray, d: DType, numel: int, src: int) -> None:
+    def _recv(self, out: np.ndarray, d: DType, numel: int, src: int) -> None:
         ch, me = self.ch, self.rank
         msg = self.msgs_recv[src]
         self.msgs_recv[src] += 1
@@ -79,12 +95,16 @@ class PointToPoint:
         ch.wait_slots(sent_slot, base + 1, what)
         got_msg, got_d, got_n, npieces = (int(x) for x in header[:4])
         if (got_d, got_n) != (d.id, numel) or got_msg != msg:
+            # Reject the message that arrived, under its own id (the sender checks that id).
             ch.me[self._slot(ERR_DTYPE, src)] = d.id
             ch.me[self._slot(ERR_NUMEL, src)] = numel
-            ch.me[self._slot(ERR, src)] = msg + 1
+            ch.me[self._slot(ERR, src)] = got_msg + 1
             self.done[src] = base + npieces
             ch.me[self._slot(DONE, src)] = base + npieces
             sent_d = DTYPE_BY_ID.get(got_d)
+            if got_msg != msg:
+                raise CommMismatch(f"recv #{msg} from rank {src}: rank {src} sent message "
+                                   f"#{got_msg}; send and recv calls are out of step")
             raise CommMismatch(f"recv #{msg} from rank {src}: expected {numel} x {d.name}, but "
                                f"rank {src} sent {got_n} x {sent_d.name if sent_d else '?'}")
         for i in range(npieces):
