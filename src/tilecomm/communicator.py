@@ -119,7 +119,7 @@ class Communicator:
             rop = ReduceOp.parse(op)
             d = self._dtype(tensor, "all_reduce", rop)
             resolved = self._algo("all_reduce", algo, tensor.numel() * d.itemsize)
-            buf = _Bytes(tensor, "all_reduce")
+            buf = _Bytes(tensor, "all_reduce", heap=self._heap_bytes)
         call = CollectiveCall("all_reduce", resolved, d, tensor.numel(), {"buf": buf.flat},
                               op=rop, cache_key=key)
         self._remember(key, tensor, call)
@@ -174,7 +174,7 @@ class Communicator:
             self._check_rank(root, "broadcast", "root")
             d = self._dtype(tensor, "broadcast")
             resolved = self._algo("broadcast", algo, tensor.numel() * d.itemsize)
-            buf = _Bytes(tensor, "broadcast")
+            buf = _Bytes(tensor, "broadcast", heap=self._heap_bytes)
         call = CollectiveCall("broadcast", resolved, d, tensor.numel(), {"buf": buf.flat},
                               root=root, cache_key=key)
         self._remember(key, tensor, call)
@@ -195,7 +195,7 @@ class Communicator:
             rop = ReduceOp.parse(op)
             d = self._dtype(tensor, "reduce", rop)
             resolved = self._algo("reduce", algo, tensor.numel() * d.itemsize)
-            buf = _Bytes(tensor, "reduce")
+            buf = _Bytes(tensor, "reduce", heap=self._heap_bytes)
         call = CollectiveCall("reduce", resolved, d, tensor.numel(), {"buf": buf.flat}, op=rop,
                               root=root, cache_key=key)
         self._remember(key, tensor, call)
@@ -279,21 +279,29 @@ class Communicator:
     # tensor. The memo maps (data pointer, dtype, numel, op, requested algo, root) to the
     # validated call, holding a view of the tensor (at most _MEMO_ENTRIES tensors of at most
     # _MEMO_BYTES each, so a cached pointer can never be reused by another tensor while its entry
-    # lives). Symmetric tensors are never memoized: a view held on one rank only would keep its
-    # heap block alive there and make the heaps diverge.
+    # lives). A symmetric tensor is held as a view of the segment, not of its block: a block
+    # kept alive on one rank only would make the heaps diverge, and a pointer reused by a new
+    # block names the same memory anyway.
     def _memo_key(self, name, t, op, algo, root):
         if type(t) is not torch.Tensor or not t.is_cpu or not t.is_contiguous():
             return None
-        nbytes = t.numel() * t.element_size()
-        ptr = t.data_ptr()
-        if nbytes > _MEMO_BYTES or self._heap_lo <= ptr < self._heap_hi:
+        if t.numel() * t.element_size() > _MEMO_BYTES:
             return None
+        ptr = t.data_ptr()
         key = (name, ptr, t.dtype, t.numel(), op, algo, root)
         try:
             hash(key)
         except TypeError:   # unhashable op
             return None
         return key
+
+    def _heap_bytes(self, t: torch.Tensor):
+        """The segment's bytes under a contiguous symmetric tensor (None if not symmetric)."""
+        ptr = t.data_ptr()
+        if not self._heap_lo <= ptr < self._heap_hi:
+            return None
+        off = ptr - self._heap_lo + self._heap.layout.heap_offset
+        return self._heap.segment(self.rank)[off:off + t.numel() * t.element_size()]
 
     def _remember(self, key, t, call: CollectiveCall) -> None:
         if key is None:
@@ -377,13 +385,20 @@ class _Bytes:
     """Flat ``uint8`` numpy view of a tensor's memory for the backend.
 
     A non-contiguous tensor gets a contiguous copy (``read``: with its contents); ``finish``
-    writes a copy back into the tensor (``write``).
+    writes a copy back into the tensor (``write``). ``heap(t)`` may supply the segment bytes
+    of a symmetric tensor instead of a view of its block.
     """
 
     __slots__ = ("tensor", "tmp", "flat", "write")
 
-    def __init__(self, t: torch.Tensor, what: str, read: bool = True, write: bool = True):
+    def __init__(self, t: torch.Tensor, what: str, read: bool = True, write: bool = True,
+                 heap=None):
         self.tensor, self.tmp, self.write = t, None, write
+        if heap is not None and t.is_contiguous():
+            seg = heap(t)
+            if seg is not None:     # see NOTE [call memo]
+                self.flat = seg
+                return
         if not t.is_contiguous():
             self.tmp = (t.detach().contiguous() if read else
                         torch.empty_like(t, memory_format=torch.contiguous_format))

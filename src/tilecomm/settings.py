@@ -34,6 +34,10 @@ class Settings:
     start_method: str = "fork"
     #: TILECOMM_ONE_SHOT_MAX: largest all_reduce (bytes) for which auto picks one_shot.
     one_shot_max: int = 256 << 10
+    #: TILECOMM_BIND: 1 to pin each rank started by tilecomm.launch to its own core when there
+    #: are enough cores (as MPI launchers do); 0 (default: no gain measured on 2 cores) to
+    #: leave placement to the OS.
+    bind: bool = False
     #: TILECOMM_DEBUG: 1 to validate more and keep more state for error messages.
     debug: bool = False
 
