@@ -220,11 +220,12 @@ class Communicator:
 
     def all_to_all_v(self, tensor: torch.Tensor, send_counts: Sequence[int],
                      recv_counts: Sequence[int] | None = None, *,
-                     algo: str = "auto") -> torch.Tensor:
+                     out: torch.Tensor | None = None, algo: str = "auto") -> torch.Tensor:
         """Uneven all-to-all along dim 0: ``send_counts[j]`` rows go to rank ``j``.
 
         Returns the received rows, in rank order, shape ``(sum(recv_counts), *tensor.shape[1:])``.
-        ``recv_counts`` is optional (learned from the peers); when given it is checked.
+        ``recv_counts`` is optional (learned from the peers); when given it is checked. ``out``
+        (which needs ``recv_counts``) receives the rows instead of a new tensor.
         """
         holder: list[torch.Tensor] = []
         with self._validating("all_to_all_v"):
@@ -245,10 +246,20 @@ class Communicator:
                 return _Bytes(holder[-1], "all_to_all_v", read=False).flat
 
             bufs = {"in": _Bytes(tensor, "all_to_all_v", write=False).flat}
-            if recv is not None:
+            dst = None
+            if out is not None:
+                if recv is None:
+                    raise ValueError("all_to_all_v: out= needs recv_counts")
+                out = self._out(out, (sum(recv), *rest), tensor.dtype, "all_to_all_v")
+                dst = _Bytes(out, "all_to_all_v", read=False)
+                bufs["out"] = dst.flat
+                holder.append(out)
+            elif recv is not None:
                 bufs["out"] = make_out(sum(recv))
         self._run("all_to_all_v", algo, d, row, bufs, send_rows=send, recv_rows=recv,
                   make_out=make_out)
+        if dst is not None:
+            dst.finish()
         return holder[-1]
 
     def barrier(self) -> None:

@@ -320,3 +320,22 @@ def test_repeated_calls_and_aliasing_views(ranks):
         assert got[0, 0] == w * row0[0]                           # both calls touched [0, 0]
         assert torch.equal(got[1:, 0], reference.reduced([x[1:, 0] for x in ins]))  # column
         assert torch.equal(got[1:, 1:], ins[r][1:, 1:])           # untouched
+
+
+def _run_a2av_out(comm):
+    w, r = comm.world_size, comm.rank
+    m = _counts(7, w)
+    t = make(7, r, (sum(m[r]), 3), torch.float32)
+    recv = [m[j][r] for j in range(w)]
+    out = torch.full((sum(recv), 3), -1.0)
+    got = comm.all_to_all_v(t, m[r], recv, out=out)
+    return got is out, out
+
+
+def test_all_to_all_v_into_out(ranks):
+    w = 3
+    res = ranks(w).run(_run_a2av_out)
+    m = _counts(7, w)
+    want = reference.all_to_all_v([make(7, r, (sum(m[r]), 3), torch.float32) for r in range(w)], m)
+    for r in range(w):
+        assert res[r][0] and torch.equal(res[r][1], want[r])

@@ -70,10 +70,16 @@ def test_held_out_error_on_committed_measurements(w):
 
 def test_preset_carries_the_fit_and_predict_uses_it():
     spec = get_preset("cpu-shm")
-    assert spec.shm is not None and spec.shm.cache_bytes == 2 << 20
+    rows = [r for m in ("user", "heap")
+            for r in load_rows(os.path.join(RESULTS, f"cpu_all_reduce_2ranks_{m}.json"))]
+    fitted = loop(rows)[0].params       # the preset must be the fit of the committed data
+    assert spec.shm is not None and spec.shm.cache_bytes == fitted.cache_bytes
+    for name in ("call_us", "sync_us", "op_us", "copy_cache_GBps", "copy_dram_GBps",
+                 "add_cache_GBps", "add_dram_GBps"):
+        assert getattr(spec.shm, name) == pytest.approx(getattr(fitted, name), abs=0.06), name
     preds = predict("all_reduce", 8, system="cpu-shm", gpus=2)
     assert {p.algo for p in preds} == {"one_shot", "two_shot", "ring", "recursive_doubling"}
     assert preds[0].algo == "one_shot" and preds[0].method == "shm-model"
-    assert 10 < preds[0].time_us < 16           # measured 13.8 us
+    assert 8 < preds[0].time_us < 16            # measured 12-14 us (benchmarks/results)
     big = predict("all_reduce", 128 << 20, system="cpu-shm", gpus=2, mem="heap")
     assert big[0].algo in ("ring", "two_shot") and big[0].bottleneck != "latency"

@@ -49,7 +49,7 @@ USER_BUFFERS = ("buf", "in", "out")
 # one_shot and ring, not two_shot: the committed sweeps predate two_shot's tmp aliasing
 # (commit 2975464), so two_shot's user-memory rows measure a schedule that no longer exists.
 CALIB_ALGOS = ("one_shot", "ring")
-CALIB_SIZES = (8, 128, 2048, 32 << 10, 512 << 10, 8 << 20, 128 << 20)
+CALIB_SIZES = None   # None: every other size of the measured grid, starting at the smallest
 # Regimes of this machine: below 64 KiB time is overhead; up to 1 MiB data fits in cache.
 LAT_MAX, CACHE_MAX = 64 << 10, 1 << 20
 NAMES = ("call_us", "sync_us", "op_us", "copy_cache", "add_cache", "copy_dram", "add_dram")
@@ -324,7 +324,11 @@ def fit(rows: list[Row], piece_bytes: int = 1 << 20,
     return Fit(p, err, len(rows))
 
 
-def is_calibration(r: Row, algos=CALIB_ALGOS, sizes=CALIB_SIZES) -> bool:
+def calibration_sizes(rows: list[Row], sizes=CALIB_SIZES) -> tuple[int, ...]:
+    return tuple(sorted({r.nbytes for r in rows})[::2]) if sizes is None else tuple(sizes)
+
+
+def is_calibration(r: Row, algos=CALIB_ALGOS, sizes=()) -> bool:
     return r.algo in algos and r.nbytes in sizes
 
 
@@ -344,6 +348,7 @@ class Check:
 def loop(rows: list[Row], piece_bytes: int = 1 << 20, algos=CALIB_ALGOS,
          sizes=CALIB_SIZES) -> tuple[Fit, list[Check]]:
     """Fit on the calibration subset of ``rows``, predict every row."""
+    sizes = calibration_sizes(rows, sizes)
     cal = [r for r in rows if is_calibration(r, algos, sizes)]
     if not cal:
         raise ValueError("no calibration rows (algorithms "
@@ -383,7 +388,7 @@ def report(paths: list[str], piece_bytes: int = 1 << 20, per_point: bool = True)
         f, checks = loop(sub, piece_bytes)
         out.append(f"### {ws} ranks ({', '.join(sorted({r.mem for r in sub}))} memory)\n")
         out.append(f"Fitted on {f.rows} rows ({'/'.join(CALIB_ALGOS)} at "
-                   f"{', '.join(_size(s) for s in CALIB_SIZES)}; rms relative error "
+                   f"{', '.join(_size(s) for s in calibration_sizes(sub))}; rms relative error "
                    f"{f.rms_rel:.1%}): {_fmt_params(f.params)}\n")
         if per_point:
             algos = sorted({r.algo for r in sub})

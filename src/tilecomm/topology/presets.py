@@ -105,9 +105,9 @@ def pcie_8gpu() -> SystemSpec:
 # 32 KiB, 512 KiB, 8 MiB, 128 MiB, both memory modes: 28 of 104 rows; docs/model.md "Local loop").
 # 2 ranks on a 2-core AMD EPYC VM (L2 1 MiB/core, L3 32 MiB). Ranks outnumbering cores are not
 # covered (their synchronizations wait for context switches: see the 4-rank table).
-CPU_SHM_COST = ShmCost(call_us=7.09, sync_us=2.35, op_us=0.59, copy_cache_GBps=43.9,
-                       add_cache_GBps=9.6, copy_dram_GBps=16.7, add_dram_GBps=4.8,
-                       cache_bytes=2 << 20, piece_bytes=1 << 20)
+CPU_SHM_COST = ShmCost(call_us=6.55, sync_us=1.38, op_us=1.03, copy_cache_GBps=55.6,
+                       add_cache_GBps=17.2, copy_dram_GBps=21.7, add_dram_GBps=10.4,
+                       cache_bytes=4 << 20, piece_bytes=1 << 20)
 CPU_LOOP_COMMAND = ("python -m tilecomm.sim.cpu_loop "
                     "benchmarks/results/cpu_all_reduce_2ranks_{user,heap}.json")
 

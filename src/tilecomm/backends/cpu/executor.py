@@ -188,13 +188,11 @@ class Executor:
     def _template(self, call: CollectiveCall, seq: int, counts=None) -> _Template:
         prog = program(call.collective, call.algo, self.world_size, call.root, self.rank)
         places = tuple(self._place(b, call, prog) for b in prog.names)
-        key = None
-        if counts is None:
-            key = (call.collective, call.algo, call.root, call.dtype.id, call.count, call.op,
-                   seq & 1, places)
-            tpl = self._templates.get(key)
-            if tpl is not None:
-                return tpl
+        key = (call.collective, call.algo, call.root, call.dtype.id, call.count, call.op,
+               seq & 1, places, None if counts is None else tuple(map(tuple, counts)))
+        tpl = self._templates.get(key)
+        if tpl is not None:
+            return tpl
         me = self.rank
         layout = make_layout(prog, self.world_size, call.count, call.dtype, self.half_bytes,
                              counts)
@@ -208,8 +206,7 @@ class Executor:
         post = [] if (call.collective == "reduce" and me != call.root) else \
             stage_template(addr, call.collective, me, inbound=False)
         tpl = _Template(prog, layout, places, fields, pre, post)
-        if key is not None:
-            _bounded_put(self._templates, key, tpl)
+        _bounded_put(self._templates, key, tpl)
         return tpl
 
     def _phase_ops(self, tpl: _Template, seq: int, peer_places) -> list:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache, partial
+from itertools import accumulate
 from typing import NamedTuple
 
 import numpy as np
@@ -141,7 +142,7 @@ class Addresser:
         isz, piece = lay.d.itemsize, lay.piece
         starts = self._starts.get((rank, buf))
         if starts is None:
-            starts = self._starts[(rank, buf)] = np.cumsum([0] + lay.lens[rank][buf]).tolist()
+            starts = self._starts[(rank, buf)] = list(accumulate(lay.lens[rank][buf], initial=0))
         place = self.places[rank][prog.names.index(buf)]
         if place == PLACE_SCRATCH:
             return Operand(rank, buf, self.scratch_off + (prog.slot_base[buf] + chunk) * piece * isz,
