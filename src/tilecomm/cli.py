@@ -11,19 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .units import parse_size
-
-
-def _sizes(lo: int, hi: int, factor: int) -> list[int]:
-    if lo < 1 or hi < lo:
-        raise ValueError(f"need 1 <= minbytes <= maxbytes, got {lo} and {hi}")
-    if factor < 2:
-        raise ValueError("stepfactor must be >= 2")
-    out, n = [], lo
-    while n <= hi:
-        out.append(n)
-        n *= factor
-    return out
+from .units import parse_size, sizes
 
 
 def add_bench_parser(sub) -> None:
@@ -61,8 +49,8 @@ def run_bench(args) -> int:
 
     algos = [a.strip() for a in args.algo.split(",")]
     cfg = BenchConfig(op=args.op, world_size=args.nranks,
-                      sizes=_sizes(parse_size(args.minbytes), parse_size(args.maxbytes),
-                                   args.stepfactor),
+                      sizes=sizes(parse_size(args.minbytes), parse_size(args.maxbytes),
+                                  args.stepfactor),
                       dtype=args.dtype, algos=algos, mem=args.mem, iters=args.iters,
                       warmup=args.warmup, rounds=args.rounds, check=args.check, vs=args.vs,
                       bound=not args.no_bound)

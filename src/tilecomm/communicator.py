@@ -110,22 +110,7 @@ class Communicator:
     # ---- collectives ----------------------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, op="sum", *, algo: str = "auto") -> torch.Tensor:
         """Reduce ``tensor`` over all ranks, in place; returns ``tensor``."""
-        key = self._memo_key("all_reduce", tensor, op, algo, 0)
-        memo = self._memos.get(key) if key is not None else None
-        if memo is not None:   # the same small call again: skip validation and view-making
-            self._backend.run(memo)
-            return tensor
-        with self._validating("all_reduce"):
-            rop = ReduceOp.parse(op)
-            d = self._dtype(tensor, "all_reduce", rop)
-            resolved = self._algo("all_reduce", algo, tensor.numel() * d.itemsize)
-            buf = _Bytes(tensor, "all_reduce", heap=self._heap_bytes)
-        call = CollectiveCall("all_reduce", resolved, d, tensor.numel(), {"buf": buf.flat},
-                              op=rop, cache_key=key)
-        self._remember(key, tensor, call)
-        self._backend.run(call)
-        buf.finish()
-        return tensor
+        return self._in_place("all_reduce", tensor, op, algo, 0)
 
     def all_gather(self, tensor: torch.Tensor, out: torch.Tensor | None = None, *,
                    algo: str = "auto") -> torch.Tensor:
@@ -165,40 +150,33 @@ class Communicator:
 
     def broadcast(self, tensor: torch.Tensor, root: int = 0, *, algo: str = "auto") -> torch.Tensor:
         """Copy ``root``'s ``tensor`` into every rank's ``tensor``; returns ``tensor``."""
-        key = self._memo_key("broadcast", tensor, None, algo, root)
-        memo = self._memos.get(key) if key is not None else None
-        if memo is not None:
-            self._backend.run(memo)
-            return tensor
-        with self._validating("broadcast"):
-            self._check_rank(root, "broadcast", "root")
-            d = self._dtype(tensor, "broadcast")
-            resolved = self._algo("broadcast", algo, tensor.numel() * d.itemsize)
-            buf = _Bytes(tensor, "broadcast", heap=self._heap_bytes)
-        call = CollectiveCall("broadcast", resolved, d, tensor.numel(), {"buf": buf.flat},
-                              root=root, cache_key=key)
-        self._remember(key, tensor, call)
-        self._backend.run(call)
-        buf.finish()
-        return tensor
+        return self._in_place("broadcast", tensor, None, algo, root)
 
     def reduce(self, tensor: torch.Tensor, root: int = 0, op="sum", *,
                algo: str = "auto") -> torch.Tensor:
         """Reduce into ``root``'s ``tensor`` (other ranks' tensors are left unchanged)."""
-        key = self._memo_key("reduce", tensor, op, algo, root)
+        return self._in_place("reduce", tensor, op, algo, root)
+
+    def _in_place(self, name: str, tensor: torch.Tensor, op, algo: str, root: int):
+        """all_reduce, broadcast and reduce: one buffer, updated in place (see NOTE [call memo])."""
+        key = self._memo_key(name, tensor, op, algo, root)
         memo = self._memos.get(key) if key is not None else None
-        if memo is not None:
+        if memo is not None:   # the same small call again: skip validation and view-making
             self._backend.run(memo)
             return tensor
-        with self._validating("reduce"):
-            self._check_rank(root, "reduce", "root")
-            rop = ReduceOp.parse(op)
-            d = self._dtype(tensor, "reduce", rop)
-            resolved = self._algo("reduce", algo, tensor.numel() * d.itemsize)
-            buf = _Bytes(tensor, "reduce", heap=self._heap_bytes)
-        call = CollectiveCall("reduce", resolved, d, tensor.numel(), {"buf": buf.flat}, op=rop,
+        with self._validating(name):
+            if name != "all_reduce":
+                self._check_rank(root, name, "root")
+            rop = None if op is None else ReduceOp.parse(op)
+            d = self._dtype(tensor, name, rop)
+            resolved = self._algo(name, algo, tensor.numel() * d.itemsize)
+            buf = _Bytes(tensor, name, heap=self._heap_bytes)
+        call = CollectiveCall(name, resolved, d, tensor.numel(), {"buf": buf.flat}, op=rop,
                               root=root, cache_key=key)
-        self._remember(key, tensor, call)
+        if key is not None:
+            if len(self._memos) >= _MEMO_ENTRIES:
+                self._memos.pop(next(iter(self._memos)))
+            self._memos[key] = call
         self._backend.run(call)
         buf.finish()
         return tensor
@@ -313,13 +291,6 @@ class Communicator:
             return None
         off = ptr - self._heap_lo + self._heap.layout.heap_offset
         return self._heap.segment(self.rank)[off:off + t.numel() * t.element_size()]
-
-    def _remember(self, key, t, call: CollectiveCall) -> None:
-        if key is None:
-            return
-        if len(self._memos) >= _MEMO_ENTRIES:
-            self._memos.pop(next(iter(self._memos)))
-        self._memos[key] = call
 
     def _run(self, collective, algo, d: DType, count, buffers, **kw) -> None:
         self._backend.run(CollectiveCall(collective, algo, d, count, buffers, **kw))

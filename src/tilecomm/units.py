@@ -1,4 +1,5 @@
-"""Human sizes: ``parse_size("256M") == 256 << 20``; ``format_size(1 << 20) == "1M"``."""
+"""Human sizes: ``parse_size("256M") == 256 << 20``; ``format_size(1 << 20) == "1M"``;
+``sizes(8, 64, 2)``: the nccl-tests ``-b -e -f`` sweep."""
 
 from __future__ import annotations
 
@@ -28,3 +29,16 @@ def format_size(n: int) -> str:
         if n >= unit and n % unit == 0:
             return f"{n // unit}{suf}"
     return str(n)
+
+
+def sizes(begin: int, end: int, factor: int) -> list[int]:
+    """nccl-tests ``-b -e -f``: begin, begin*factor, ... up to end inclusive."""
+    if begin < 1 or end < begin:
+        raise ValueError(f"need 1 <= minbytes <= maxbytes, got {begin} and {end}")
+    if factor < 2:
+        raise ValueError(f"stepfactor must be >= 2, got {factor}")
+    out, s = [], begin
+    while s <= end:
+        out.append(s)
+        s *= factor
+    return out

@@ -8,7 +8,7 @@ import pytest
 from tilecomm.sim import best, predict, why
 from tilecomm.sim.cli import main
 from tilecomm.sim.measured import parse_bench_json, parse_nccl_tests
-from tilecomm.sim.units import format_size, parse_size, sizes
+from tilecomm.units import format_size, parse_size, sizes
 
 NCCL_LOG = """\
 # nThread 1 nGpus 1 minBytes 1024 maxBytes 4096 step: 2(factor) warmup iters: 5 iters: 20

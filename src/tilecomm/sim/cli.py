@@ -13,7 +13,7 @@ import sys
 
 from tilecomm.algorithms import BUSBW_FACTOR
 
-from .units import format_size, parse_size, sizes
+from ..units import format_size, parse_size, sizes
 
 
 def add_sim_parser(subparsers) -> argparse.ArgumentParser:

@@ -419,7 +419,7 @@ def report(paths: list[str], piece_bytes: int = 1 << 20, per_point: bool = True)
 
 
 def _size(n: int) -> str:
-    from .units import format_size
+    from ..units import format_size
     return format_size(n)
 
 
@@ -432,7 +432,7 @@ def main(argv=None) -> int:
     ap.add_argument("--piece-bytes", default="1M", help="TILECOMM_PIECE_BYTES of the run")
     ap.add_argument("--summary-only", action="store_true")
     a = ap.parse_args(argv)
-    from .units import parse_size
+    from ..units import parse_size
     print(report(a.files, parse_size(a.piece_bytes), per_point=not a.summary_only))
     return 0
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .units import format_size
+from ..units import format_size
 
 
 def plot_sweep(rows: list[dict], path: str, title: str, measured=None) -> dict:
