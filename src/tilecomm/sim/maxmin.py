@@ -30,7 +30,13 @@ def max_min_rates(paths: np.ndarray, capacity: np.ndarray,
     flow_of = np.repeat(np.arange(nflows), valid.sum(axis=1))
     used, link_of = np.unique(paths[valid], return_inverse=True)
     rem = capacity[used].astype(float)
+    if not (rem > 0).all():   # a zero/negative/NaN link would never saturate or would stall
+        bad = used[~(rem > 0)]
+        raise ValueError(f"link capacity must be > 0; links {bad[:8].tolist()} have "
+                         f"{capacity[bad[:8]].tolist()}")
     cap = np.full(nflows, np.inf) if caps is None else np.asarray(caps, dtype=float)
+    if not (cap > 0).all():
+        raise ValueError("per-flow rate caps must be > 0")
     frozen = np.zeros(nflows, dtype=bool)
     while not frozen.all():
         live = ~frozen[flow_of]
@@ -50,5 +56,7 @@ def max_min_rates(paths: np.ndarray, capacity: np.ndarray,
         rates[newly] = level
         sub = newly[flow_of]
         rem -= np.bincount(link_of[sub], minlength=len(used)) * level
+        if not newly.any():   # cannot happen with positive capacities; never spin forever
+            raise RuntimeError("max_min_rates made no progress (inconsistent capacities)")
         frozen |= newly
     return rates, bott

@@ -9,7 +9,7 @@ from .spec import Fabric, Protocol, ShmCost, SystemSpec
 def build(system: "str | SystemSpec", nodes: int = 1, gpus: int | None = None) -> Topology:
     """Topology of ``nodes`` nodes of ``system`` (a preset name, a .json path, or a spec)."""
     spec = load_system(system) if isinstance(system, str) else system
-    return Topology(spec, nodes, gpus or spec.gpus_per_node)
+    return Topology(spec, nodes, spec.gpus_per_node if gpus is None else gpus)
 
 
 __all__ = ["Fabric", "PRESETS", "Protocol", "ShmCost", "SystemSpec", "Topology", "build", "get_preset",

@@ -11,7 +11,7 @@ Format (docs/system-description.md; example in examples/systems/)::
 from __future__ import annotations
 
 import json
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 from .presets import PRESETS, get_preset
@@ -21,8 +21,31 @@ _SPEC_FIELDS = {f.name for f in fields(SystemSpec)}
 _FABRIC_FIELDS = {f.name for f in fields(Fabric)}
 
 
+def _entry(cls, d, where: str):
+    """``cls(**d)`` with errors naming ``where`` and the field (missing, unknown, bad type)."""
+    if not isinstance(d, dict):
+        raise ValueError(f"{where}: expected an object, got {d!r}")
+    names = [f.name for f in fields(cls)]
+    unknown = set(d) - set(names)
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)}; valid: {', '.join(names)}")
+    required = [f.name for f in fields(cls) if f.default is MISSING
+                and f.default_factory is MISSING]
+    for k in required:
+        if k not in d:
+            raise ValueError(f"{where}: missing {k}")
+    try:
+        return cls(**d)
+    except ValueError as e:
+        if str(e).startswith(where):   # already names the field (fabric.levels ...)
+            raise
+        raise ValueError(f"{where}: {e}") from None
+
+
 def spec_from_dict(d: dict) -> SystemSpec:
     """Build a :class:`SystemSpec` from a parsed description (unknown keys are errors)."""
+    if not isinstance(d, dict):
+        raise ValueError(f"a system description is a JSON object, got {type(d).__name__}")
     d = dict(d)
     base = d.pop("base", None)
     d.pop("comment", None)
@@ -31,20 +54,30 @@ def spec_from_dict(d: dict) -> SystemSpec:
         raise ValueError(f"unknown system description keys: {sorted(unknown)}")
     if "fabric" in d:
         fab = d["fabric"]
+        if not isinstance(fab, dict):
+            raise ValueError(f"fabric: expected an object, got {fab!r}")
         bad = set(fab) - _FABRIC_FIELDS
         if bad:
             raise ValueError(f"unknown fabric keys: {sorted(bad)}")
     if "protocols" in d:
-        d["protocols"] = tuple(Protocol(**p) for p in d["protocols"])
+        if not isinstance(d["protocols"], list):
+            raise ValueError(f"protocols: expected a list, got {d['protocols']!r}")
+        d["protocols"] = tuple(_entry(Protocol, p, f"protocols[{i}]")
+                               for i, p in enumerate(d["protocols"]))
     if d.get("shm") is not None:
-        d["shm"] = ShmCost(**d["shm"])
+        d["shm"] = _entry(ShmCost, d["shm"], "shm")
     if base is not None:
         spec = get_preset(base)
         if "fabric" in d:
-            d["fabric"] = Fabric(**{**spec.fabric.__dict__, **d["fabric"]})
+            d["fabric"] = _entry(Fabric, {**spec.fabric.__dict__, **d["fabric"]}, "fabric")
         return spec.with_(**d)
     if "fabric" in d:
-        d["fabric"] = Fabric(**d["fabric"])
+        d["fabric"] = _entry(Fabric, d["fabric"], "fabric")
+    missing = [f.name for f in fields(SystemSpec) if f.default is MISSING
+               and f.default_factory is MISSING and f.name not in d]
+    if missing:
+        raise ValueError(f"missing {', '.join(missing)} (required unless the description "
+                         "starts from a preset with 'base')")
     return SystemSpec(**d)
 
 

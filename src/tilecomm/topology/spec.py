@@ -15,9 +15,34 @@ NOTE [protocols carry the latencies]
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 INTRA_KINDS = ("nvswitch", "pcie", "shm")
+
+
+def _number(where: str, name: str, v) -> float:
+    """``v`` as a finite real number, or ValueError naming the field."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"{where}{name} must be a finite number, got {v!r}")
+    return v
+
+
+def _positive(where: str, name: str, v) -> None:
+    if _number(where, name, v) <= 0:
+        raise ValueError(f"{where}{name} must be > 0, got {v!r}")
+
+
+def _nonneg(where: str, name: str, v) -> None:
+    if _number(where, name, v) < 0:
+        raise ValueError(f"{where}{name} must be >= 0, got {v!r}")
+
+
+def _count(where: str, name: str, v, least: int) -> None:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"{where}{name} must be an integer, got {v!r}")
+    if v < least:
+        raise ValueError(f"{where}{name} must be >= {least}, got {v!r}")
 
 
 @dataclass(frozen=True)
@@ -29,6 +54,16 @@ class Protocol:
     step_intra_us: float    # per step (one hop of a phase) over the intra-node fabric
     step_net_us: float      # per step when the step crosses the network
     base_us: float = 0.0    # once per collective (NCCL baseLat)
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"protocol name must be a non-empty string, got {self.name!r}")
+        where = f"protocol {self.name}: "
+        e = _number(where, "eff", self.eff)
+        if not 0 < e <= 1:
+            raise ValueError(f"{where}eff must be in (0, 1], got {e!r}")
+        for k in ("step_intra_us", "step_net_us", "base_us"):
+            _nonneg(where, k, getattr(self, k))
 
 
 @dataclass(frozen=True)
@@ -45,6 +80,17 @@ class Fabric:
     leaves_per_pod: int = 32
     oversubscription: float = 1.0
     levels: int = 2   # 2: leaf-spine; 3: leaf-spine-core
+
+    def __post_init__(self):
+        if not isinstance(self.rail_optimized, bool):
+            raise ValueError(f"fabric.rail_optimized must be true or false, "
+                             f"got {self.rail_optimized!r}")
+        _count("fabric.", "nodes_per_leaf", self.nodes_per_leaf, 1)
+        _count("fabric.", "leaves_per_pod", self.leaves_per_pod, 1)
+        _count("fabric.", "levels", self.levels, 2)
+        if self.levels > 3:
+            raise ValueError(f"fabric.levels must be 2 or 3, got {self.levels!r}")
+        _positive("fabric.", "oversubscription", self.oversubscription)
 
 
 @dataclass(frozen=True)
@@ -65,6 +111,14 @@ class ShmCost:
     add_dram_GBps: float
     cache_bytes: int
     piece_bytes: int = 1 << 20
+
+    def __post_init__(self):
+        for k in ("call_us", "sync_us", "op_us"):
+            _nonneg("shm.", k, getattr(self, k))
+        for k in ("copy_cache_GBps", "add_cache_GBps", "copy_dram_GBps", "add_dram_GBps"):
+            _positive("shm.", k, getattr(self, k))
+        _count("shm.", "cache_bytes", self.cache_bytes, 0)
+        _count("shm.", "piece_bytes", self.piece_bytes, 1)
 
 
 @dataclass(frozen=True)
@@ -94,17 +148,44 @@ class SystemSpec:
     def __post_init__(self):
         if self.intra not in INTRA_KINDS:
             raise ValueError(f"intra must be one of {INTRA_KINDS}, got {self.intra!r}")
-        if self.gpus_per_node < 1:
-            raise ValueError("gpus_per_node must be >= 1")
+        _count("", "gpus_per_node", self.gpus_per_node, 1)
+        for k in ("gpu_link_GBps", "mem_GBps", "reduce_GBps"):
+            _positive("", k, getattr(self, k))
+        _count("", "nics_per_node", self.nics_per_node, 0)
+        _count("", "gpus_per_pcie_switch", self.gpus_per_pcie_switch, 1)
+        if self.nics_per_node > 0:   # the network is used only when there are NICs
+            _positive("", "nic_GBps", self.nic_GBps)
+        else:
+            _nonneg("", "nic_GBps", self.nic_GBps)
+        if self.intra == "pcie":
+            _positive("", "pcie_uplink_GBps", self.pcie_uplink_GBps)
+        else:
+            _nonneg("", "pcie_uplink_GBps", self.pcie_uplink_GBps)
+        if not isinstance(self.nvls, bool):
+            raise ValueError(f"nvls must be true or false, got {self.nvls!r}")
+        if self.nvls:
+            _positive("", "nvls_alg_GBps", self.nvls_alg_GBps)
+        else:
+            _nonneg("", "nvls_alg_GBps", self.nvls_alg_GBps)
+        _nonneg("", "nvls_us", self.nvls_us)
+        _nonneg("", "launch_us", self.launch_us)
         if not self.protocols:
             raise ValueError(f"system {self.name!r} defines no protocol")
+        if not all(isinstance(p, Protocol) for p in self.protocols):
+            raise ValueError("protocols must be Protocol entries")
+        names = [p.name for p in self.protocols]
+        if len(set(n.lower() for n in names)) != len(names):
+            raise ValueError(f"protocol names must be unique, got {names}")
+        if not isinstance(self.fabric, Fabric):
+            raise ValueError("fabric must be a Fabric")
 
     def protocol(self, name: str) -> Protocol:
+        """The protocol called ``name`` (case-insensitive); ValueError listing valid ones."""
         for p in self.protocols:
-            if p.name == name:
+            if p.name.lower() == str(name).lower():
                 return p
-        raise KeyError(f"{self.name} has no protocol {name!r}; has "
-                       f"{', '.join(p.name for p in self.protocols)}")
+        raise ValueError(f"{self.name} has no protocol {name!r}; choose from "
+                         f"{', '.join(p.name for p in self.protocols)}")
 
     def with_(self, **changes) -> "SystemSpec":
         """A copy with some fields changed (e.g. fitted parameters)."""
