@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .errors import CommError
 from .units import parse_size, sizes
 
 
@@ -18,19 +19,23 @@ def add_bench_parser(sub) -> None:
     from .bench.cases import CASES
 
     p = sub.add_parser("bench", help="nccl-tests-style benchmark on local ranks",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                        description="Time a collective on local ranks over shared memory "
-                                   "(nccl-tests columns; time = slowest rank, median round).")
+                                   "(nccl-tests columns; time = slowest rank, median round). "
+                                   "size = bytes of the largest buffer, rounded to whole "
+                                   "elements per rank.")
     p.add_argument("op", choices=list(CASES))
     p.add_argument("-n", "--nranks", type=int, default=2, help="number of local ranks")
-    p.add_argument("-b", "--minbytes", default="8")
-    p.add_argument("-e", "--maxbytes", default="64M")
-    p.add_argument("-f", "--stepfactor", type=int, default=4)
-    p.add_argument("-d", "--dtype", default="float32")
+    p.add_argument("-b", "--minbytes", default="8", help="smallest size (8, 1K, 256M, ...)")
+    p.add_argument("-e", "--maxbytes", default="64M", help="largest size")
+    p.add_argument("-f", "--stepfactor", type=int, default=4, help="size multiplier per step")
+    p.add_argument("-d", "--dtype", default="float32",
+                   help="float32 float64 float16 bfloat16 int32 int64 (uint8 int8: no reduction)")
     p.add_argument("--algo", default="auto", help="algorithm, 'auto' (tuner) or 'all'")
     p.add_argument("--mem", choices=["user", "heap"], default="user",
                    help="user: ordinary tensors (staged through scratch); heap: comm.alloc")
     p.add_argument("--iters", type=int, default=None, help="calls per timed round")
-    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--warmup", type=int, default=None, help="untimed calls per size")
     p.add_argument("--rounds", type=int, default=5, help="timed rounds (median reported)")
     p.add_argument("-c", "--check", action="store_true", help="check results (#wrong)")
     p.add_argument("--vs", action="append", default=[], choices=["gloo"],
@@ -132,6 +137,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, FileNotFoundError) as e:
         print(f"tilecomm {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except CommError as e:   # a rank failed: its first line says what; the traceback is noise
+        print(f"tilecomm {args.command}: error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -17,8 +17,8 @@ class Settings:
     #: TILECOMM_HEAP_BYTES: bytes of symmetric heap per rank for comm.alloc (reserved, backed
     #: lazily by the kernel as pages are touched).
     heap_bytes: int = 256 << 20
-    #: TILECOMM_SCRATCH_BYTES: bytes per rank used to stage tensors that are not in the heap.
-    #: Larger messages are moved in pieces of this size.
+    #: TILECOMM_SCRATCH_BYTES: bytes per rank used to stage tensors that are not in the heap
+    #: (two halves, alternating between calls); it bounds TILECOMM_PIECE_BYTES.
     scratch_bytes: int = 32 << 20
     #: TILECOMM_PIECE_BYTES: scratch bytes one piece of a large collective uses (all chunks
     #: together). Pieces that fit in cache let the reads of a piece hit what its staging wrote.
@@ -38,8 +38,6 @@ class Settings:
     #: are enough cores (as MPI launchers do); 0 (default: no gain measured on 2 cores) to
     #: leave placement to the OS.
     bind: bool = False
-    #: TILECOMM_DEBUG: 1 to validate more and keep more state for error messages.
-    debug: bool = False
 
 
 def _parse(kind, text: str):
@@ -63,7 +61,13 @@ def settings() -> Settings:
                 values[f.name] = _parse(kind, env)
             except ValueError as e:
                 raise ValueError(f"TILECOMM_{f.name.upper()}={env!r}: {e}") from None
-    return Settings(**values)
+    out = Settings(**values)
+    if out.start_method not in ("fork", "spawn", "forkserver"):
+        raise ValueError(f"TILECOMM_START_METHOD={out.start_method!r}: use fork, spawn or "
+                         f"forkserver")
+    if out.timeout <= 0:
+        raise ValueError(f"TILECOMM_TIMEOUT={out.timeout!r}: must be > 0 seconds")
+    return out
 
 
 def describe() -> list[tuple[str, str, str]]:

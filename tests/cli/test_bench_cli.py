@@ -58,6 +58,25 @@ def test_bad_cli_input_is_a_clear_error(capsys):
     assert "minbytes" in capsys.readouterr().err
     assert main(["bench", "all_reduce", "--algo", "nope", "-e", "8"]) == 2
     assert "unknown algorithm" in capsys.readouterr().err
+    assert main(["bench", "all_reduce", "-d", "uint8", "-e", "8"]) == 2
+    assert "data movement only" in capsys.readouterr().err
+
+
+def test_settings_are_checked(monkeypatch):
+    from tilecomm.settings import settings
+    monkeypatch.setenv("TILECOMM_START_METHOD", "bogus")
+    settings.cache_clear()
+    try:
+        with pytest.raises(ValueError, match="TILECOMM_START_METHOD"):
+            settings()
+        monkeypatch.setenv("TILECOMM_START_METHOD", "fork")
+        monkeypatch.setenv("TILECOMM_HEAP_BYTES", "lots")
+        settings.cache_clear()
+        with pytest.raises(ValueError, match="TILECOMM_HEAP_BYTES"):
+            settings()
+    finally:
+        monkeypatch.undo()
+        settings.cache_clear()
 
 
 def test_doctor_runs(capsys):

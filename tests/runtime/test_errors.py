@@ -218,7 +218,7 @@ def _alloc_diverge(comm):
 
 def test_alloc_must_be_collective(ranks):
     for sizes, diverged in ranks(2).run(_alloc_diverge):
-        assert sizes[0] == "CommMismatch" and "count" in sizes[1]
+        assert sizes[0] == "CommMismatch" and "bytes" in sizes[1]
         assert diverged[0] == "CommError" and "diverged" in diverged[1]
 
 
@@ -303,3 +303,16 @@ def _memo_with_auto(comm):
 def test_call_memo_serves_the_default_auto_algorithm(ranks):
     for hit, v in ranks(2).run(_memo_with_auto):
         assert hit and v == 4.0
+
+
+def _late_rank(comm):
+    if comm.rank == 1:
+        time.sleep(1.5)        # arrives after rank 0 gave up
+    return _catch(lambda: comm.all_reduce(torch.ones(4)))
+
+
+def test_a_rank_arriving_after_a_timeout_raises_too():
+    """The late rank must not complete a call its peer abandoned (they would disagree)."""
+    early, late = tilecomm.launch(_late_rank, 2, timeout=0.5)
+    assert early[0] == "CommTimeout"
+    assert late is not None and late[0] == "CommError" and "gave up" in late[1], late

@@ -6,6 +6,9 @@ import json
 
 from ..units import format_size
 
+#: below this the bound (DRAM copy/add rates) is not shown: the data lives in cache
+BOUND_MIN_BYTES = 1 << 20
+
 
 def table(rows: list[dict], title: str = ""):
     """A rich Table of the rows."""
@@ -34,11 +37,11 @@ def table(rows: list[dict], title: str = ""):
             else:
                 cells += [r.get("gloo_error", "")[:24], "", ""]
         if "bound (us)" in cols:
-            if "bound_us" in r:
+            if "bound_us" in r and r["bytes"] >= BOUND_MIN_BYTES:
                 cells += [f"{r['bound_us']:.1f}", f"{100 * r['frac_of_bound']:.0f}%",
                           f"{r['time_us'] / r['memcpy_us']:.2f}"]
-            else:
-                cells += ["", "", ""]
+            else:   # cache-resident sizes: a bound at DRAM rates says nothing there
+                cells += ["-", "-", "-"]
         t.add_row(*cells)
     return t
 

@@ -46,7 +46,12 @@ def auto_iters(nbytes: int) -> int:
 
 # ---- rank side ------------------------------------------------------------------------------
 def _rank_init_gloo(comm, port: int) -> bool:
+    import warnings
+
     import torch.distributed as dist
+    # The baseline calls all_gather_into_tensor, which torch marks deprecated; once per rank
+    # per size that warning would drown the table.
+    warnings.filterwarnings("ignore", category=FutureWarning)
     if not dist.is_initialized():
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
                                 rank=comm.rank, world_size=comm.world_size)
@@ -140,6 +145,9 @@ def run(cfg: BenchConfig, progress=None) -> list[dict]:
         raise ValueError(f"unknown operation {cfg.op!r}; choose one of {', '.join(CASES)}")
     if cfg.dtype not in DTYPE_BY_NAME:
         raise ValueError(f"unknown dtype {cfg.dtype!r}; choose one of {', '.join(DTYPE_BY_NAME)}")
+    if CASES[cfg.op].reduces and not DTYPE_BY_NAME[cfg.dtype].reducible:
+        raise ValueError(f"{cfg.op} reduces, and {cfg.dtype} supports data movement only; "
+                         f"pick a float or int32/int64 dtype")
     algos = resolve_algos(cfg)
     for a in algos:
         if a not in ("auto", "p2p") and a not in algorithms(cfg.op):

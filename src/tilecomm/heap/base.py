@@ -40,6 +40,7 @@ class SegmentLayout:
     # int64 slot indices in the control block
     PROGRESS = 0          # collective step counter (monotonic)
     PID = 1
+    ABORT = 2             # 1 + sequence number of the collective this rank gave up on
     DESC = 8              # two descriptors (by seq parity), DESC_LEN slots each
     DESC_LEN = 16
 

@@ -20,7 +20,7 @@ from array import array
 import zlib
 from typing import Iterable
 
-from ...errors import CommTimeout
+from ...errors import CommError, CommTimeout
 from ...heap.base import SegmentLayout, SymmetricHeap
 
 # Descriptor fields (int64 slots within one descriptor).
@@ -100,6 +100,7 @@ class Channel:
                 dead = [r for _, _, r in pending if not self.alive(r)]
                 if dead:
                     self._raise_timeout(what, [r for _, _, r in pending], now - start, dead)
+                self.check_aborts([r for _, _, r in pending], what)
             if now - start > self.timeout:
                 self._raise_timeout(what, [r for _, _, r in pending], now - start, [])
 
@@ -116,8 +117,22 @@ class Channel:
             return True
         return state not in (b"Z", b"X")
 
+    def check_aborts(self, ranks, what) -> None:
+        """Raise if one of ``ranks`` gave up on a collective (it will never arrive)."""
+        for r in ranks:
+            gave_up = int(self.slots[r][SegmentLayout.ABORT])
+            if gave_up and r != self.rank:
+                op, seq, _ = what
+                self.broken = f"rank {r} gave up at collective #{gave_up - 1}"
+                raise CommError(f"{op} #{seq} on rank {self.rank}: rank {r} gave up on "
+                                f"collective #{gave_up - 1} after a timeout; its communicator "
+                                f"is unusable, so this one is too")
+
     def _raise_timeout(self, what, missing, waited, dead) -> None:
         op, seq, detail = what
+        if op not in ("send", "recv"):
+            # Tell late peers, so they raise instead of completing a call this rank abandoned.
+            self.me[SegmentLayout.ABORT] = int(seq) + 1
         states = "; ".join(f"rank {r} is at {self.describe_peer(r)}" for r in missing)
         if dead:
             cause = f"rank(s) {dead} exited"

@@ -154,6 +154,7 @@ class Executor:
         ch = self.ch
         step = ch.advance()
         ch.wait_progress(range(self.world_size), step, (coll, seq, "every rank to arrive"))
+        ch.check_aborts(range(self.world_size), (coll, seq, ""))
         base = ch.desc_base(seq)
         ref = mine[1:D_PLACE]
         descs = []
@@ -171,7 +172,8 @@ class Executor:
             if d[D_COLL] == ERROR_ID:
                 text = ch.read_message(r, seq, d[D_MSGLEN])
                 raise CommError(f"{coll} #{seq}: rank {r} rejected its call: {text}")
-        for idx, label in ((D_COLL, "collective"), (D_DTYPE, "dtype"), (D_COUNT, "count"),
+        count_label = "bytes" if coll == "alloc" else "count"
+        for idx, label in ((D_COLL, "collective"), (D_DTYPE, "dtype"), (D_COUNT, count_label),
                            (D_OP, "op"), (D_ROOT, "root"), (D_ALGO, "algorithm"),
                            (D_EXTRA, "extra"), (D_PIECE, "piece size (TILECOMM_PIECE_BYTES / TILECOMM_SCRATCH_BYTES)")):
             vals = [d[idx] for d in descs]
