@@ -102,7 +102,6 @@ def run_doctor(args) -> int:
 
     import numpy
     import torch
-    from rich.console import Console
     from rich.table import Table
 
     from . import __version__, launch

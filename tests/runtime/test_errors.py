@@ -11,9 +11,8 @@ import pytest
 import torch
 
 import tilecomm
-from tilecomm import CommError, CommMismatch, CommTimeout, RankError
+from tilecomm import CommTimeout, RankError
 
-from .data import make
 
 
 def _leftover_segments():

@@ -84,7 +84,7 @@ def _check(comm, case, bufs, algo, d, in_n) -> int:
 
 def _rank_bench(comm, cfg: BenchConfig, nbytes: int, algo: str) -> dict:
     case = CASES[cfg.op]
-    w, r = comm.world_size, comm.rank
+    w = comm.world_size
     d = DTYPE_BY_NAME[cfg.dtype]
     n = round_count(cfg.op, nbytes, d.itemsize, w)
     in_n = case.in_count(n, w)

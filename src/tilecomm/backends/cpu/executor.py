@@ -26,7 +26,7 @@ NOTE [skipping the final wait]
 from __future__ import annotations
 
 import os
-from array import array
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -93,26 +93,35 @@ class Executor:
 
     # ---- entry points ---------------------------------------------------------------------
     def run(self, call: CollectiveCall) -> None:
+        with self._guard(call.collective) as seq:
+            with np.errstate(all="ignore"):   # overflow is the data's business, as in torch
+                self._run(call, seq)
+
+    @contextmanager
+    def _guard(self, name: str):
+        """Take the next sequence number; a timeout or an interruption leaves the ranks out of
+        step, so the communicator is marked unusable. Errors every rank raised at the same
+        step (mismatches, rejected calls) leave it consistent."""
         self._check_usable()
         seq = self.seq
         self.seq += 1
         try:
-            with np.errstate(all="ignore"):   # overflow is the data's business, as in torch
-                self._run(call, seq)
+            yield seq
         except CommTimeout as e:
-            self.ch.broken = f"{call.collective} #{seq} failed: {e}"
+            self.ch.broken = f"{name} #{seq} failed: {e}"
             raise
         except CommError:
-            raise   # every rank raised at the same step: the communicator stays consistent
+            raise
         except BaseException:
-            self.ch.broken = f"{call.collective} #{seq} was interrupted on rank {self.rank}"
+            self.ch.broken = f"{name} #{seq} was interrupted on rank {self.rank}"
             raise
 
     def reject(self, collective: str, message: str) -> None:
         """Post an error descriptor for the next sequence number so peers raise, not hang."""
-        self._check_usable()
-        seq = self.seq
-        self.seq += 1
+        with self._guard(collective) as seq:
+            self._reject(collective, message, seq)
+
+    def _reject(self, collective: str, message: str, seq: int) -> None:
         n = self.ch.post_message(seq, f"{collective}: {message}")
         fields = [0] * (D_MSGLEN + 1)
         fields[D_SEQ], fields[D_COLL], fields[D_MSGLEN] = seq, ERROR_ID, n
@@ -125,14 +134,12 @@ class Executor:
 
     def rendezvous(self, name: str, count: int, extra: int) -> list[int]:
         """A handshake with no data (barrier, alloc); returns every rank's ``extra``."""
-        self._check_usable()
-        seq = self.seq
-        self.seq += 1
-        # ``extra`` may differ per rank: it travels in the (uncompared) place slot.
-        fields = self._fields(seq, name, "direct", 0, count, None, 0, 0, 0, (extra,))
-        self.ch.post_desc(seq, fields)
-        descs = self._handshake(seq, name, fields)
-        return [d[D_PLACE] for d in descs]
+        with self._guard(name) as seq:
+            # ``extra`` may differ per rank: it travels in the (uncompared) place slot.
+            fields = self._fields(seq, name, "direct", 0, count, None, 0, 0, 0, (extra,))
+            self.ch.post_desc(seq, fields)
+            descs = self._handshake(seq, name, fields)
+            return [d[D_PLACE] for d in descs]
 
     def _check_usable(self) -> None:
         if self.ch.broken:
@@ -279,7 +286,7 @@ class Executor:
     def _pieces(self, call, seq, tpl: _Template, peer_places, runner, ready,
                 first_ready: bool) -> None:
         """Run every piece after the handshake (piece 0's staging is done if first_ready)."""
-        ch, me = self.ch, self.rank
+        ch = self.ch
         prog = tpl.prog
         pieces = tpl.layout.pieces
         phases = None
