@@ -69,11 +69,10 @@ def flow_schedule(collective: str, algo: str, topo: Topology) -> FlowSchedule | 
     return None
 
 
-def candidates(collective: str, topo: Topology) -> list[str]:
-    """Algorithms the model can time for ``collective`` on ``topo``."""
+def _modeled(collective: str, topo: Topology) -> list[str]:
+    """Every algorithm the model has for ``collective`` on ``topo``, whatever its size."""
     w = topo.world_size
-    out = [a for a in algorithms(collective) if a == "ring" or
-           _moves_estimate(collective, a, w) <= MAX_REGISTERED_MOVES]
+    out = list(algorithms(collective))
     if collective == "send_recv":
         out = ["pairwise"]
     if topo.spec.shm is not None and topo.nodes == 1:
@@ -90,6 +89,56 @@ def candidates(collective: str, topo: Topology) -> list[str]:
     if collective == "all_to_all" and w > 1:
         out.append("bruck")
     return out
+
+
+def _too_large(collective: str, algo: str, topo: Topology) -> bool:
+    """Registered schedules (materialized move by move) above MAX_REGISTERED_MOVES."""
+    return (algo in algorithms(collective) and algo != "ring" and
+            _moves_estimate(collective, algo, topo.world_size) > MAX_REGISTERED_MOVES)
+
+
+def candidates(collective: str, topo: Topology) -> list[str]:
+    """Algorithms the model can time for ``collective`` on ``topo``."""
+    return [a for a in _modeled(collective, topo) if not _too_large(collective, a, topo)]
+
+
+def skipped(collective: str, topo: Topology) -> list[str]:
+    """Algorithms the model has but drops on ``topo`` for size (too many moves to simulate)."""
+    return [a for a in _modeled(collective, topo) if _too_large(collective, a, topo)]
+
+
+def check_algo(collective: str, algo: str, topo: Topology) -> None:
+    """ValueError unless ``algo`` can be timed for ``collective`` on ``topo``, saying why."""
+    where = f"{collective} on {topo.spec.name} x{topo.nodes}"
+    if algo in candidates(collective, topo):
+        return
+    if algo == "nvls" and collective == "all_reduce":
+        if not topo.spec.nvls:
+            raise ValueError(f"nvls needs NVSwitch in-switch reduction (NVLink SHARP); "
+                             f"{topo.spec.name} has no NVLS")
+        if topo.nodes > 1:
+            raise ValueError("nvls is modeled within one NVLink domain only: multi-node NVLS "
+                             "(NVLS+tree over the network) is not modeled; use --nodes 1")
+    w = topo.world_size
+    why_not = {
+        ("all_reduce", "rhd"): f"rhd needs a power-of-two world size, got {w}",
+        ("all_reduce", "hierarchical"):
+            "hierarchical needs more than one node and more than one GPU per node",
+        ("all_to_all", "bruck"): "bruck needs more than one rank",
+    }
+    if algo in ("rhd", "hierarchical", "dbtree", "nvls", "bruck") and \
+            topo.spec.shm is not None and topo.nodes == 1:
+        raise ValueError(f"on one shared-memory host ({topo.spec.name}) only the runtime's "
+                         f"algorithms are modeled; choose from "
+                         f"{', '.join(candidates(collective, topo))}")
+    if (collective, algo) in why_not:
+        raise ValueError(why_not[(collective, algo)])
+    if _too_large(collective, algo, topo):
+        raise ValueError(f"{collective}/{algo} on {topo.world_size} ranks is too large to "
+                         f"simulate (over {MAX_REGISTERED_MOVES} moves); choose from "
+                         f"{', '.join(candidates(collective, topo))}")
+    raise ValueError(f"unknown algorithm {algo!r} for {where}; choose from "
+                     f"{', '.join(candidates(collective, topo))}")
 
 
 def _shm_one(collective: str, algo: str, topo: Topology, nbytes: int, mem: str) -> Prediction:
@@ -114,14 +163,28 @@ def _one(collective: str, algo: str, topo: Topology, nbytes: int, protocol: str 
     spec = topo.spec
     w = topo.world_size
     if spec.shm is not None and topo.nodes == 1 and algo in algorithms(collective) and \
-            protocol in (None, "shm"):
+            (protocol or "shm").lower() == "shm":
         return _shm_one(collective, algo, topo, nbytes, mem)
     protos = [spec.protocol(protocol)] if protocol else list(spec.protocols)
+    # Analytic algorithms: latency-bound when the size-independent (alpha) term exceeds the
+    # data term, else the link class that sets their bandwidth.
     if algo == "nvls":
-        t, proto_name, bott, method = nvls_time(topo, nbytes), "NVLS", "nvswitch", "analytic"
+        t, proto_name, method = nvls_time(topo, nbytes), "NVLS", "analytic"
+        alpha = nvls_time(topo, 0)
+        bott = "latency" if alpha >= t - alpha else "nvswitch"
     elif algo == "dbtree":
         t, proto_name = min((dbtree_time(topo, p, nbytes), p.name) for p in protos)
-        bott, method = ("nic_tx" if topo.nodes > 1 else "gpu_tx"), "analytic"
+        pr = spec.protocol(proto_name)
+        alpha = dbtree_time(topo, pr, 0)
+        link = spec.gpu_link_GBps if topo.nodes == 1 else min(
+            spec.gpu_link_GBps, spec.nic_GBps * topo.nics / topo.gpus)
+        if alpha >= t - alpha:
+            bott = "latency"
+        elif spec.reduce_GBps < link * pr.eff:
+            bott = "reduce"
+        else:
+            bott = "nic_tx" if topo.nodes > 1 and link < spec.gpu_link_GBps else "gpu_tx"
+        method = "analytic"
     else:
         fs = flow_schedule(collective, algo, topo)
         if fs is None:
@@ -157,7 +220,11 @@ def predict(collective: str, nbytes: int, system: str | SystemSpec = "dgx-h100",
     first.
     """
     topo = build(system, nodes, gpus)
-    names = candidates(collective, topo) if algo == "all" else [algo]
+    if algo == "all":
+        names = candidates(collective, topo)
+    else:
+        check_algo(collective, algo, topo)
+        names = [algo]
     preds = [_one(collective, a, topo, nbytes, protocol, engine, mem) for a in names]
     return sorted(preds, key=lambda p: p.time_us)
 

@@ -28,7 +28,7 @@ def add_sim_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("-e", "--maxbytes", default="1G")
     p.add_argument("-f", "--stepfactor", type=int, default=2)
     p.add_argument("--algo", default="all", help="algorithm name or 'all'")
-    p.add_argument("--protocol", default=None, help="force one protocol (e.g. Simple)")
+    p.add_argument("--protocol", default=None, help="force one protocol of the system (e.g. Simple, LL128; any case)")
     p.add_argument("--engine", default="auto", choices=["auto", "events", "phases"])
     p.add_argument("--json", default=None, help="write predictions as JSON rows")
     p.add_argument("--plot", default=None, help="write a PNG (needs matplotlib)")
@@ -48,64 +48,109 @@ def add_topo_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+# Algorithms NCCL itself runs (ring, tree, NVLS) under the names the model gives them: an
+# nccl-tests row is compared with the model's best of these, as sim/calibrate.py does.
+NCCL_ALGOS = ("ring", "dbtree", "nvls")
+RING_1CH = "ring (1 channel)"
+
+
+def _nccl_pick(preds) -> str:
+    """The algorithm an nccl-tests row is compared with: the fastest NCCL also has."""
+    have = [p for p in preds if p.algo in NCCL_ALGOS]
+    return (have or preds)[0].algo
+
+
 def run_sim(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from .api import predict
+    from tilecomm.topology import build
+
+    from .api import predict, skipped
     from .measured import load_measurements
 
+    topo = build(args.system, args.nodes, args.gpus)   # validates --nodes / --gpus
+    spec = topo.spec
+    if args.protocol is not None and not (spec.shm is not None
+                                          and args.protocol.lower() == "shm"):
+        args.protocol = spec.protocol(args.protocol).name   # case-insensitive; lists valid ones
     grid = sizes(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)
     rows = []
+    nccl_pick = {}
     for n in grid:
-        preds = predict(args.collective, n, system=args.system, nodes=args.nodes,
-                        gpus=args.gpus, algo=args.algo, protocol=args.protocol,
+        preds = predict(args.collective, n, system=spec, nodes=args.nodes,
+                        gpus=topo.gpus, algo=args.algo, protocol=args.protocol,
                         engine=args.engine, mem=args.mem)
+        nccl_pick[n] = _nccl_pick(preds)
         for i, p in enumerate(preds):
             rows.append({**p.as_dict(), "best": i == 0})
-    w = rows[0]["world_size"] if rows else 0
+    w = topo.world_size
+    con = Console(width=max(Console().width, 130))  # never truncate algorithm names
+    warnings = []
     measured = []
     if args.measured:
         factor = BUSBW_FACTOR.get(args.collective, lambda n: 1.0)
         for m in load_measurements(args.measured, args.collective):
-            ws = m.world_size or w
-            bw = m.nbytes / (m.time_us * 1e3) * factor(ws) if m.time_us > 0 else 0.0
+            if m.busbw_GBps is not None:      # the log's own busbw column
+                bw = m.busbw_GBps
+            else:
+                ws = m.world_size or w
+                bw = m.nbytes / (m.time_us * 1e3) * factor(ws) if m.time_us > 0 else 0.0
             measured.append({"source": m.source, "algo": m.algo, "nbytes": m.nbytes,
-                             "time_us": m.time_us, "busbw_GBps": bw})
+                             "time_us": m.time_us, "busbw_GBps": bw,
+                             "world_size": m.world_size})
+        sizes_ws = {m["world_size"] for m in measured if m["world_size"]}
+        if sizes_ws and sizes_ws != {w}:
+            warnings.append(f"warning: {args.measured} ran on {', '.join(map(str, sorted(sizes_ws)))}"
+                            f" ranks, the model on {w}: times are not comparable")
     # A measured row is compared with the prediction of its algorithm when the model has it
-    # (tilecomm bench), else with the best prediction (nccl-tests: NCCL chose).
+    # (tilecomm bench), else (nccl-tests: NCCL chose) with the model's best of NCCL's algorithms.
     predicted_algos = {r["algo"] for r in rows}
     by_key = {}
     for m in measured:
         by_key[(m["nbytes"], m["algo"] if m["algo"] in predicted_algos else None)] = m
-    con = Console(width=max(Console().width, 130))  # never truncate algorithm names
-    t = Table(title=f"{args.collective} on {args.system} x{args.nodes} ({w} ranks): predicted")
+    ring_1ch = topo.nodes > 1 and "ring" in predicted_algos
+    t = Table(title=f"{args.collective} on {spec.name} x{args.nodes} ({w} ranks): predicted")
     for col in ("size", "algo", "proto", "time (us)", "algbw GB/s", "busbw GB/s", "bottleneck"):
         t.add_column(col, justify="right")
     if measured:
         t.add_column("measured us", justify="right")
         t.add_column("err", justify="right")
     for r in rows:
-        cells = [format_size(r["nbytes"]), ("* " if r["best"] else "") + r["algo"], r["protocol"],
+        name = RING_1CH if ring_1ch and r["algo"] == "ring" else r["algo"]
+        cells = [format_size(r["nbytes"]), ("* " if r["best"] else "") + name, r["protocol"],
                  f"{r['time_us']:.2f}", f"{r['algbw_GBps']:.2f}", f"{r['busbw_GBps']:.2f}",
                  r["bottleneck"]]
         if measured:
             m = by_key.get((r["nbytes"], r["algo"])) or (
-                by_key.get((r["nbytes"], None)) if r["best"] else None)
+                by_key.get((r["nbytes"], None)) if r["algo"] == nccl_pick[r["nbytes"]]
+                else None)
             ok = m is not None
             cells += [f"{m['time_us']:.2f}" if ok else "",
                       f"{(r['time_us'] - m['time_us']) / m['time_us']:+.0%}" if ok else ""]
         t.add_row(*cells, style="bold" if r["best"] else None)
     con.print(t)
-    con.print("* = fastest (the tuner's choice)")
+    con.print("* = model's fastest")
+    if ring_1ch:
+        con.print(f"{RING_1CH}: one ring through every rank, NIC-bound by a single channel; "
+                  "NCCL runs one ring per NIC, so this is pessimistic (docs/model.md, Known gaps)")
+    if any(m["algo"] not in predicted_algos for m in measured):
+        con.print(f"measured rows without an algorithm (nccl-tests) are compared with the "
+                  f"model's fastest of {', '.join(a for a in NCCL_ALGOS)} where it has one")
+    if args.algo == "all":
+        gone = skipped(args.collective, topo)
+        if gone:
+            con.print(f"skipped: {', '.join(gone)} (too many moves at {w} ranks)")
+    for line in warnings:
+        con.print(line)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"system": args.system, "nodes": args.nodes, "predictions": rows,
+            json.dump({"system": spec.name, "nodes": args.nodes, "predictions": rows,
                        "measured": measured}, f, indent=1)
     if args.plot:
         from .plot import plot_sweep
         nodes = f"{args.nodes} node{'s' if args.nodes > 1 else ''}"
-        plot_sweep(rows, args.plot, f"{args.collective} on {args.system}, {nodes}, {w} ranks"
+        plot_sweep(rows, args.plot, f"{args.collective} on {spec.name}, {nodes}, {w} ranks"
                    + (f" ({args.mem} memory)" if "shm" in {r['protocol'][:3] for r in rows}
                       else ""), measured)
     return 0
@@ -164,12 +209,17 @@ def run_topo(args) -> int:
 
 def main(argv=None) -> int:
     """Standalone entry (``python -m tilecomm.sim.cli sim ...``) for tests and debugging."""
-    parser = argparse.ArgumentParser(prog="tilecomm")
+    parser = argparse.ArgumentParser(prog="python -m tilecomm.sim.cli",
+                                     description="tilecomm's sim and topo subcommands, "
+                                                 "standalone (the same as `tilecomm sim|topo`)")
     sub = parser.add_subparsers(dest="cmd", required=True)
     add_sim_parser(sub)
     add_topo_parser(sub)
     args = parser.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as e:
+        parser.exit(2, f"{parser.prog} {args.cmd}: error: {e}\n")
 
 
 if __name__ == "__main__":

@@ -110,7 +110,7 @@ def simulate_events(fs: FlowSchedule, topo: Topology, proto: Protocol,
     """Exact event-driven flow simulation (see module doc). Refuses more than ``max_flows``."""
     if fs.num_flows() > max_flows:
         raise ValueError(f"{fs.num_flows()} flows exceed max_flows={max_flows}; "
-                         "use simulate_phases")
+                         "use the phase engine (engine='phases'; CLI: --engine phases)")
     w, cap = fs.world_size, _capacity(topo, proto)
     phases = fs.expanded()
     cache: dict[int, _Prepared] = {}

@@ -5,8 +5,9 @@ nccl-tests table (all_reduce_perf and friends) has, per size::
 
     size  count  type  redop  root  | out-of-place: time algbw busbw #wrong | in-place: time ...
 
-We keep the out-of-place time (``inplace=True`` selects the in-place column). The world size comes
-from the ``#  Rank  N ...`` device lines (or ``nThread``/``nGpus`` header, else 0).
+We keep the out-of-place time and busbw (``inplace=True`` selects the in-place columns). The world
+size is the number of ``#  Rank  N ...`` device lines (0 when the log has none); it can undercount
+(logs cut short), so consumers use the log's own busbw rather than recompute it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class Measurement:
     nbytes: int
     time_us: float
     source: str = ""
+    busbw_GBps: float | None = None   # as the log printed it (nccl-tests), else None
 
 
 _ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\w+)\s+(\w+|-)\s+(-?\d+)\s+(.*)$")
@@ -63,7 +65,12 @@ def parse_nccl_tests(text: str, collective: str | None = None, inplace: bool = F
             t = float(rest[col])
         except ValueError:
             continue
-        out.append(Measurement(coll or "unknown", "nccl", len(ranks), int(m.group(1)), t, source))
+        try:
+            busbw = float(rest[col + 2])
+        except ValueError:
+            busbw = None
+        out.append(Measurement(coll or "unknown", "nccl", len(ranks), int(m.group(1)), t, source,
+                               busbw))
     return out
 
 
