@@ -74,3 +74,13 @@ def test_max_min_rates_rejects_non_positive_capacity():
             max_min_rates(paths, np.array([10.0, bad]))
     rates, _ = max_min_rates(paths, np.array([10.0, 4.0]))
     assert np.allclose(rates, [2.0, 2.0])
+
+
+@pytest.mark.parametrize("name", ["hgx-h200", "dgx-b200", "gb200-nvl72"])
+def test_derived_presets_cite_their_own_sources(name):
+    src = get_preset(name).sources
+    assert "H100 datasheet" not in src["gpu_link_GBps"]
+    assert src["nvls_alg_GBps"] != "nccl-tests#212"
+    if name != "hgx-h200":   # B200-class: the NVLS figure is scaled, not measured
+        assert "2x" in src["nvls_alg_GBps"] and "not measured" in src["nvls_alg_GBps"]
+        assert "NVLink5" in src["gpu_link_GBps"]

@@ -69,22 +69,43 @@ def dgx_h100() -> SystemSpec:
 
 def hgx_h200() -> SystemSpec:
     # Same NVLink4/NVSwitch fabric as H100 (H200 datasheet: NVLink 900 GB/s); HBM3e 4.8 TB/s.
-    return dgx_h100().with_(name="hgx-h200", gpu="H200-SXM-141GB", mem_GBps=4800.0,
-                            reduce_GBps=1600.0)
+    return dgx_h100().with_(
+        name="hgx-h200", gpu="H200-SXM-141GB", mem_GBps=4800.0, reduce_GBps=1600.0,
+        sources={"gpu_link_GBps": "H200 datasheet: NVLink 900 GB/s bidirectional (as H100)",
+                 "mem_GBps": "H200 datasheet: HBM3e 4.8 TB/s",
+                 "nvls_alg_GBps": "H100 measurement (nccl-tests#212), same NVLink4 fabric; "
+                                  "not measured on H200",
+                 "Simple.eff": "H100's (nccl-tests#212 / nccl#1455), not measured on H200",
+                 "nic_GBps": "nccl-tests#175 (ConnectX-7)", "latencies": NCCL_TUNING})
 
 
 def dgx_b200() -> SystemSpec:
     # NVLink5 1.8 TB/s bidirectional per GPU (B200 datasheet); HBM3e 8 TB/s; 8x CX7 400G
     # (DGX B200 datasheet). Efficiencies are H100's (not yet validated on B200).
-    return dgx_h100().with_(name="dgx-b200", gpu="B200", gpu_link_GBps=900.0, mem_GBps=8000.0,
-                            reduce_GBps=2600.0, nvls_alg_GBps=550.0)
+    return dgx_h100().with_(
+        name="dgx-b200", gpu="B200", gpu_link_GBps=900.0, mem_GBps=8000.0,
+        reduce_GBps=2600.0, nvls_alg_GBps=550.0,
+        sources={"gpu_link_GBps": "B200 datasheet: NVLink5 1.8 TB/s bidirectional",
+                 "mem_GBps": "B200 datasheet: HBM3e 8 TB/s",
+                 "nvls_alg_GBps": "2x the H100 measurement (nccl-tests#212), scaled with "
+                                  "NVLink bandwidth; not measured",
+                 "Simple.eff": "H100's (nccl-tests#212 / nccl#1455), not validated on B200",
+                 "nic_GBps": "DGX B200 datasheet (8x ConnectX-7 400G); 48.5 achievable per "
+                             "nccl-tests#175",
+                 "latencies": NCCL_TUNING + " (Hopper values, not re-checked for Blackwell)"})
 
 
 def gb200_nvl72() -> SystemSpec:
     # One NVLink5 domain of 72 GPUs (GB200 NVL72 spec: 130 TB/s = 72 x 1.8 TB/s), modeled as one
     # "node"; one 400G NIC per GPU (compute tray: 4 GPUs, 4 CX7). nodes=N means N racks.
-    return dgx_b200().with_(name="gb200-nvl72", gpu="GB200", gpus_per_node=72,
-                            nics_per_node=72)
+    b = dgx_b200()
+    return b.with_(
+        name="gb200-nvl72", gpu="GB200", gpus_per_node=72, nics_per_node=72,
+        sources={**b.sources,
+                 "gpus_per_node": "GB200 NVL72 spec: 72 GPUs in one NVLink domain, 130 TB/s",
+                 "nvls_alg_GBps": "2x the 8x H100 measurement (nccl-tests#212); not measured, "
+                                  "and on 72 GPUs rather than 8",
+                 "nics_per_node": "one 400G NIC per GPU (compute tray: 4 GPUs, 4 CX7)"})
 
 
 def pcie_8gpu() -> SystemSpec:
