@@ -84,3 +84,13 @@ def test_derived_presets_cite_their_own_sources(name):
     if name != "hgx-h200":   # B200-class: the NVLS figure is scaled, not measured
         assert "2x" in src["nvls_alg_GBps"] and "not measured" in src["nvls_alg_GBps"]
         assert "NVLink5" in src["gpu_link_GBps"]
+
+
+def test_pcie_preset_has_no_ll128():
+    # NCCL enables LL128 by default only on NVLink paths (tuning.cc ncclTopoTuneModel).
+    from tilecomm.sim.nccl import nccl_time
+    s = get_preset("pcie-8gpu")
+    assert [p.name for p in s.protocols] == ["LL", "Simple"]
+    assert "LL128" in s.sources["protocols"]
+    assert nccl_time(build(s, 1), "all_reduce", 1 << 20, "ring", "LL128") is None
+    assert "LL128" in [p.name for p in get_preset("dgx-h100").protocols]

@@ -42,6 +42,8 @@ def nccl_time(topo: Topology, collective: str, nbytes: float, algo: str,
         return None
     if algo == "tree" and collective != "all_reduce":
         return None
+    if proto == "LL128" and topo.spec.intra == "pcie":
+        return None   # LL128 is enabled by default only on NVLink paths (tuning.cc)
     intra_hw = "pci" if topo.spec.intra == "pcie" else "nvlink"
     bw = topo.spec.gpu_link_GBps if nodes == 1 else min(
         topo.spec.gpu_link_GBps, topo.spec.nic_GBps * topo.nics / ppn)

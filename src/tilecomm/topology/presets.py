@@ -16,15 +16,26 @@ from .spec import Fabric, Protocol, ShmCost, SystemSpec
 NCCL_TUNING = "NVIDIA/nccl src/graph/tuning.cc (baseLat/hwLat, Ring column)"
 
 
+# NCCL enables LL128 by default only where the intra-node path is NVLink (tuning.cc,
+# ncclTopoTuneModel: "Enable LL128 by default only on Volta/Ampere/Hopper+NVLink. Other cases are
+# not tested and may cause silent data corruption", ``pEnable &= graphs[a]->typeIntra <=
+# PATH_NVB`` and a compute-capability list of 70/80/90): PCIe systems get LL and Simple only.
+LL128_NOTE = ("NVIDIA/nccl src/graph/tuning.cc ncclTopoTuneModel: LL128 enabled by default "
+              "only on NVLink paths (typeIntra <= PATH_NVB), sm70/80/90")
+
+
 def _gpu_protocols(simple_eff: float, fabric: str = "nvlink") -> tuple[Protocol, ...]:
-    """LL / LL128 / Simple with NCCL's ring latencies for ``fabric`` ('nvlink' or 'pci')."""
+    """NCCL's protocols with its ring latencies for ``fabric`` ('nvlink' or 'pci').
+
+    LL / LL128 / Simple on NVLink; LL / Simple on PCIe (no LL128 there, see LL128_NOTE).
+    """
     hop = {"nvlink": (0.6, 1.9, 3.4), "pci": (1.0, 2.5, 5.7)}[fabric]
     net = (2.7, 4.0, 14.0)
-    return (
-        Protocol("LL", 0.5 * simple_eff, hop[0], net[0], 6.6),
-        Protocol("LL128", 0.92 * simple_eff, hop[1], net[1], 14.0),
-        Protocol("Simple", simple_eff, hop[2], net[2], 8.4),
-    )
+    ll = Protocol("LL", 0.5 * simple_eff, hop[0], net[0], 6.6)
+    simple = Protocol("Simple", simple_eff, hop[2], net[2], 8.4)
+    if fabric == "pci":
+        return (ll, simple)
+    return (ll, Protocol("LL128", 0.92 * simple_eff, hop[1], net[1], 14.0), simple)
 
 
 # Rail-optimized leaf/spine of 64-port switches (NVIDIA QM9700: 64 x 400G ports): 32 nodes'
@@ -118,7 +129,8 @@ def pcie_8gpu() -> SystemSpec:
         nics_per_node=2, nic_GBps=24.5,                 # 2x 200G
         protocols=_gpu_protocols(0.85, "pci"),
         fabric=Fabric(rail_optimized=False, nodes_per_leaf=16, oversubscription=1.0),
-        sources={"gpu_link_GBps": "PCIe 4.0 x16", "latencies": NCCL_TUNING + " (PCI row)"})
+        sources={"gpu_link_GBps": "PCIe 4.0 x16", "latencies": NCCL_TUNING + " (PCI row)",
+                 "protocols": "LL, Simple; no LL128: " + LL128_NOTE})
 
 
 # Fitted by `python -m tilecomm.sim.cpu_loop benchmarks/results/cpu_all_reduce_2ranks_user.json
