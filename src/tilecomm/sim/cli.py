@@ -169,7 +169,7 @@ def run_topo(args) -> int:
         t.add_column("value")
         for k, v in info.items():
             if k != "topo":
-                t.add_row(k, str(v))
+                t.add_row(k, "\n".join(v) if isinstance(v, list) else str(v))
         con.print(t)
         if info.get("topo"):
             con.print(info["topo"])
