@@ -134,10 +134,13 @@ def pcie_8gpu() -> SystemSpec:
 
 
 # Fitted by `python -m tilecomm.sim.cpu_loop benchmarks/results/cpu_all_reduce_2ranks_user.json
-# benchmarks/results/cpu_all_reduce_2ranks_heap.json` (one_shot and ring at 8 B, 128 B, 2 KiB,
-# 32 KiB, 512 KiB, 8 MiB, 128 MiB, both memory modes: 28 of 104 rows; docs/model.md "Local loop").
-# 2 ranks on a 2-core AMD EPYC VM (L2 1 MiB/core, L3 32 MiB). Ranks outnumbering cores are not
-# covered (their synchronizations wait for context switches: see the 4-rank table).
+# benchmarks/results/cpu_all_reduce_2ranks_heap.json` (one_shot and ring at every other measured
+# size, 16 B, 256 B, 4 KiB, 64 KiB, 1 MiB, 16 MiB, 256 MiB, both memory modes: 28 of 104 rows;
+# the measured sweep is 16 B .. 256 MiB by 4x; docs/model.md "Local loop").
+# 2 ranks on a 2-core AMD EPYC VM (sysfs: L2 1 MiB private per core, 2 MiB over both cores; L3
+# 32 MiB shared; `tilecomm topo` prints them). The fitted cache_bytes (4 MiB) lies between the
+# two cores' L2s and the L3. Ranks outnumbering cores are not covered (their synchronizations
+# wait for context switches: see the 4-rank table).
 CPU_SHM_COST = ShmCost(call_us=6.55, sync_us=1.38, op_us=1.03, copy_cache_GBps=55.6,
                        add_cache_GBps=17.2, copy_dram_GBps=21.7, add_dram_GBps=10.4,
                        cache_bytes=4 << 20, piece_bytes=1 << 20)
