@@ -115,7 +115,7 @@ class Schedule:
     def readers(self) -> tuple[tuple[frozenset[int], ...], ...]:
         """``readers[p][r]``: peers that read from rank ``r`` in phase ``p``."""
         out = []
-        for p, moves in enumerate(self.phases):
+        for moves in self.phases:
             per = [set() for _ in range(self.world_size)]
             for m in moves:
                 if not m.is_local:

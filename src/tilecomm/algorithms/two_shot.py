@@ -3,8 +3,8 @@
 ::
 
     buf and tmp are cut into W chunks; rank r owns chunk r.
-    phase 0 (local)           tmp_r[c]  = buf_r[c]   for every c
-    phase 1 (reduce-scatter)  tmp_r[r] += tmp_j[r]   for j = r+1, r+2, ... (mod W)
+    phase 0 (local)           tmp_r[c]  = buf_r[c]   for every c != r (what peers will read)
+    phase 1 (reduce-scatter)  tmp_r[r]  = buf_r[r] + tmp_j[r] + ...   j = r+1, r+2, ... (mod W)
     phase 2 (all-gather)      buf_r[j]  = tmp_j[j]   for every j
 
 Each rank reads ``2 (W - 1) / W`` of the message: the bandwidth choice on a full-mesh fabric
@@ -23,9 +23,13 @@ from .schedule import BufferSpec, Loc, Move, Schedule
 @register("all_reduce", "two_shot")
 def two_shot_all_reduce(world_size: int, root: int = 0) -> Schedule:
     w = world_size
-    stage = tuple(Move(r, Loc("tmp", c), r, Loc("buf", c)) for r in range(w) for c in range(w))
-    rs = tuple(Move(r, Loc("tmp", r), (r + k) % w, Loc("tmp", r), reduce=True)
-               for r in range(w) for k in range(1, w))
+    stage = tuple(Move(r, Loc("tmp", c), r, Loc("buf", c))
+                  for r in range(w) for c in range(w) if c != r)
+    # The owner's own chunk is read from buf directly: staging it would be a wasted copy.
+    rs = tuple(m for r in range(w) for m in (
+        (Move(r, Loc("tmp", r), r, Loc("buf", r)),) +
+        tuple(Move(r, Loc("tmp", r), (r + k) % w, Loc("tmp", r), reduce=True)
+              for k in range(1, w))))
     ag = tuple(Move(r, Loc("buf", j), j, Loc("tmp", j)) for r in range(w) for j in range(w))
     phases = tuple(p for p in (stage, rs, ag) if p)
     return Schedule("all_reduce", "two_shot", w,

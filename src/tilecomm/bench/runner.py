@@ -110,7 +110,6 @@ def _rank_bench(comm, cfg: BenchConfig, nbytes: int, algo: str) -> dict:
                                        warmup, iters, cfg.rounds)
         except (RuntimeError, NotImplementedError, ValueError) as e:
             res["gloo_error"] = str(e).splitlines()[0][:80]
-    del bufs
     return res
 
 
