@@ -141,8 +141,8 @@ def pcie_8gpu() -> SystemSpec:
 # 32 MiB shared; `tilecomm topo` prints them). The fitted cache_bytes (4 MiB) lies between the
 # two cores' L2s and the L3. Ranks outnumbering cores are not covered (their synchronizations
 # wait for context switches: see the 4-rank table).
-CPU_SHM_COST = ShmCost(call_us=6.55, sync_us=1.38, op_us=1.03, copy_cache_GBps=55.6,
-                       add_cache_GBps=17.2, copy_dram_GBps=21.7, add_dram_GBps=10.4,
+CPU_SHM_COST = ShmCost(call_us=11.09, sync_us=0.96, op_us=0.91, copy_cache_GBps=33.8,
+                       add_cache_GBps=12.3, copy_dram_GBps=18.4, add_dram_GBps=6.8,
                        cache_bytes=4 << 20, piece_bytes=1 << 20)
 CPU_LOOP_COMMAND = ("python -m tilecomm.sim.cpu_loop "
                     "benchmarks/results/cpu_all_reduce_2ranks_{user,heap}.json")
