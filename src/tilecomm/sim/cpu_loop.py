@@ -39,13 +39,11 @@ from pathlib import Path
 
 import numpy as np
 
+from tilecomm.backends.cpu.executor import CACHED_PLAN_BYTES
+from tilecomm.backends.cpu.plan import USER_BUFFERS
 from tilecomm.topology.spec import ShmCost
 
-# The runtime's constants, restated (backends/cpu/executor.py, plan.py).
-CACHED_PLAN_BYTES = 1 << 20
-USER_BUFFERS = ("buf", "in", "out")
-
-# Calibration subset: two algorithms, every other size of the committed sweeps (8 B x4 steps).
+# Calibration subset: two algorithms, every other size of the committed sweeps (16 B x4 steps).
 # one_shot and ring, not two_shot: the committed sweeps predate two_shot's tmp aliasing
 # (commit 2975464), so two_shot's user-memory rows measure a schedule that no longer exists.
 CALIB_ALGOS = ("one_shot", "ring")
@@ -114,7 +112,7 @@ def work(collective: str, algo: str, world_size: int, nbytes: int, mem: str = "u
     """Counts of syncs, numpy calls and bytes per rank (mean over ``ranks``, default all), from
     the runtime's own programs."""
     from tilecomm.algorithms.collectives import COLLECTIVES
-    from tilecomm.backends.cpu.plan import make_layout, program
+    from tilecomm.backends.cpu.plan import make_layout, piece_len, program
 
     spec = COLLECTIVES[collective]
     count = max(1, nbytes // itemsize)
@@ -157,12 +155,12 @@ def work(collective: str, algo: str, world_size: int, nbytes: int, mem: str = "u
             for b in prog.names:                            # staging in and out
                 if in_scratch[b] and b in USER_BUFFERS:
                     n_io = (b in spec.inputs) + (b in ("buf", "out"))
-                    o_k += n_io * sum(1 for _, n in _slices(lens[b], k, lay.piece) if n)
+                    o_k += n_io * sum(1 for n in lens[b] if piece_len(n, k, lay.piece))
             for p in range(nph):
                 if p >= prog.lead and prog.waits[p]:
                     s_k += 1
                 for dst, srcs in prog.ops[p]:
-                    if _slices(lens[dst.buf], k, lay.piece)[dst.chunk][1] and \
+                    if piece_len(lens[dst.buf][dst.chunk], k, lay.piece) and \
                             not _self_copy(me, dst, srcs, alias):
                         first = srcs[0][2]
                         o_k += len(srcs) if first else max(1, len(srcs) - 1)
@@ -196,16 +194,6 @@ def work(collective: str, algo: str, world_size: int, nbytes: int, mem: str = "u
     return Work(float(tot[0]), float(tot[1]), pieces, total_io <= CACHED_PLAN_BYTES,
                 *map(float, tot[2:]), ws_scratch=max(ws_scr, 1.0),
                 ws_user=ws_scr + world_size * float(buffers))
-
-
-def _slices(lens: list[int], k: int, piece: int) -> list[tuple[int, int]]:
-    """``(start, length)`` of piece ``k`` of every chunk (the runtime's piece split)."""
-    out, start = [], 0
-    for n in lens:
-        lo = min(n, k * piece) if piece else 0
-        out.append((start + lo, (min(n, lo + piece) - lo) if piece else n))
-        start += n
-    return out
 
 
 def _self_copy(me, dst, srcs, alias) -> bool:

@@ -38,9 +38,9 @@ from .channel import (COLL_IDS, COLL_NAMES, D_ALGO, D_COLL, D_COUNT, D_DTYPE, D_
                       D_OP, D_PIECE, D_PLACE, D_ROOT, D_SEQ, ERROR_ID, NUM_PLACES, Channel,
                       algo_id)
 from .plan import (PLACE_LOCAL, PLACE_SCRATCH, USER_BUFFERS, Addresser, Program, Runner,
-                   make_layout, phase_template, program, stage_template)
+                   make_layout, phase_template, piece_elems, program, stage_template)
 
-_CACHE_MAX_BYTES = 1 << 20   # calls up to this size also keep ready-made callables
+CACHED_PLAN_BYTES = 1 << 20   # calls up to this size also keep ready-made callables
 _CACHE_ENTRIES = 64
 
 
@@ -235,7 +235,7 @@ class Executor:
         key = None
         if call.cache_key is not None:
             key = (call.cache_key, seq & 1)
-        elif sum(a.nbytes for a in call.buffers.values()) <= _CACHE_MAX_BYTES:
+        elif sum(a.nbytes for a in call.buffers.values()) <= CACHED_PLAN_BYTES:
             key = (call.collective, call.algo, call.root, call.dtype.id, call.count, call.op,
                    seq & 1, tuple((b, a.ctypes.data, a.nbytes) for b, a in call.buffers.items()))
         ready = self._ready.get(key) if key is not None else None
@@ -257,9 +257,8 @@ class Executor:
         else:
             runner.run(tpl.pre, 0)
         descs = self._handshake(seq, call.collective, fields)
-        n = len(tpl.prog.names)
-        peer_places = tuple(tuple(d[D_PLACE:D_PLACE + n]) for d in descs)
-        self._pieces(call, seq, tpl, peer_places, runner, ready, first_ready=True)
+        self._pieces(call, seq, tpl, _peer_places(descs, tpl.prog), runner, ready,
+                     first_ready=True)
 
     def _run_variable(self, call: CollectiveCall, seq: int) -> None:
         """all_to_all_v: chunk lengths come from the count matrix, known after the handshake."""
@@ -268,7 +267,7 @@ class Executor:
         prog = program(call.collective, call.algo, w, call.root, me)
         places = tuple(self._place(b, call, prog) for b in prog.names)
         # The piece size depends only on the settings: announce it like every collective does.
-        piece = (self.half_bytes // call.dtype.itemsize) // prog.nslots if prog.nslots else 0
+        piece = piece_elems(prog, call.dtype.itemsize, self.half_bytes)
         fields = self._fields(seq, call.collective, call.algo, call.dtype.id, call.count,
                               call.op, call.root, 0, piece, places)
         ch.post_desc(seq, fields)
@@ -278,10 +277,8 @@ class Executor:
             call.buffers["out"] = call.make_out(sum(rows[j][me] for j in range(w)))
         counts = [[x * call.count for x in row] for row in rows]
         tpl = self._template(call, seq, counts)
-        n = len(prog.names)
-        peer_places = tuple(tuple(d[D_PLACE:D_PLACE + n]) for d in descs)
         runner = Runner(self.segs, call.buffers, tpl.layout, call.op)
-        self._pieces(call, seq, tpl, peer_places, runner, None, first_ready=False)
+        self._pieces(call, seq, tpl, _peer_places(descs, prog), runner, None, first_ready=False)
 
     def _pieces(self, call, seq, tpl: _Template, peer_places, runner, ready,
                 first_ready: bool) -> None:
@@ -369,6 +366,12 @@ class Executor:
                         f"all_to_all_v #{seq}: ranks disagree on split sizes: rank {r} expects "
                         f"{recv[r][j]} rows from rank {j}, which sends it {send[j][r]}")
         return send
+
+
+def _peer_places(descs: list[list[int]], prog: Program) -> tuple:
+    """Where every rank announced its buffers (``places[rank][buffer index]``)."""
+    n = len(prog.names)
+    return tuple(tuple(d[D_PLACE:D_PLACE + n]) for d in descs)
 
 
 def _show(idx: int, v: int) -> str:

@@ -87,13 +87,30 @@ class Layout:
     d: DType
 
 
+def piece_elems(prog: Program, itemsize: int, half_bytes: int | None) -> int:
+    """Elements each chunk contributes to one piece when a piece may use ``half_bytes`` of
+    scratch (0: no limit, one piece). Depends only on the schedule and the settings, so every
+    rank computes the same value (it is also announced in the descriptor)."""
+    if not prog.nslots or not half_bytes:
+        return 0
+    piece = (half_bytes // itemsize) // prog.nslots
+    if piece < 1:
+        raise ValueError("TILECOMM_SCRATCH_BYTES is too small for this world size")
+    return piece
+
+
+def piece_len(chunk: int, k: int, piece: int) -> int:
+    """Elements of a ``chunk``-element chunk that fall in piece ``k`` (``piece`` 0: one piece)."""
+    if not piece:
+        return chunk if k == 0 else 0
+    return max(0, min(piece, chunk - k * piece))
+
+
 def make_layout(prog: Program, world_size: int, count: int, d: DType, half_bytes: int | None,
                 counts=None) -> Layout:
     """``half_bytes``: bytes of one scratch half (None: no limit, one piece)."""
     sched = prog.sched
-    piece = (half_bytes // d.itemsize) // prog.nslots if prog.nslots and half_bytes else 0
-    if prog.nslots and half_bytes and piece < 1:
-        raise ValueError("TILECOMM_SCRATCH_BYTES is too small for this world size")
+    piece = piece_elems(prog, d.itemsize, half_bytes)
     if counts is None:
         mine = {b: chunk_lengths(sched, 0, b, count) for b in prog.names}
         lens = [mine] * world_size
@@ -205,12 +222,6 @@ class Runner:
         self.d = layout.d
         self.fn = (_NP_UFUNC if self.d.numpy is not None else _TORCH_FN)[op or ReduceOp.SUM]
 
-    def _n(self, chunk: int, k: int) -> int:
-        piece = self.layout.piece
-        if not piece:
-            return chunk if k == 0 else 0
-        return max(0, min(piece, chunk - k * piece))
-
     def _view(self, o: Operand, k: int, nbytes: int) -> np.ndarray:
         base = self.segs[o.rank] if o.rank is not None else self.user[o.buf]
         s = o.off0 + k * o.step
@@ -221,7 +232,7 @@ class Runner:
         out = []
         isz, d, fn = self.d.itemsize, self.d, self.fn
         for op in ops:
-            n = self._n(op.chunk, k)
+            n = piece_len(op.chunk, k, self.layout.piece)
             if not n:
                 continue
             dst = self._view(op.dst, k, n * isz)
