@@ -7,6 +7,7 @@ from .communicator import Communicator
 from .errors import CommError, CommMismatch, CommTimeout, RankError
 from .launch import RankGroup, init, launch
 from .types import ReduceOp
+from . import torch as _torch_backend  # noqa: E402,F401 - registers the "tilecomm" backend
 
 __version__ = "0.1.0"
 

@@ -263,6 +263,12 @@ class Communicator:
         buf.finish()
         return tensor
 
+    def probe(self, peer: int) -> bool:
+        """True when a message from ``peer`` is waiting to be received (like ``MPI_Iprobe``)."""
+        self._check_open()
+        self._check_rank(peer, "probe", "peer", not_self=True)
+        return self._backend.probe(peer)
+
     # ---- helpers --------------------------------------------------------------------------
     # NOTE [call memo]: latency-bound programs repeat the same small in-place call on the same
     # tensor. The memo maps (data pointer, dtype, numel, op, requested algo, root) to the

@@ -248,22 +248,34 @@ def init(*, timeout: float | None = None, heap_bytes: int | None = None,
     tmo = settings().timeout if timeout is None else float(timeout)
     from datetime import timedelta
     store, rank, world = next(dist.rendezvous("env://", timeout=timedelta(seconds=tmo)))
-    store = dist.PrefixStore("tilecomm", store)
-    layout = _layout(world, heap_bytes, scratch_bytes)
+    return connect(dist.PrefixStore("tilecomm", store), rank, world, timeout=tmo,
+                   heap_bytes=heap_bytes, scratch_bytes=scratch_bytes)
+
+
+def connect(store, rank: int, world_size: int, *, timeout: float | None = None,
+            heap_bytes: int | None = None, scratch_bytes: int | None = None) -> Communicator:
+    """A communicator for ``rank`` of ``world_size`` local processes that meet through ``store``
+    (any ``torch.distributed.Store``; give each group its own prefix).
+
+    Every rank creates its segment file, publishes its path under ``seg/<rank>`` and maps the
+    others'. All ranks must be on one host (the heap is shared memory).
+    """
+    tmo = settings().timeout if timeout is None else float(timeout)
+    layout = _layout(world_size, heap_bytes, scratch_bytes)
     path = create_segment_file(settings().shm_dir, layout.total_bytes)
     # torchrun stops the other ranks with SIGTERM when one fails: make that unwind through the
     # finally below (which removes the file) instead of killing the process on the spot.
     previous = _raise_on_sigterm()
     try:
         store.set(f"seg/{rank}", f"{socket.gethostname()}|{layout.total_bytes}|{path}")
-        infos = [store.get(f"seg/{r}").decode().split("|", 2) for r in range(world)]
+        infos = [store.get(f"seg/{r}").decode().split("|", 2) for r in range(world_size)]
         hosts = sorted({h for h, _, _ in infos})
         if len(hosts) > 1:
-            raise CommError(f"tilecomm.init: ranks span hosts {hosts}; the shared-memory heap "
+            raise CommError(f"tilecomm: ranks span hosts {hosts}; the shared-memory heap "
                             f"needs every rank on one host")
         sizes = {int(s) for _, s, _ in infos}
         if len(sizes) > 1:
-            raise CommError(f"tilecomm.init: ranks use different heap sizes {sorted(sizes)}; set "
+            raise CommError(f"tilecomm: ranks use different heap sizes {sorted(sizes)}; set "
                             f"TILECOMM_HEAP_BYTES / TILECOMM_SCRATCH_BYTES alike on every rank")
         return _make_comm(rank, layout, [p for _, _, p in infos], tmo)
     finally:

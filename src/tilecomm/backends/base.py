@@ -65,4 +65,8 @@ class Backend(abc.ABC):
     def recv(self, out: np.ndarray, dtype: DType, numel: int, peer: int) -> None: ...
 
     @abc.abstractmethod
+    def probe(self, peer: int) -> bool:
+        """True when a message from ``peer`` is waiting to be received (never blocks)."""
+
+    @abc.abstractmethod
     def close(self) -> None: ...

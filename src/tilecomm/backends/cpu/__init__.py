@@ -37,6 +37,9 @@ class CpuBackend(Backend):
     def recv(self, out: np.ndarray, dtype: DType, numel: int, peer: int) -> None:
         self.p2p.recv(out, dtype, numel, peer)
 
+    def probe(self, peer: int) -> bool:
+        return self.p2p.probe(peer)
+
     def close(self) -> None:
         self.heap.close()
 

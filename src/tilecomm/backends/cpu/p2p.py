@@ -39,6 +39,10 @@ class PointToPoint:
     def recv(self, out: np.ndarray, d: DType, numel: int, src: int) -> None:
         self._guarded(self._recv, out, d, numel, src)
 
+    def probe(self, src: int) -> bool:
+        """True when ``src`` has posted a piece this rank has not consumed yet."""
+        return int(self.ch.slots[src][self._slot(SENT, self.rank)]) > self.done[src]
+
     def _guarded(self, fn, *args) -> None:
         """A timed-out transfer leaves the pair's counters unknowable: refuse further use."""
         if self.ch.broken:

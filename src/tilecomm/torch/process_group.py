@@ -1,0 +1,407 @@
+"""``ProcessGroupTilecomm``: torch.distributed's process-group interface on a tilecomm Communicator.
+
+torch.distributed calls these methods with lists of tensors and an options object; each one
+checks its arguments (an error names the collective and the reason, and reaches the peers, which
+raise too instead of waiting), flattens the tensors into what the Communicator moves (see
+``tensors.py``) and runs one Communicator collective. Collectives finish inside the call, so
+their work objects are born complete; send and recv run on per-peer threads (see ``work.py``).
+
+Every group (the world and each ``new_group``) has its own Communicator, rendezvoused through
+the store torch gives the group, with the group's timeout bounding every wait.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from ..errors import CommError, CommTimeout
+from ..launch import connect
+from .tensors import Flat, check_tensor, reduce_parts, reduce_plan
+from .work import DoneWork, PairThreads, PendingWork
+
+BACKEND_NAME = "tilecomm"
+_group_ids = itertools.count()
+
+
+class ProcessGroupTilecomm(dist.ProcessGroup):
+    """A torch.distributed process group whose collectives run on tilecomm (CPU tensors)."""
+
+    def __init__(self, store, rank: int, world_size: int, timeout: timedelta):
+        super().__init__(rank, world_size)
+        seconds = timeout.total_seconds() if timeout is not None else None
+        self.comm = connect(store, rank, world_size, timeout=seconds)
+        self.timeout = self.comm.timeout
+        self._threads = PairThreads(f"tilecomm-pg{next(_group_ids)}")
+
+    # ---- identity ------------------------------------------------------------------------
+    def getBackendName(self) -> str:  # noqa: N802 - name fixed by torch
+        return BACKEND_NAME
+
+    @property
+    def _backend_name(self) -> str:
+        return BACKEND_NAME
+
+    def __repr__(self) -> str:
+        return f"ProcessGroupTilecomm(rank={self.rank()}, size={self.size()})"
+
+    def shutdown(self) -> None:
+        """Stop the send/recv threads and unmap the heap (idempotent)."""
+        self._threads.shutdown()
+        self.comm.close()
+
+    # ---- helpers -------------------------------------------------------------------------
+    def _single(self, tensors, collective: str) -> torch.Tensor:
+        if len(tensors) != 1:
+            raise ValueError(f"tilecomm backend: {collective} takes one tensor per call, got "
+                             f"{len(tensors)}")
+        return check_tensor(tensors[0], collective)
+
+    def _reduce_into(self, t: torch.Tensor, opts_op, collective: str, root: int | None) -> None:
+        """all_reduce (``root`` None) or reduce of ``t`` in place."""
+        comm = self.comm
+        with comm._validating(collective):
+            kind, how, view = reduce_plan(t, opts_op, collective)
+        if kind == "native":
+            x = view(t) if view is not None else t
+            if root is None:
+                comm.all_reduce(x, how)
+            else:
+                comm.reduce(x, root, how)
+            return
+        # Reference path: every rank gathers every rank's bytes and folds them in rank order.
+        src = Flat(t, write=False, as_bytes=True)
+        allb = comm.all_gather(src.x)
+        parts = [p.view(t.dtype) for p in allb.chunk(self.size())]
+        if root is None or root == self.rank():
+            with torch.no_grad():
+                t.copy_(reduce_parts(parts, how).view(t.shape))
+
+    def _exchange_bytes(self, collective: str, sends: list[torch.Tensor | None],
+                        recvs: list[torch.Tensor | None]) -> None:
+        """Move ``sends[j]`` to rank ``j`` and fill ``recvs[j]`` from rank ``j`` (None: nothing),
+        in one all_to_all_v over bytes: the general form behind gather, scatter and lists."""
+        comm = self.comm
+        with comm._validating(collective):
+            ins = [Flat(s, write=False, as_bytes=True) if s is not None else None for s in sends]
+            outs = [Flat(r, read=False, as_bytes=True) if r is not None else None for r in recvs]
+            send_counts = [x.x.numel() if x is not None else 0 for x in ins]
+            recv_counts = [x.x.numel() if x is not None else 0 for x in outs]
+            parts = [x.x for x in ins if x is not None]
+            data = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
+        got = comm.all_to_all_v(data, send_counts, recv_counts)
+        off = 0
+        for x, n in zip(outs, recv_counts):
+            if x is not None:
+                x.x.copy_(got[off:off + n])
+                x.finish()
+            off += n
+
+    # ---- collectives ---------------------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        for t in tensors:
+            check_tensor(t, "all_reduce")
+        for t in tensors:
+            self._reduce_into(t, op, "all_reduce", None)
+        return DoneWork(list(tensors))
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        for t in tensors:
+            check_tensor(t, "all_reduce_coalesced")
+        dtypes = {t.dtype for t in tensors}
+        if len(dtypes) == 1 and all(t.is_contiguous() for t in tensors) and len(tensors) > 1:
+            # One call for the whole list: flatten, reduce, split back.
+            flat = torch.cat([t.reshape(-1) for t in tensors])
+            self._reduce_into(flat, op, "all_reduce_coalesced", None)
+            off = 0
+            with torch.no_grad():
+                for t in tensors:
+                    t.copy_(flat[off:off + t.numel()].view(t.shape))
+                    off += t.numel()
+        else:
+            for t in tensors:
+                self._reduce_into(t, op, "all_reduce_coalesced", None)
+        return DoneWork(list(tensors))
+
+    def reduce(self, tensors, opts=None):
+        t = self._single(tensors, "reduce")
+        root = opts.rootRank if opts is not None else 0
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        self._reduce_into(t, op, "reduce", root)
+        return DoneWork([t])
+
+    def broadcast(self, tensors, opts=None):
+        root = opts.rootRank if opts is not None else 0
+        for t in tensors:
+            check_tensor(t, "broadcast")
+        for t in tensors:
+            f = Flat(t)
+            self.comm.broadcast(f.x, root)
+            f.finish()
+        return DoneWork(list(tensors))
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        w = self.size()
+        for outs, inp in zip(output_tensors, input_tensors):
+            with self.comm._validating("all_gather"):
+                check_tensor(inp, "all_gather", "input")
+                if len(outs) != w:
+                    raise ValueError(f"tilecomm backend: all_gather: output list has {len(outs)} "
+                                     f"tensors; the group has {w} ranks")
+                for o in outs:
+                    check_tensor(o, "all_gather", "output")
+                    if o.dtype != inp.dtype:
+                        raise TypeError(f"tilecomm backend: all_gather: output dtype {o.dtype} "
+                                        f"differs from input dtype {inp.dtype}")
+            if all(o.numel() == inp.numel() for o in outs):
+                src = Flat(inp, write=False)
+                got = self.comm.all_gather(src.x)
+                m = src.x.numel()
+                with torch.no_grad():
+                    for j, o in enumerate(outs):
+                        o.copy_(got[j * m:(j + 1) * m].view(o.dtype).view(o.shape))
+            else:   # uneven sizes: every rank sends its whole input to every rank
+                self._exchange_bytes("all_gather", [inp] * w, list(outs))
+        return DoneWork([o for outs in output_tensors for o in outs])
+
+    def all_gather_single(self, output, input, opts=None):  # noqa: A002 - torch's names
+        w = self.size()
+        with self.comm._validating("all_gather_into_tensor"):
+            check_tensor(input, "all_gather_into_tensor", "input")
+            check_tensor(output, "all_gather_into_tensor", "output")
+            if output.numel() != w * input.numel() or output.dtype != input.dtype:
+                raise ValueError(f"tilecomm backend: all_gather_into_tensor: output must hold "
+                                 f"{w} x {input.numel()} {input.dtype} elements, got "
+                                 f"{output.numel()} {output.dtype}")
+            src, dst = Flat(input, write=False), Flat(output, read=False)
+        self.comm.all_gather(src.x, out=dst.x)
+        dst.finish()
+        return DoneWork([output])
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        for o, i in zip(outputs, inputs):
+            self.all_gather_single(o, i, opts)
+        return DoneWork(list(outputs))
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
+
+    def allgather_coalesced(self, output_lists, input_list, opts=None):
+        w = self.size()
+        with self.comm._validating("all_gather_coalesced"):
+            for t in input_list:
+                check_tensor(t, "all_gather_coalesced", "input")
+            if len(output_lists) != w or any(len(o) != len(input_list) for o in output_lists):
+                raise ValueError(f"tilecomm backend: all_gather_coalesced: need {w} output lists "
+                                 f"of {len(input_list)} tensors each")
+        for i, inp in enumerate(input_list):
+            self.allgather([[output_lists[r][i] for r in range(w)]], [inp])
+        return DoneWork([t for lst in output_lists for t in lst])
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        w, me = self.size(), self.rank()
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        for out, ins in zip(output_tensors, input_tensors):
+            with self.comm._validating("reduce_scatter"):
+                check_tensor(out, "reduce_scatter", "output")
+                if len(ins) != w:
+                    raise ValueError(f"tilecomm backend: reduce_scatter: input list has "
+                                     f"{len(ins)} tensors; the group has {w} ranks")
+                for x in ins:
+                    check_tensor(x, "reduce_scatter", "input")
+                    if x.dtype != out.dtype:
+                        raise TypeError(f"tilecomm backend: reduce_scatter: input dtype "
+                                        f"{x.dtype} differs from output dtype {out.dtype}")
+                if ins[me].numel() != out.numel():
+                    raise ValueError(f"tilecomm backend: reduce_scatter: output has "
+                                     f"{out.numel()} elements but this rank's input has "
+                                     f"{ins[me].numel()}")
+            flat = torch.cat([x.reshape(-1) for x in ins])
+            if all(x.numel() == out.numel() for x in ins):
+                self._reduce_scatter_flat(out, flat, op, "reduce_scatter")
+            else:   # uneven: reduce everything, keep this rank's part
+                self._reduce_into(flat, op, "reduce_scatter", None)
+                off = sum(x.numel() for x in ins[:me])
+                with torch.no_grad():
+                    out.copy_(flat[off:off + out.numel()].view(out.shape))
+        return DoneWork(list(output_tensors))
+
+    def _reduce_scatter_flat(self, out, flat, op, collective: str) -> None:
+        comm = self.comm
+        with comm._validating(collective):
+            kind, how, view = reduce_plan(flat, op, collective)
+        if kind == "native":
+            tmp = out if out.is_contiguous() else torch.empty_like(
+                out, memory_format=torch.contiguous_format)
+            x = tmp.reshape(-1)
+            if view is not None:    # complex: reduce the (real, imag) float pairs
+                flat, x = view(flat).reshape(-1), view(x).reshape(-1)
+            comm.reduce_scatter(flat, how, out=x)
+            if tmp is not out:
+                with torch.no_grad():
+                    out.copy_(tmp)
+            return
+        self._reduce_into(flat, op, collective, None)
+        n = out.numel()
+        with torch.no_grad():
+            out.copy_(flat[self.rank() * n:(self.rank() + 1) * n].view(out.shape))
+
+    def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002 - torch's names
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        with self.comm._validating("reduce_scatter_tensor"):
+            check_tensor(input, "reduce_scatter_tensor", "input")
+            check_tensor(output, "reduce_scatter_tensor", "output")
+            if input.numel() != self.size() * output.numel() or input.dtype != output.dtype:
+                raise ValueError(f"tilecomm backend: reduce_scatter_tensor: input must hold "
+                                 f"{self.size()} x {output.numel()} {output.dtype} elements, got "
+                                 f"{input.numel()} {input.dtype}")
+        self._reduce_scatter_flat(output, input.reshape(-1), op, "reduce_scatter_tensor")
+        return DoneWork([output])
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        for o, i in zip(outputs, inputs):
+            self.reduce_scatter_single(o, i, opts)
+        return DoneWork(list(outputs))
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
+
+    def all_to_all_single(self, output, input, output_split_sizes,  # noqa: A002
+                          input_split_sizes, opts=None):
+        w = self.size()
+        comm = self.comm
+        with comm._validating("all_to_all_single"):
+            check_tensor(input, "all_to_all_single", "input")
+            check_tensor(output, "all_to_all_single", "output")
+            if output.dtype != input.dtype:
+                raise TypeError(f"tilecomm backend: all_to_all_single: output dtype "
+                                f"{output.dtype} differs from input dtype {input.dtype}")
+            rows_in = input.shape[0] if input.dim() else 1
+            rows_out = output.shape[0] if output.dim() else 1
+            row = input.numel() // rows_in if rows_in else 0
+            send = list(input_split_sizes) or _even(rows_in, w, "input", "all_to_all_single")
+            recv = list(output_split_sizes) or _even(rows_out, w, "output", "all_to_all_single")
+            if len(send) != w or len(recv) != w:
+                raise ValueError(f"tilecomm backend: all_to_all_single: split sizes need {w} "
+                                 f"entries, got {len(send)} (input) and {len(recv)} (output)")
+            if sum(send) != rows_in or sum(recv) != rows_out:
+                raise ValueError(f"tilecomm backend: all_to_all_single: splits sum to "
+                                 f"{sum(send)}/{sum(recv)} rows but the tensors have "
+                                 f"{rows_in}/{rows_out}")
+            src, dst = Flat(input, write=False), Flat(output, read=False)
+            scale = src.x.numel() // max(1, input.numel())   # elements per element (bytes)
+        unit = row * scale
+        comm.all_to_all_v(src.x, [s * unit for s in send], [r * unit for r in recv], out=dst.x)
+        dst.finish()
+        return DoneWork([output])
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        w = self.size()
+        with self.comm._validating("all_to_all"):
+            if len(output_tensors) != w or len(input_tensors) != w:
+                raise ValueError(f"tilecomm backend: all_to_all: need {w} input and {w} output "
+                                 f"tensors, got {len(input_tensors)} and {len(output_tensors)}")
+            for t in [*output_tensors, *input_tensors]:
+                check_tensor(t, "all_to_all")
+        self._exchange_bytes("all_to_all", list(input_tensors), list(output_tensors))
+        return DoneWork(list(output_tensors))
+
+    def gather(self, output_tensors, input_tensors, opts=None):
+        w, me = self.size(), self.rank()
+        root = opts.rootRank if opts is not None else 0
+        with self.comm._validating("gather"):
+            inp = self._single(input_tensors, "gather")
+            outs = output_tensors[0] if output_tensors else []
+            if me == root and len(outs) != w:
+                raise ValueError(f"tilecomm backend: gather: the root needs a list of {w} "
+                                 f"output tensors, got {len(outs)}")
+            for o in outs:
+                check_tensor(o, "gather", "output")
+        sends = [inp if j == root else None for j in range(w)]
+        recvs = list(outs) if me == root else [None] * w
+        self._exchange_bytes("gather", sends, recvs)
+        return DoneWork(list(outs))
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        w, me = self.size(), self.rank()
+        root = opts.rootRank if opts is not None else 0
+        with self.comm._validating("scatter"):
+            out = self._single(output_tensors, "scatter")
+            ins = input_tensors[0] if input_tensors else []
+            if me == root and len(ins) != w:
+                raise ValueError(f"tilecomm backend: scatter: the root needs a list of {w} "
+                                 f"input tensors, got {len(ins)}")
+            for i in ins:
+                check_tensor(i, "scatter", "input")
+        sends = list(ins) if me == root else [None] * w
+        recvs = [out if j == root else None for j in range(w)]
+        self._exchange_bytes("scatter", sends, recvs)
+        return DoneWork([out])
+
+    def barrier(self, opts=None):
+        self.comm.barrier()
+        return DoneWork([])
+
+    # ---- point-to-point ------------------------------------------------------------------
+    def send(self, tensors, dst: int, tag: int = 0):  # noqa: ARG002 - order matches, not tags
+        t = self._single(tensors, "send")
+        src = Flat(t, write=False)
+        job = self._threads.submit("send", dst, self.comm.send, src.x, dst)
+        return PendingWork(job, [t])
+
+    def recv(self, tensors, src: int, tag: int = 0):  # noqa: ARG002
+        t = self._single(tensors, "recv")
+        return PendingWork(self._threads.submit("recv", src, self._recv_into, t, src), [t])
+
+    def _recv_into(self, t: torch.Tensor, src: int) -> int:
+        dst = Flat(t, read=False)
+        self.comm.recv(dst.x, src)
+        dst.finish()
+        return src
+
+    def recv_anysource(self, tensors, tag: int = 0):  # noqa: ARG002
+        t = self._single(tensors, "recv")
+        return PendingWork(self._threads.submit("any", -1, self._recv_any, t), [t])
+
+    def _recv_any(self, t: torch.Tensor) -> int:
+        """Wait (bounded) for the first peer with a message waiting, then receive it on that
+        peer's recv thread, so it stays in order with recvs posted for that peer."""
+        peers = [p for p in range(self.size()) if p != self.rank()]
+        deadline = time.monotonic() + self.timeout
+        while True:
+            for p in peers:
+                if self.comm.probe(p):
+                    return self._threads.submit("recv", p, self._recv_into, t, p).result()
+            if time.monotonic() > deadline:
+                raise CommTimeout(f"recv from any source: no rank of {peers} sent a message "
+                                  f"within {self.timeout:.1f} s", collective="recv")
+            time.sleep(20e-6)
+
+
+# Names older torch releases call (before the *_single spellings).
+ProcessGroupTilecomm._allgather_base = ProcessGroupTilecomm.all_gather_single
+ProcessGroupTilecomm._reduce_scatter_base = ProcessGroupTilecomm.reduce_scatter_single
+ProcessGroupTilecomm.alltoall_base = ProcessGroupTilecomm.all_to_all_single
+
+
+def _even(rows: int, w: int, what: str, collective: str) -> list[int]:
+    if rows % w:
+        raise ValueError(f"tilecomm backend: {collective}: {what} dim 0 ({rows}) is not a "
+                         f"multiple of the group size {w}; pass split sizes")
+    return [rows // w] * w
+
+
+def create_process_group(store, rank: int, world_size: int, timeout: timedelta):
+    """The factory registered with ``dist.Backend.register_backend``."""
+    try:
+        return ProcessGroupTilecomm(store, rank, world_size, timeout)
+    except CommError:
+        raise
+    except OSError as e:
+        raise CommError(f"tilecomm backend: could not create the shared-memory heap: {e}") from e
