@@ -1,0 +1,286 @@
+"""One training step of a layout: collectives, compute, overlap, pipeline bubble, memory.
+
+Units: seconds for times in results (``*_s``), microseconds for single collectives (``*_us``,
+as in :mod:`tilecomm.sim`), bytes for sizes and memory, FLOP/s for rates.
+
+NOTE [what a rank issues per micro-batch and per step] (Megatron-LM conventions)
+    T = micro_batch * seq / cp tokens per rank per micro-batch, e = 2 bytes (bf16 activations).
+    TP, per layer: 2 all_reduce forward + 2 backward (+2 in the recomputed forward with full
+    recompute) of T*h*e; with SP each all_reduce becomes an all_gather + a reduce_scatter of
+    the same buffer (Korthikanti et al. 2022). CP, per layer: all_gather of the K,V shards
+    forward (and again in backward) and a reduce_scatter of their gradients (ring attention
+    moves the same bytes). EP, per MoE layer: dispatch + combine all_to_all forward and
+    backward, T/tp*top_k*h*e each (tokens are split over TP ranks before routing). PP, per
+    micro-batch and model chunk: one activation forward and one gradient backward, T*h*e/tp
+    (Megatron's scatter/gather split over the TP ranks). DP, per step: all_reduce of the fp32
+    gradients (ZeRO 0), or reduce_scatter of them + all_gather of the bf16 weights (ZeRO 1/2);
+    ZeRO 3 gathers the weights forward and backward and reduce-scatters gradients per
+    micro-batch.
+
+NOTE [overlap]
+    Exposed = max(0, communication - the compute it can hide behind). DP gradient buckets hide
+    behind one micro-batch's backward (frameworks reduce while the *last* micro-batch's
+    backward runs) and ZeRO 1/2 weight gathers behind one forward, when ``dp_overlap``; ZeRO 3's
+    per-micro-batch gathers behind that micro-batch's compute. TP hides behind the micro-batch's
+    GEMMs only with ``tp_overlap``; CP behind the attention core (ring attention overlaps its
+    transfers with attention blocks). EP all_to_all and PP transfers are exposed (on the
+    critical path between dependent computations).
+
+NOTE [pipeline bubble]
+    1F1B: (p-1) micro-batch slots of idle time per step, i.e. a fraction (p-1)/m of the ideal
+    time; interleaved with v chunks per rank: (p-1)/v slots, fraction (p-1)/(v*m) (Narayanan
+    et al. 2021, sec. 2.2). A slot is one micro-batch's forward+backward on one stage, including
+    its exposed per-micro-batch communication.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from .comm import Placement, collective_us, p2p_us
+from .hardware import GPU, gpu_of
+from .layout import Layout, groups, validate
+from .models import ModelSpec, load_model
+
+ACT_BYTES = 2          # bf16 activations and activation gradients
+WEIGHT_BYTES = 2       # bf16 weights (the copy the forward reads)
+GRAD_BYTES = 4         # fp32 main gradients, reduced in fp32 (Megatron-LM's default for bf16)
+OPTIM_BYTES = 12       # fp32 master weight + Adam m and v
+RESERVE = 0.10         # HBM fraction kept for workspace, NCCL buffers, fragmentation (stated)
+PARALLELISMS = ("tp", "cp", "ep", "pp", "dp")
+
+
+@dataclass(frozen=True)
+class Coll:
+    """One kind of collective a rank issues: ``count`` per step of ``nbytes`` each."""
+
+    parallelism: str
+    collective: str
+    nbytes: float
+    group: int
+    where: str
+    count: float
+    time_us: float          # one call
+
+    @property
+    def total_us(self) -> float:
+        return self.count * self.time_us
+
+
+@dataclass
+class StepResult:
+    """A training step's prediction. Times in seconds, memory in bytes."""
+
+    model: str
+    system: str
+    gpus: int
+    layout: Layout
+    global_batch: int
+    micro_batch: int
+    seq: int
+    dtype: str
+    micro_batches: int
+    step_s: float
+    breakdown_s: dict           # compute, tp, cp, ep, pp, dp (exposed), bubble
+    comm_total_s: dict          # per parallelism, before overlap
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    mfu: float                  # model FLOPs (3 x forward, causal attention) / peak
+    hw_tflops_per_gpu: float    # Megatron-LM's convention: full s^2 attention + recompute
+    memory: dict
+    fits: bool
+    collectives: list = field(default_factory=list)
+    groups: dict = field(default_factory=dict)
+    gpu: str = ""
+    efficiency: float = 0.0
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["layout"] = self.layout.as_dict()
+        d["collectives"] = [{**asdict(c), "total_us": c.total_us} for c in self.collectives]
+        return d
+
+
+def stage_params(model: ModelSpec, L: Layout) -> tuple[float, float]:
+    """(dense, expert) weights held by one rank of the most loaded stage."""
+    ls = math.ceil(model.layers / L.pp)
+    moe_frac = model.moe_layers / model.layers
+    per_layer_dense = ((1 - moe_frac) * model.dense_layer_params() +
+                       moe_frac * (model.moe_layer_params() - model.expert_params_per_layer()))
+    emb = model.vocab * model.hidden   # first stage: embedding; last stage: output head
+    dense = (ls * per_layer_dense + emb) / L.tp
+    expert = ls * moe_frac * model.expert_params_per_layer() / (L.ep * L.tp)
+    return dense, expert
+
+
+def activation_bytes_per_token_layer(model: ModelSpec, L: Layout) -> float:
+    """Stored activation bytes per token per layer on one rank (flash attention: no scores).
+
+    Norm inputs 2 x 2h; attention input 2h, Q/K/V, its output 2h; FFN input 2h and its
+    intermediate tensors (SwiGLU: gate, up, product; GELU: input, output), times the active
+    experts for MoE layers. Without SP the norm part is replicated on every TP rank
+    (Korthikanti et al. 2022, eq. 2 structure). Full recompute keeps only each layer's input.
+    """
+    h, e = model.hidden, ACT_BYTES
+    if L.recompute == "full":
+        return 2 * h / (L.tp if L.sp else 1)
+    norms = 2 * h * e
+    q = model.heads * (model.hd + (model.rope_head_dim if model.mla else 0))
+    kv = (model.kv_lora_rank + model.rope_head_dim if model.mla else 2 * model.kv_heads * model.hd)
+    attn = (2 * h + q + kv + h) * e
+    mats = 3 if model.gated_ffn else 2
+    moe_frac = model.moe_layers / model.layers
+    active = (1 - moe_frac) * model.ffn + moe_frac * (
+        (model.top_k + model.shared_experts) * model.expert_ffn)
+    mlp = (h + mats * active) * e
+    return (norms / (L.tp if L.sp else 1)) + (attn + mlp) / L.tp
+
+
+def memory(model: ModelSpec, L: Layout, micro_batch: int, seq: int, m: int, gpu: GPU) -> dict:
+    """Bytes per GPU on the most loaded stage: weights, gradients, optimizer, activations."""
+    dense, expert = stage_params(model, L)
+    d, de = L.dp * L.cp, max(1, L.dp * L.cp // L.ep)
+    w = WEIGHT_BYTES * (dense / d + expert / de if L.zero >= 3 else dense + expert)
+    g = GRAD_BYTES * (dense / d + expert / de if L.zero >= 2 else dense + expert)
+    o = OPTIM_BYTES * (dense / d + expert / de if L.zero >= 1 else dense + expert)
+    if L.zero >= 3:   # one layer's gathered weights in flight
+        w += WEIGHT_BYTES * (dense + expert) / math.ceil(model.layers / L.pp)
+    tokens = micro_batch * seq / L.cp
+    ls = math.ceil(model.layers / L.pp)
+    per_mb = tokens * ls * activation_bytes_per_token_layer(model, L)
+    inflight = min(m, L.pp) if L.pp > 1 else 1
+    if L.vpp > 1:
+        inflight *= 1 + (L.pp - 1) / (L.pp * L.vpp)
+    act = per_mb * inflight
+    if L.recompute == "full":   # one layer recomputed at a time with all its activations
+        act += tokens * activation_bytes_per_token_layer(model, L.with_(recompute="none"))
+    logits = tokens * model.vocab * 4 / L.tp     # fp32 logits for the loss (last stage)
+    total = w + g + o + act + logits
+    return {"weights": w, "gradients": g, "optimizer": o, "activations": act + logits,
+            "total": total, "capacity": gpu.hbm_bytes, "usable": gpu.hbm_bytes * (1 - RESERVE)}
+
+
+def train_step(model: "str | ModelSpec", system: str, gpus: int, layout: Layout,
+               global_batch: int, micro_batch: int = 1, seq: int = 4096,
+               dtype: str = "bf16") -> StepResult:
+    """Predict one training step of ``model`` on ``gpus`` GPUs of ``system`` with ``layout``.
+
+    ``global_batch`` and ``micro_batch`` are in sequences of ``seq`` tokens.
+    """
+    from .comm import _spec
+    model = load_model(model)
+    spec = _spec(system)
+    gpu = gpu_of(spec)
+    L = layout
+    validate(L, model, gpus, spec.gpus_per_node, seq)
+    if micro_batch < 1 or global_batch < 1:
+        raise ValueError("global_batch and micro_batch must be >= 1")
+    if global_batch % (L.dp * micro_batch):
+        raise ValueError(f"global_batch={global_batch} must be a multiple of dp*micro_batch = "
+                         f"{L.dp}*{micro_batch} = {L.dp * micro_batch}")
+    m = global_batch // (L.dp * micro_batch)
+    grp = groups(L, spec.gpus_per_node)
+    h, e = model.hidden, ACT_BYTES
+    T = micro_batch * seq / L.cp                 # tokens per rank per micro-batch
+    ls = math.ceil(model.layers / L.pp)          # layers on the most loaded stage
+    moe_ls = ls * model.moe_layers / model.layers
+
+    # -- compute (per micro-batch, one rank of the most loaded stage) -----------------------
+    eff = gpu.efficiency
+    peak_mm, peak_attn = gpu.peak(dtype) * eff, gpu.peak("bf16") * eff
+    head = 2.0 * model.vocab * h
+    mm_layer = (model.matmul_flops_per_token() - head) / model.layers
+    mm_flops = T * (ls * mm_layer + head / L.pp) / L.tp
+    attn_flops = T * model.attn_flops_per_token(seq, causal=True) * ls / model.layers / L.tp
+    t_mm_f, t_attn_f = mm_flops / peak_mm, attn_flops / peak_attn
+    t_fwd = t_mm_f + t_attn_f
+    rec = {"none": 0.0, "selective": t_attn_f, "full": t_fwd}[L.recompute]
+    t_bwd = 2 * t_fwd + rec
+    t_comp_mb = t_fwd + t_bwd
+
+    # -- collectives -----------------------------------------------------------------------
+    colls: list[Coll] = []
+
+    def add(par, coll, nbytes, pl: Placement, count):
+        if pl.size <= 1 or count <= 0 or nbytes <= 0:
+            return 0.0
+        t = collective_us(coll, nbytes, system, pl)
+        colls.append(Coll(par, coll, nbytes, pl.size, pl.describe(), count, t))
+        return count * t * 1e-6
+
+    passes = 3 if L.recompute == "full" else 2   # forward-like passes carrying TP/EP comm
+    # TP (per micro-batch)
+    if L.sp:
+        tp_s = (add("tp", "all_gather", T * h * e, grp.tp, 2 * passes * ls) +
+                add("tp", "reduce_scatter", T * h * e, grp.tp, 2 * passes * ls))
+    else:
+        tp_s = add("tp", "all_reduce", T * h * e, grp.tp, 2 * passes * ls)
+    # CP (per micro-batch)
+    kv_tok = (model.kv_lora_rank + model.rope_head_dim if model.mla else
+              2 * max(1, model.kv_heads // L.tp) * model.hd)
+    kv = L.cp * T * kv_tok * e
+    cp_s = (add("cp", "all_gather", kv, grp.cp, (passes if L.recompute == "full" else 2) * ls) +
+            add("cp", "reduce_scatter", kv, grp.cp, ls))
+    # EP (per micro-batch)
+    ep_s = add("ep", "all_to_all", T / L.tp * model.top_k * h * e, grp.ep, 2 * passes * moe_ls)
+    # PP (per micro-batch)
+    pp_s = 0.0
+    if L.pp > 1:
+        t = p2p_us(T * h * e / L.tp, system, grp.pp_cross_node)
+        colls.append(Coll("pp", "send_recv", T * h * e / L.tp, 2,
+                          "neighbour stages " + ("across nodes" if grp.pp_cross_node else
+                                                 "in one node"), 2 * L.vpp * m, t))
+        pp_s = 2 * L.vpp * t * 1e-6
+    # DP
+    dense, expert = stage_params(model, L)
+    zero3_s = 0.0
+    if L.zero >= 3:
+        for pl, n in ((grp.dp, dense), (grp.edp, expert)):
+            zero3_s += (add("dp", "all_gather", WEIGHT_BYTES * n, pl, 2 * m) +
+                        add("dp", "reduce_scatter", GRAD_BYTES * n, pl, m)) / m
+        grad_s = gather_s = 0.0
+    else:
+        grad_s = gather_s = 0.0
+        for pl, n in ((grp.dp, dense), (grp.edp, expert)):
+            if L.zero == 0:
+                grad_s += add("dp", "all_reduce", GRAD_BYTES * n, pl, 1)
+            else:
+                grad_s += add("dp", "reduce_scatter", GRAD_BYTES * n, pl, 1)
+                gather_s += add("dp", "all_gather", WEIGHT_BYTES * n, pl, 1)
+
+    # -- overlap (NOTE [overlap]) -----------------------------------------------------------
+    t_mm_mb = 3 * t_mm_f
+    tp_x = max(0.0, tp_s - t_mm_mb) if L.tp_overlap else tp_s
+    cp_x = max(0.0, cp_s - 3 * t_attn_f)
+    z3_x = max(0.0, zero3_s - t_comp_mb)
+    t_mb = t_comp_mb + tp_x + cp_x + ep_s + z3_x
+    if L.dp_overlap:
+        dp_x = max(0.0, grad_s - t_bwd) + max(0.0, gather_s - t_fwd)
+    else:
+        dp_x = grad_s + gather_s
+    bubble = (L.pp - 1) / L.vpp * t_mb
+    step = m * t_mb + m * pp_s + bubble + dp_x
+    brk = {"compute": m * t_comp_mb, "tp": m * tp_x, "cp": m * cp_x, "ep": m * ep_s,
+           "pp": m * pp_s, "dp": dp_x + m * z3_x, "bubble": bubble}
+    comm_tot = {"tp": m * tp_s, "cp": m * cp_s, "ep": m * ep_s, "pp": m * pp_s,
+                "dp": grad_s + gather_s + m * zero3_s}
+
+    tokens = global_batch * seq
+    # MFU counts what a causal model needs (3 x forward, half the s^2 attention products);
+    # Megatron-LM's TFLOP/s (Narayanan et al. 2021, eq. 3) counts full s^2 attention and the
+    # recomputed forward: both are reported so each published number meets its own convention.
+    model_flops = tokens * 3 * model.fwd_flops_per_token(seq, causal=True)
+    recomp = {"none": 0.0, "selective": model.attn_flops_per_token(seq),
+              "full": model.fwd_flops_per_token(seq)}[L.recompute]
+    hw_flops = tokens * (3 * model.fwd_flops_per_token(seq) + recomp)
+    mem = memory(model, L, micro_batch, seq, m, gpu)
+    return StepResult(
+        model=model.name, system=spec.name, gpus=gpus, layout=L, global_batch=global_batch,
+        micro_batch=micro_batch, seq=seq, dtype=dtype, micro_batches=m, step_s=step,
+        breakdown_s=brk, comm_total_s=comm_tot, tokens_per_s=tokens / step,
+        tokens_per_s_per_gpu=tokens / step / gpus,
+        mfu=model_flops / (step * gpus * gpu.peak(dtype)),
+        hw_tflops_per_gpu=hw_flops / (step * gpus) / 1e12, memory=mem,
+        fits=mem["total"] <= mem["usable"], collectives=colls, groups=grp.as_dict(),
+        gpu=gpu.name, efficiency=eff)
