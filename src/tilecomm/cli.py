@@ -3,6 +3,7 @@
     tilecomm bench all_reduce -n 2 -b 8 -e 256M -f 4 [--algo NAME|all] [--check] [--vs gloo]
     tilecomm sim all_reduce --system dgx-h100 -b 1K -e 8G -f 2
     tilecomm topo [--system NAME]
+    tilecomm model llama3-70b --system dgx-h100 --gpus 1024 --tp 8 --pp 4 [--search] [--plot F]
     tilecomm doctor
 """
 
@@ -129,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     from .sim.cli import add_sim_parser, add_topo_parser
     add_sim_parser(sub)
     add_topo_parser(sub)
+    from .workloads.cli import add_model_parser
+    add_model_parser(sub)
     add_doctor_parser(sub)
     args = parser.parse_args(argv)
     try:

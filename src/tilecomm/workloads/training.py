@@ -202,11 +202,13 @@ def train_step(model: "str | ModelSpec", system: str, gpus: int, layout: Layout,
     # -- collectives -----------------------------------------------------------------------
     colls: list[Coll] = []
 
-    def add(par, coll, nbytes, pl: Placement, count):
+    def add(par, coll, nbytes, pl: Placement, count, per_mb=True):
+        """Record ``count`` calls (per micro-batch, or per step); seconds they take."""
         if pl.size <= 1 or count <= 0 or nbytes <= 0:
             return 0.0
         t = collective_us(coll, nbytes, system, pl)
-        colls.append(Coll(par, coll, nbytes, pl.size, pl.describe(), count, t))
+        colls.append(Coll(par, coll, nbytes, pl.size, pl.describe(),
+                          count * (m if per_mb else 1), t))
         return count * t * 1e-6
 
     passes = 3 if L.recompute == "full" else 2   # forward-like passes carrying TP/EP comm
@@ -237,17 +239,17 @@ def train_step(model: "str | ModelSpec", system: str, gpus: int, layout: Layout,
     zero3_s = 0.0
     if L.zero >= 3:
         for pl, n in ((grp.dp, dense), (grp.edp, expert)):
-            zero3_s += (add("dp", "all_gather", WEIGHT_BYTES * n, pl, 2 * m) +
-                        add("dp", "reduce_scatter", GRAD_BYTES * n, pl, m)) / m
+            zero3_s += (add("dp", "all_gather", WEIGHT_BYTES * n, pl, 2) +
+                        add("dp", "reduce_scatter", GRAD_BYTES * n, pl, 1))
         grad_s = gather_s = 0.0
     else:
         grad_s = gather_s = 0.0
         for pl, n in ((grp.dp, dense), (grp.edp, expert)):
             if L.zero == 0:
-                grad_s += add("dp", "all_reduce", GRAD_BYTES * n, pl, 1)
+                grad_s += add("dp", "all_reduce", GRAD_BYTES * n, pl, 1, per_mb=False)
             else:
-                grad_s += add("dp", "reduce_scatter", GRAD_BYTES * n, pl, 1)
-                gather_s += add("dp", "all_gather", WEIGHT_BYTES * n, pl, 1)
+                grad_s += add("dp", "reduce_scatter", GRAD_BYTES * n, pl, 1, per_mb=False)
+                gather_s += add("dp", "all_gather", WEIGHT_BYTES * n, pl, 1, per_mb=False)
 
     # -- overlap (NOTE [overlap]) -----------------------------------------------------------
     t_mm_mb = 3 * t_mm_f

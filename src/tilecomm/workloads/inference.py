@@ -1,0 +1,174 @@
+"""Inference: prefill and decode for a layout (TP, PP, EP over data-parallel attention), and
+disaggregated serving (KV cache moved from prefill ranks to decode ranks).
+
+Units: seconds (``*_s``), bytes, tokens/s. A *replica* is ``tp*pp*dp`` GPUs serving ``batch``
+concurrent requests; ``dp`` splits the batch (attention data parallelism, as used with EP).
+
+NOTE [inference cost of one stage]
+    time = max(compute, HBM traffic) + exposed collectives. Compute: the stage's FLOPs at the
+    GPU's stated efficiency (hardware.py). HBM: the stage's weights (MoE: only the experts the
+    batch touches, expected count E*(1-(1-k/E)^tokens)) plus the KV cache read, at
+    ``HBM_EFF`` of the datasheet bandwidth. Collectives (TP all_reduce 2 per layer, EP
+    all_to_all 2 per MoE layer, one PP send per stage boundary) are on the critical path:
+    inference frameworks do not overlap them with the dependent GEMMs by default.
+    With pp > 1 the batch is cut into pp micro-batches that follow one another through the
+    stages: per-token latency = pp stage times, throughput = batch / latency.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from .comm import Placement, collective_us, p2p_us
+from .hardware import gpu_of
+from .layout import Layout, groups, validate
+from .models import ModelSpec, load_model
+from .training import ACT_BYTES, RESERVE, Coll
+
+HBM_EFF = 0.8      # fraction of datasheet HBM bandwidth a weight/KV stream reaches (stated)
+WEIGHT_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
+
+
+@dataclass
+class InferResult:
+    """Prefill (``latency_s`` = time to first token) or decode (``latency_s`` = per token)."""
+
+    mode: str
+    model: str
+    system: str
+    gpus: int
+    layout: Layout
+    batch: int
+    prompt: int
+    context: int
+    dtype: str
+    latency_s: float
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    breakdown_s: dict          # per-token (decode) or per-prompt (prefill) critical path
+    memory: dict
+    fits: bool
+    kv_bytes_per_request: float
+    kv_transfer_s: float = 0.0  # serve: prefill -> decode ranks, one request
+    collectives: list = field(default_factory=list)
+    groups: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["layout"] = self.layout.as_dict()
+        d["collectives"] = [{**asdict(c), "total_us": c.total_us} for c in self.collectives]
+        return d
+
+
+def _weights_local(model: ModelSpec, L: Layout, tokens: float) -> tuple[float, float]:
+    """(held, read per step) weights on one rank of the most loaded stage, in parameters."""
+    ls = math.ceil(model.layers / L.pp)
+    moe_frac = model.moe_layers / model.layers
+    dense = (ls * ((1 - moe_frac) * model.dense_layer_params() + moe_frac * (
+        model.moe_layer_params() - model.expert_params_per_layer())) +
+        model.vocab * model.hidden) / L.tp
+    if not model.is_moe:
+        return dense, dense
+    e_local = model.experts / L.ep
+    held_e = ls * moe_frac * e_local * model.mlp_params(model.expert_ffn) / L.tp
+    # Tokens routed to this rank's experts: every EP rank sees the whole EP group's tokens.
+    routed = tokens * L.ep
+    touched = e_local * (1 - (1 - model.top_k / model.experts) ** routed)
+    read_e = ls * moe_frac * touched * model.mlp_params(model.expert_ffn) / L.tp
+    return dense + held_e, dense + read_e
+
+
+def infer(model: "str | ModelSpec", system: str, layout: Layout, batch: int,
+          prompt: int = 2048, gen: int = 256, mode: str = "decode", dtype: str = "bf16",
+          decode_layout: Layout | None = None) -> InferResult:
+    """Predict ``mode`` ('prefill' | 'decode' | 'serve') for ``batch`` requests of ``prompt``
+    tokens generating ``gen`` (decode is timed at the mean context, prompt + gen/2).
+
+    'serve' = disaggregated: prefill on ``layout``, decode on ``decode_layout`` (default: the
+    same shape) in other nodes; adds the KV-cache transfer of one request between them.
+    """
+    from .comm import _spec
+    if mode not in ("prefill", "decode", "serve"):
+        raise ValueError(f"mode must be prefill, decode or serve, got {mode!r}")
+    model = load_model(model)
+    spec = _spec(system)
+    gpu = gpu_of(spec)
+    L = layout
+    if L.cp != 1:
+        raise ValueError("context parallelism is modeled for training only; use cp=1")
+    validate(L, model, L.gpus, spec.gpus_per_node)
+    if batch < 1 or batch % (L.dp * L.pp):
+        raise ValueError(f"batch={batch} must be a positive multiple of dp*pp = {L.dp * L.pp} "
+                         "(dp splits the batch, pp pipelines pp micro-batches)")
+    if dtype not in WEIGHT_BYTES:
+        raise ValueError(f"dtype must be one of {', '.join(WEIGHT_BYTES)}, got {dtype!r}")
+    if mode == "serve":
+        pre = infer(model, system, L, batch, prompt, gen, "prefill", dtype)
+        dec = infer(model, system, decode_layout or L, batch, prompt, gen, "decode", dtype)
+        kv = pre.kv_bytes_per_request
+        shards = min(L.tp, model.kv_heads if not model.mla else 1) * L.pp
+        t_kv = (p2p_us(kv / shards, system, cross_node=True) * 1e-6 if spec.gpus_per_node and
+                spec.nics_per_node else 0.0)
+        dec.mode, dec.kv_transfer_s = "serve", t_kv
+        dec.breakdown_s = {"prefill_ttft": pre.latency_s, "kv_transfer": t_kv,
+                           **{f"decode_{k}": v for k, v in dec.breakdown_s.items()}}
+        dec.collectives = pre.collectives + dec.collectives
+        return dec
+
+    grp = groups(L, spec.gpus_per_node)
+    b = batch / (L.dp * L.pp)                        # sequences per micro-batch per DP rank
+    tokens = b * (prompt if mode == "prefill" else 1)
+    context = prompt if mode == "prefill" else prompt + gen // 2
+    ls = math.ceil(model.layers / L.pp)
+    moe_ls = ls * model.moe_layers / model.layers
+    h, e = model.hidden, ACT_BYTES
+    wb = WEIGHT_BYTES[dtype]
+    # compute
+    head = 2.0 * model.vocab * h
+    mm_layer = (model.matmul_flops_per_token() - head) / model.layers
+    mm = tokens * (ls * mm_layer + head / L.pp) / L.tp
+    attn_tok = model.attn_flops_per_token(context, causal=(mode == "prefill"))
+    attn = tokens * attn_tok * ls / model.layers / L.tp
+    t_comp = mm / (gpu.peak(dtype) * gpu.efficiency) + attn / (gpu.peak("bf16") * gpu.efficiency)
+    # HBM traffic
+    held, read = _weights_local(model, L, tokens)
+    kv_div = 1 if model.mla else min(L.tp, model.kv_heads)
+    kv_tok_stage = model.kv_bytes_per_token(e) * ls / model.layers / kv_div
+    kv_read = b * context * kv_tok_stage
+    t_mem = (read * wb + kv_read) / (spec.mem_GBps * 1e9 * HBM_EFF)
+    # collectives (one stage, one micro-batch)
+    colls: list[Coll] = []
+
+    def add(par, coll, nbytes, pl: Placement, count):
+        if pl.size <= 1 or count <= 0:
+            return 0.0
+        t = collective_us(coll, nbytes, system, pl)
+        colls.append(Coll(par, coll, nbytes, pl.size, pl.describe(), count, t))
+        return count * t * 1e-6
+
+    tp_s = add("tp", "all_reduce", tokens * h * e, grp.tp, 2 * ls)
+    ep_s = add("ep", "all_to_all", tokens / L.tp * model.top_k * h * e, grp.ep, 2 * moe_ls)
+    pp_s = 0.0
+    if L.pp > 1:
+        t = p2p_us(tokens * h * e, system, grp.pp_cross_node)
+        colls.append(Coll("pp", "send_recv", tokens * h * e, 2, "neighbour stages", 1, t))
+        pp_s = t * 1e-6
+    stage = max(t_comp, t_mem) + tp_s + ep_s + pp_s
+    latency = L.pp * stage
+    produced = batch * (prompt if mode == "prefill" else 1)
+    # memory: weights + KV cache of every request held by this rank
+    kv_cache = (batch / L.dp) * (prompt + gen) * kv_tok_stage
+    act = tokens * h * e * 4 if mode == "prefill" else 0.0
+    mem = {"weights": held * wb, "kv_cache": kv_cache, "activations": act,
+           "total": held * wb + kv_cache + act, "capacity": gpu.hbm_bytes,
+           "usable": gpu.hbm_bytes * (1 - RESERVE)}
+    brk = {"compute" if t_comp >= t_mem else "hbm": L.pp * max(t_comp, t_mem),
+           "tp": L.pp * tp_s, "ep": L.pp * ep_s, "pp": L.pp * pp_s}
+    return InferResult(
+        mode=mode, model=model.name, system=spec.name, gpus=L.gpus, layout=L, batch=batch,
+        prompt=prompt, context=context, dtype=dtype, latency_s=latency,
+        tokens_per_s=produced / latency, tokens_per_s_per_gpu=produced / latency / L.gpus,
+        breakdown_s=brk, memory=mem, fits=mem["total"] <= mem["usable"],
+        kv_bytes_per_request=prompt * model.kv_bytes_per_token(e), collectives=colls,
+        groups=grp.as_dict())

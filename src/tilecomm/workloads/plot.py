@@ -1,0 +1,65 @@
+"""Pictures: stacked bars of step time and a per-rank timeline of one step (matplotlib, lazy)."""
+
+from __future__ import annotations
+
+COLORS = {"compute": "#4c72b0", "hbm": "#4c72b0", "tp": "#dd8452", "cp": "#937860",
+          "ep": "#8172b3", "pp": "#da8bc3", "dp": "#55a868", "bubble": "#c0c0c0"}
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def plot_step(results: list, path: str, title: str = "") -> None:
+    """Stacked bar per result (compute, exposed comm per parallelism, bubble) and, for the
+    first training result, the timeline of pipeline stage 0 and the last stage for one step."""
+    plt = _plt()
+    train = hasattr(results[0], "step_s")
+    fig, axes = plt.subplots(1, 2 if train else 1, figsize=(13 if train else 7, 4.5),
+                             squeeze=False)
+    ax = axes[0][0]
+    keys = [k for k in COLORS if any(r.breakdown_s.get(k, 0) > 0 for r in results)]
+    labels = [r.layout.short() for r in results]
+    bottom = [0.0] * len(results)
+    for k in keys:
+        vals = [r.breakdown_s.get(k, 0.0) for r in results]
+        ax.bar(labels, vals, bottom=bottom, color=COLORS[k], label=k)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_ylabel("step time (s)" if train else "latency (s)")
+    ax.set_title(title or f"{results[0].model} on {results[0].gpus} x {results[0].system}")
+    ax.tick_params(axis="x", rotation=30, labelsize=8)
+    ax.legend(fontsize=8)
+    if train:
+        _timeline(axes[0][1], results[0])
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _timeline(ax, r) -> None:
+    """One step on the first and last pipeline stage: warm-up idle (bubble), then per
+    micro-batch forward+backward compute and its exposed communication, then the DP tail."""
+    L, m = r.layout, r.micro_batches
+    b = r.breakdown_s
+    per_mb = {k: b[k] / m for k in ("compute", "tp", "cp", "ep", "pp")}
+    rows = [("stage 0", 0.0), (f"stage {L.pp - 1}", b["bubble"])] if L.pp > 1 else \
+        [("rank 0", 0.0)]
+    for y, (name, start) in enumerate(rows):
+        t = start
+        if start > 0:
+            ax.broken_barh([(0, start)], (y - 0.35, 0.7), color=COLORS["bubble"])
+        for _ in range(m):
+            for k, v in per_mb.items():
+                if v > 0:
+                    ax.broken_barh([(t, v)], (y - 0.35, 0.7), color=COLORS[k])
+                    t += v
+        if y == 0 and L.pp > 1:   # stage 0 waits for the drain at the end
+            ax.broken_barh([(t, b["bubble"])], (y - 0.35, 0.7), color=COLORS["bubble"])
+            t += b["bubble"]
+        ax.broken_barh([(t, b["dp"])], (y - 0.35, 0.7), color=COLORS["dp"])
+    ax.set_yticks(range(len(rows)), [n for n, _ in rows])
+    ax.set_xlabel("time in step (s)")
+    ax.set_title(f"timeline, {L.short()}, {m} micro-batches")
