@@ -38,6 +38,11 @@ class Settings:
     #: are enough cores (as MPI launchers do); 0 (default: no gain measured on 2 cores) to
     #: leave placement to the OS.
     bind: bool = False
+    #: TILECOMM_DEVICE_TIMEOUT: seconds a device-side wait (tilecomm.device.lang.wait_ge,
+    #: barrier) polls a signal slot before it records a timeout in the error buffer and gives
+    #: up; the host then raises CommTimeout. Measured with the GPU global timer (the
+    #: interpreter: the CPU clock), so a dead peer costs about this long, never a hang.
+    device_timeout: float = 10.0
 
 
 def _parse(kind, text: str):
@@ -67,6 +72,8 @@ def settings() -> Settings:
                          f"forkserver")
     if out.timeout <= 0:
         raise ValueError(f"TILECOMM_TIMEOUT={out.timeout!r}: must be > 0 seconds")
+    if out.device_timeout <= 0:
+        raise ValueError(f"TILECOMM_DEVICE_TIMEOUT={out.device_timeout!r}: must be > 0 seconds")
     return out
 
 

@@ -1,0 +1,194 @@
+"""What a kernel needs from the symmetric heap: symmetric tensors, signal pads, the table of
+peer base addresses, the error buffer and the wait bound.
+
+``DeviceHeap.create(comm)`` picks the implementation:
+
+* :class:`ShmDeviceHeap` (CPU, for ``TRITON_INTERPRET=1``): tensors come from ``comm.alloc``
+  (the POSIX shared-memory heap that every rank already maps), and ``bases[r]`` is the address
+  of rank ``r``'s segment in this process. Same offset in every segment = same object.
+* :class:`CudaDeviceHeap` (GPU): a :class:`tilecomm.heap.cuda.CudaHeap` buffer per rank,
+  shared by CUDA IPC; ``bases[r]`` is rank ``r``'s buffer as mapped in this process. The CPU
+  communicator carries the handle exchange and host-side barriers.
+
+A kernel gets ``heap.bases, heap.rank`` (peer addressing), symmetric tensors (data and
+signal pads), and ``heap.errors, heap.timeout_ns`` (bounded waits); after it, the host calls
+``heap.check("kernel name")``. This module does not import triton.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..errors import CommError
+from ..heap.allocator import HeapAllocator
+from ..settings import settings
+from . import errors as _errors
+
+
+def interpreted() -> bool:
+    """True when Triton kernels of this process run in the interpreter (TRITON_INTERPRET)."""
+    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+
+class DeviceHeap(abc.ABC):
+    """Symmetric memory for device kernels (see the module docstring)."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    #: int64[world_size] on ``device``: heap base address of every rank in this process
+    bases: torch.Tensor
+    #: int64[ERR_WORDS] on ``device``: the error record of bounded waits (local to this rank)
+    errors: torch.Tensor
+
+    def __init__(self, rank: int, world_size: int, timeout: float | None):
+        self.rank, self.world_size = rank, world_size
+        self.timeout = settings().device_timeout if timeout is None else float(timeout)
+        if self.timeout <= 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
+        self._epoch = 0
+
+    @staticmethod
+    def create(comm, *, device: str | torch.device | None = None, nbytes: int | None = None,
+               timeout: float | None = None) -> "DeviceHeap":
+        """The device heap of ``comm``'s rank (collective: all ranks call it).
+
+        ``device``: ``"cpu"`` (shared-memory heap; kernels must run under TRITON_INTERPRET=1),
+        ``"cuda"`` / ``"cuda:N"`` (CUDA IPC heap, default device ``cuda:rank % device_count``),
+        or None: CPU under the interpreter, else CUDA. ``nbytes``: size of the CUDA heap per
+        rank (default 64 MiB; the CPU heap is ``comm``'s). ``timeout``: seconds a device wait
+        polls before giving up (default TILECOMM_DEVICE_TIMEOUT).
+        """
+        if device is None:
+            device = "cpu" if interpreted() else "cuda"
+        device = torch.device(device)
+        if device.type == "cpu":
+            return ShmDeviceHeap(comm, timeout=timeout)
+        if device.type == "cuda":
+            if interpreted():
+                raise CommError("DeviceHeap: TRITON_INTERPRET=1 runs kernels on the CPU; the "
+                                "interpreter copies CUDA tensors to the host, so peer addresses "
+                                "would be wrong. Use device='cpu' under the interpreter.")
+            return CudaDeviceHeap(comm, device=device if device.index is not None else None,
+                                  nbytes=nbytes or (64 << 20), timeout=timeout)
+        raise ValueError(f"DeviceHeap: unsupported device {device}")
+
+    # ---- for kernels ----------------------------------------------------------------------
+    @property
+    def timeout_ns(self) -> int:
+        """The wait bound to pass to kernels (``timeout_ns`` of lang.wait_ge / barrier)."""
+        return int(self.timeout * 1e9)
+
+    def next_epoch(self) -> int:
+        """1, 2, 3, ...: the epoch of the next launch (every rank counts the same launches)."""
+        self._epoch += 1
+        return self._epoch
+
+    @abc.abstractmethod
+    def alloc(self, shape: int | Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """A zero-filled symmetric tensor (collective: same sizes, same order on all ranks)."""
+
+    def signal_pad(self, slots: int, dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        """A zero-filled symmetric pad of ``slots`` signals (int64, or int32)."""
+        if dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"signal_pad: signals are int64 or int32 (integer atomics are atomic "
+                            f"across processes, also in the interpreter), got {dtype}")
+        return self.alloc(slots, dtype)
+
+    # ---- host side ------------------------------------------------------------------------
+    def check(self, kernel: str) -> None:
+        """Raise :class:`~tilecomm.device.errors.DeviceTimeout` (a ``CommTimeout``) if a wait
+        of the kernels launched since the last check gave up; clears the record. On CUDA this
+        synchronizes with them."""
+        _errors.check(self.errors, kernel, timeout=self.timeout)
+
+    @abc.abstractmethod
+    def barrier(self) -> None:
+        """Host-side barrier of all ranks (after the device work launched so far completed)."""
+
+    def close(self) -> None:
+        """Release what the heap holds (symmetric tensors must not be used afterwards)."""
+
+    def __enter__(self) -> "DeviceHeap":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class ShmDeviceHeap(DeviceHeap):
+    """Device heap on a CPU communicator's shared-memory heap (kernels: TRITON_INTERPRET=1)."""
+
+    def __init__(self, comm, *, timeout: float | None = None):
+        super().__init__(comm.rank, comm.world_size, timeout)
+        self.comm = comm
+        self.device = torch.device("cpu")
+        heap = comm._heap
+        self.bases = torch.tensor([heap.segment(r).ctypes.data for r in range(self.world_size)],
+                                  dtype=torch.int64)
+        self.errors = torch.zeros(_errors.ERR_WORDS, dtype=torch.int64)
+
+    def alloc(self, shape, dtype=torch.float32) -> torch.Tensor:
+        t = self.comm.alloc(shape, dtype)
+        # comm.alloc zeroes the block after its rendezvous: without this barrier a fast peer
+        # could put into the block before this rank zeroed it
+        self.comm.barrier()
+        return t
+
+    def barrier(self) -> None:
+        self.comm.barrier()
+
+
+class CudaDeviceHeap(DeviceHeap):
+    """Device heap on a :class:`tilecomm.heap.cuda.CudaHeap` (CUDA IPC between processes);
+    ``comm`` (a CPU communicator) exchanges the handles and runs host barriers.
+
+    Symmetric tensors are carved from the buffer by a deterministic first-fit allocator
+    (checked across ranks, as ``comm.alloc``); :meth:`free` returns one, :meth:`close` all.
+    """
+
+    def __init__(self, comm, *, device=None, nbytes: int = 64 << 20,
+                 timeout: float | None = None):
+        super().__init__(comm.rank, comm.world_size, timeout)
+        from ..heap.cuda import CudaHeap, exchange_via_comm
+
+        self.comm = comm
+        self.heap = CudaHeap(comm.rank, comm.world_size, nbytes, exchange_via_comm(comm),
+                             device=device)
+        self.device = self.heap.device
+        self.bases = torch.tensor([self.heap.address(r) for r in range(self.world_size)],
+                                  dtype=torch.int64, device=self.device)
+        self.errors = torch.zeros(_errors.ERR_WORDS, dtype=torch.int64, device=self.device)
+        self._alloc = HeapAllocator(0, nbytes)
+
+    def alloc(self, shape, dtype=torch.float32) -> torch.Tensor:
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        nbytes = int(np.prod(shape, dtype=np.int64)) * itemsize
+        off = self._alloc.alloc(nbytes)
+        raw = self.heap.buffer(self.rank)[off:off + nbytes]
+        raw.zero_()
+        torch.cuda.synchronize(self.device)  # zeroed before the all_gather lets peers write
+        offsets = self.comm.all_gather(torch.tensor([off], dtype=torch.int64)).tolist()
+        if len(set(offsets)) > 1:
+            self._alloc.free(off)
+            raise CommError(f"DeviceHeap.alloc: heap diverged (offsets {offsets}); allocate and "
+                            f"free in the same order on every rank")
+        return raw.view(dtype).reshape(shape)
+
+    def free(self, tensor: torch.Tensor) -> None:
+        """Return ``tensor`` (from :meth:`alloc`) to the heap (same order on every rank)."""
+        off = tensor.data_ptr() - self.heap.address(self.rank)
+        self._alloc.free(off)
+
+    def barrier(self) -> None:
+        torch.cuda.synchronize(self.device)
+        self.comm.barrier()
+
+    def close(self) -> None:
+        self.heap.close()

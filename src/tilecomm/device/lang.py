@@ -1,0 +1,222 @@
+"""Device-side communication primitives: Triton ``@jit`` functions over a symmetric heap.
+
+Import this module only where Triton kernels run; set ``TRITON_INTERPRET=1`` *before* the
+first import to run them on the CPU (the shared-memory heap). Plain Triton only (no inline
+assembly), so every function runs under the interpreter and compiles for sm_90.
+
+Vocabulary
+----------
+symmetric pointer
+    A pointer into this rank's copy of a symmetric object (``DeviceHeap.alloc``). Every rank
+    has the object at the same offset from its heap base, so ``peer_ptr`` finds rank ``p``'s
+    copy by rebasing: ``ptr - bases[rank] + bases[peer]``.
+``bases, rank``
+    ``DeviceHeap.bases`` (int64 tensor, one heap base address per rank, valid in *this*
+    process) and this rank's number. Every function that touches a peer takes them.
+signal pad / slot
+    A symmetric int64 (or int32) tensor (``DeviceHeap.signal_pad``); ``pad + slot`` is one
+    signal. Signals are *pushed*: a rank writes into the peer's pad, the peer polls its own
+    copy (a local load, the cheap side).
+epoch
+    Signals only grow. A wait asks for ``slot >= epoch``, so pads never need resetting:
+    launch ``k`` uses epoch ``k`` (``DeviceHeap.next_epoch()``), as every rank launches the
+    same sequence.
+``err, timeout_ns``
+    ``DeviceHeap.errors`` (int64[8], local) and ``DeviceHeap.timeout_ns``. A wait that
+    expires records who waited on whom there (see :mod:`tilecomm.device.errors`) and returns
+    False; the host turns the record into :class:`tilecomm.CommTimeout` (``DeviceHeap.check``).
+
+Memory model
+------------
+``signal_set`` / ``signal_add`` are *release* atomics at *system* scope; ``wait_ge`` and
+``barrier`` read with *acquire* loads at system scope. So every store a program made before
+signalling (including ``put`` into the peer's memory) is visible to the peer's program once its
+wait returns True. Why:
+
+* release/acquire, not relaxed + fences: Triton lowers them to ``atom.release.sys`` /
+  ``ld.relaxed.sys`` + ``fence.acquire.sys`` on sm_90, and it puts a CTA barrier
+  (``bar.sync``) before a scalar atomic and after broadcasting a scalar load, so the release
+  covers the stores of *all* threads of the program, and all threads see what the acquire saw.
+* ``scope="sys"``: peers are other processes, possibly on other GPUs (NVLink / PCIe peer
+  memory) or the CPU heap; ``gpu`` scope would only order accesses within one device.
+* Signals are integer atomics: the interpreter implements integer atomics with real CPU atomic
+  instructions (atomic across processes on shared memory); its fp16/bf16 atomics are not.
+
+On the CPU (interpreter) x86-64 is TSO and the atomics are locked instructions, which is
+stronger than the above.
+
+Bounded waits
+-------------
+A wait polls with ``tl.atomic_poll`` (which sleeps on the GPU global timer, or the CPU clock in
+the interpreter) in slices of ``SLICE_NS`` for at most ``timeout_ns`` in total, then re-checks
+``>=`` with an acquire load: the total wait is at least ``timeout_ns`` and never endless.
+A wait first looks at ``err``: once a wait of the launch has given up, later waits of this
+rank's launch return False at once (no chain of timeouts).
+
+Interpreter limits (see docs/device-api.md)
+------------------------------------------
+The interpreter runs a grid's programs one after another: a program may wait on peers' programs
+and on earlier programs of its own launch, never on a later one.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+from . import errors as _e
+
+if not all(hasattr(tl, n) for n in ("atomic_load", "atomic_poll")):  # pragma: no cover
+    raise ImportError(f"tilecomm.device needs tl.atomic_load and tl.atomic_poll, which triton "
+                      f"{triton.__version__} lacks; install triton >= 3.9")
+
+#: True when kernels run in the Triton interpreter (TRITON_INTERPRET=1 at import).
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+#: Length of one poll slice. On the GPU a slice is a spin on the global timer, short enough
+#: that a signal that jumped past the awaited epoch (so equality never matched) costs little;
+#: in the interpreter each loop iteration costs ~0.2 ms of Python anyway.
+SLICE_NS = tl.constexpr(1_000_000 if INTERPRETED else 2_000)
+
+ERR_CODE = tl.constexpr(_e.CODE)
+WAIT_TIMEOUT = tl.constexpr(_e.WAIT_TIMEOUT)
+BARRIER_TIMEOUT = tl.constexpr(_e.BARRIER_TIMEOUT)
+
+#: ``op`` of put_signal
+SIGNAL_SET = tl.constexpr(0)
+SIGNAL_ADD = tl.constexpr(1)
+
+
+@triton.jit
+def peer_ptr(ptr, peer, bases, rank):
+    """Rank ``peer``'s address of the symmetric pointer (or block of pointers) ``ptr``.
+
+    ``ptr`` points into this rank's heap; the result has the same type and points at the same
+    offset of ``peer``'s heap, as mapped in this process. ``peer == rank`` gives ``ptr``.
+    Translate the scalar base once and add offsets afterwards (``peer_ptr(x, ...) + offs``):
+    that costs two scalar loads from ``bases`` instead of a block of them.
+    """
+    delta = tl.load(bases + peer) - tl.load(bases + rank)
+    raw = tl.cast(ptr, tl.pointer_type(tl.int8)) + delta     # byte arithmetic keeps provenance
+    return tl.cast(raw, ptr.dtype)
+
+
+@triton.jit
+def put(dst, src, offs, mask, peer, bases, rank):
+    """Copy ``src[offs]`` (local memory, any pointer) to ``peer``'s ``dst[offs]`` (``dst`` a
+    symmetric pointer), elements where ``mask`` holds. Plain stores: not visible to the peer
+    until a following ``signal_*`` (release) that it waits for."""
+    vals = tl.load(src + offs, mask=mask)
+    tl.store(peer_ptr(dst, peer, bases, rank) + offs, vals, mask=mask)
+
+
+@triton.jit
+def get(dst, src, offs, mask, peer, bases, rank):
+    """Copy ``peer``'s ``src[offs]`` (``src`` a symmetric pointer) to local ``dst[offs]``,
+    elements where ``mask`` holds. Only meaningful after a wait that acquired the peer's
+    signal published after it wrote ``src``."""
+    vals = tl.load(peer_ptr(src, peer, bases, rank) + offs, mask=mask)
+    tl.store(dst + offs, vals, mask=mask)
+
+
+@triton.jit
+def signal_set(pad, slot, value, peer, bases, rank):
+    """Store ``value`` into ``peer``'s signal ``pad[slot]`` (release, system scope) and return
+    the old value. Everything this program stored before is visible to a peer that acquires
+    the new value. ``peer == rank`` signals this rank's own pad."""
+    p = peer_ptr(pad, peer, bases, rank) + slot
+    return tl.atomic_xchg(p, tl.cast(value, pad.dtype.element_ty), sem="release", scope="sys")
+
+
+@triton.jit
+def signal_add(pad, slot, value, peer, bases, rank):
+    """Add ``value`` to ``peer``'s signal ``pad[slot]`` (release, system scope); returns the old
+    value. Use it for counters several ranks bump (e.g. "arrivals >= world - 1")."""
+    p = peer_ptr(pad, peer, bases, rank) + slot
+    return tl.atomic_add(p, tl.cast(value, pad.dtype.element_ty), sem="release", scope="sys")
+
+
+@triton.jit
+def read_signal(pad, slot):
+    """This rank's ``pad[slot]`` (acquire, system scope), without waiting."""
+    return tl.atomic_load(pad + slot, sem="acquire", scope="sys")
+
+
+@triton.jit
+def _record(err, code, rank, peer, epoch, slot, observed, site):
+    """Claim the error record (first failure of the launch wins) and count the failure."""
+    zero = tl.cast(0, tl.int64)
+    prev = tl.atomic_cas(err, zero, tl.cast(code, tl.int64), sem="relaxed", scope="gpu")
+    if prev == 0:
+        tl.store(err + 1, tl.cast(rank, tl.int64))
+        tl.store(err + 2, tl.cast(peer, tl.int64))
+        tl.store(err + 3, tl.cast(epoch, tl.int64))
+        tl.store(err + 4, tl.cast(slot, tl.int64))
+        tl.store(err + 5, tl.cast(observed, tl.int64))
+        tl.store(err + 6, tl.cast(site, tl.int64))
+    tl.atomic_add(err + 7, tl.cast(1, tl.int64), sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def _wait(pad, slot, epoch, peer, err, rank, timeout_ns, code, site):
+    p = pad + slot
+    target = tl.cast(epoch, pad.dtype.element_ty)
+    v = tl.atomic_load(p, sem="acquire", scope="sys")
+    if v < target:
+        slices = tl.cast(timeout_ns, tl.int64) // SLICE_NS + 1
+        i = tl.cast(0, tl.int64)
+        failed = tl.atomic_load(err, sem="relaxed", scope="gpu")
+        while (v < target) & (i < slices) & (failed == 0):
+            # returns early when the slot equals target; a slot that jumped past it is caught
+            # by the >= test on the acquire load below, one slice later at most
+            tl.atomic_poll(p, target, sem="relaxed", scope="sys", timeout_ns=SLICE_NS)
+            v = tl.atomic_load(p, sem="acquire", scope="sys")
+            failed = tl.atomic_load(err, sem="relaxed", scope="gpu")
+            i += 1
+        if v < target:
+            _record(err, code, rank, peer, epoch, slot, v, site)
+    return v >= target
+
+
+@triton.jit
+def wait_ge(pad, slot, epoch, peer, err, rank, timeout_ns, site: tl.constexpr = 0):
+    """Wait until this rank's ``pad[slot] >= epoch`` (acquire, system scope); True if it did.
+
+    ``peer`` is the rank expected to signal (only reported on failure). After ``timeout_ns``
+    (``DeviceHeap.timeout_ns``), or at once if an earlier wait of this launch already failed,
+    the wait records ``(rank, peer, epoch, slot, observed value, site)`` in ``err`` and returns
+    False: the program should then skip what depended on the signal and exit; the host raises
+    :class:`tilecomm.CommTimeout` from ``DeviceHeap.check``. ``site`` (constexpr) tags the wait
+    in the error message.
+    """
+    return _wait(pad, slot, epoch, peer, err, rank, timeout_ns, WAIT_TIMEOUT, site)
+
+
+@triton.jit
+def barrier(pad, slot0, epoch, bases, rank, err, timeout_ns, WORLD: tl.constexpr,
+            group=-1, site: tl.constexpr = 0):
+    """Barrier among the ranks of ``group`` (bit ``r`` set = rank ``r`` takes part; -1: all of
+    ``0..WORLD-1``). Returns True if every member arrived at ``epoch``.
+
+    Uses ``WORLD`` slots ``pad[slot0 : slot0 + WORLD]`` on every member: rank ``r`` sets slot
+    ``slot0 + r`` of every other member to ``epoch`` (release), then waits until each member's
+    slot in its own pad is ``>= epoch`` (acquire). So it also orders memory: what a member
+    stored before the barrier is visible to every member after it. Each call needs a larger
+    ``epoch`` than the previous call on the same slots. It synchronizes *this program* with
+    the program of the same id on the other ranks: programs of one grid that call barrier
+    concurrently need distinct ``slot0`` ranges. ``WORLD`` is a constexpr (loops are
+    unrolled); subsets are limited to ranks 0..63.
+    """
+    ok = tl.cast(1, tl.int1)
+    for p in tl.static_range(WORLD):
+        if ((group >> p) & 1) != 0:
+            if p != rank:
+                signal_set(pad, slot0 + rank, epoch, p, bases, rank)
+    for p in tl.static_range(WORLD):
+        if ((group >> p) & 1) != 0:
+            if p != rank:
+                ok = ok & _wait(pad, slot0 + p, epoch, p, err, rank, timeout_ns,
+                                BARRIER_TIMEOUT, site)
+    return ok
