@@ -24,7 +24,7 @@ from .comm import Placement, collective_us, p2p_us
 from .hardware import gpu_of
 from .layout import Layout, groups, validate
 from .models import ModelSpec, load_model
-from .training import ACT_BYTES, RESERVE, Coll
+from .training import ACT_BYTES, RESERVE, Coll, stage_embedding
 
 HBM_EFF = 0.8      # fraction of datasheet HBM bandwidth a weight/KV stream reaches (stated)
 WEIGHT_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
@@ -67,7 +67,7 @@ def _weights_local(model: ModelSpec, L: Layout, tokens: float) -> tuple[float, f
     moe_frac = model.moe_layers / model.layers
     dense = (ls * ((1 - moe_frac) * model.dense_layer_params() + moe_frac * (
         model.moe_layer_params() - model.expert_params_per_layer())) +
-        model.vocab * model.hidden) / L.tp
+        stage_embedding(model, L.pp)) / L.tp
     if not model.is_moe:
         return dense, dense
     e_local = model.experts / L.ep

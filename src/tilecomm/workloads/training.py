@@ -102,14 +102,22 @@ class StepResult:
         return d
 
 
+def stage_embedding(model: ModelSpec, pp: int) -> float:
+    """Embedding-side weights on the most loaded stage: all of them without PP; with PP the
+    first stage holds the input embedding (+ positions) and the last the output head (a copy of
+    the embedding when tied, as Megatron-LM does), so the larger of the two."""
+    if pp == 1:
+        return model.embedding_params()
+    return model.vocab * model.hidden + model.learned_positions * model.hidden
+
+
 def stage_params(model: ModelSpec, L: Layout) -> tuple[float, float]:
     """(dense, expert) weights held by one rank of the most loaded stage."""
     ls = math.ceil(model.layers / L.pp)
     moe_frac = model.moe_layers / model.layers
     per_layer_dense = ((1 - moe_frac) * model.dense_layer_params() +
                        moe_frac * (model.moe_layer_params() - model.expert_params_per_layer()))
-    emb = model.vocab * model.hidden   # first stage: embedding; last stage: output head
-    dense = (ls * per_layer_dense + emb) / L.tp
+    dense = (ls * per_layer_dense + stage_embedding(model, L.pp)) / L.tp
     expert = ls * moe_frac * model.expert_params_per_layer() / (L.ep * L.tp)
     return dense, expert
 

@@ -1,0 +1,97 @@
+"""Inference and serving, search, the CLI, the plot and the validation table in the docs."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tilecomm.cli import main
+from tilecomm.workloads.inference import infer
+from tilecomm.workloads.layout import Layout
+from tilecomm.workloads.models import PRESETS
+from tilecomm.workloads.search import explain, search_infer, search_train
+from tilecomm.workloads.validation import markdown, table
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "model.md"
+
+
+def test_decode_is_hbm_bound_and_kv_transfer_matches_bytes():
+    m = PRESETS["llama3-70b"]
+    r = infer(m, "dgx-h100", Layout(tp=8), batch=32, prompt=2048, gen=256, mode="decode")
+    assert "hbm" in r.breakdown_s and r.breakdown_s["tp"] > 0
+    assert r.kv_bytes_per_request == 2048 * m.kv_bytes_per_token()
+    assert r.tokens_per_s == pytest.approx(32 / r.latency_s)
+    s = infer(m, "dgx-h100", Layout(tp=8), batch=32, prompt=2048, gen=256, mode="serve")
+    # 8 KV heads over TP 8: eight 1/8 shards, one per NIC, across nodes at ~48.5 GB/s.
+    assert s.kv_transfer_s == pytest.approx(2048 * m.kv_bytes_per_token() / 8 / 48.5e9, rel=0.3)
+    p = infer(m, "dgx-h100", Layout(tp=8), batch=32, prompt=2048, mode="prefill")
+    assert s.breakdown_s["prefill_ttft"] == pytest.approx(p.latency_s)
+    assert p.breakdown_s["compute"] > 0 and p.latency_s > r.latency_s
+
+
+def test_decode_memory_counts_kv_cache():
+    m = PRESETS["llama3-8b"]
+    r = infer(m, "dgx-h100", Layout(tp=1), batch=8, prompt=1000, gen=24, mode="decode")
+    assert r.memory["kv_cache"] == pytest.approx(8 * 1024 * m.kv_bytes_per_token())
+
+
+def test_search_respects_memory_and_is_sorted():
+    rs = search_train("llama3-70b", "dgx-h100", 64, global_batch=64, seq=4096)
+    assert rs and all(r.fits for r in rs)
+    assert all(r.memory["total"] <= r.memory["usable"] for r in rs)
+    steps = [r.step_s for r in rs]
+    assert steps == sorted(steps)
+    # 70B with 18 bytes/param cannot run TP1 PP1: every result shards the model.
+    assert all(r.layout.tp * r.layout.pp > 1 for r in rs)
+    text = explain(rs)
+    assert rs[0].layout.short() in text and "Best:" in text
+
+
+def test_search_infer_sorted_by_latency():
+    rs = search_infer("llama3-70b", "dgx-h100", 8, batch=16, mode="decode")
+    lat = [r.latency_s for r in rs]
+    assert lat == sorted(lat) and rs[0].layout.tp == 8
+
+
+def test_cli_json_parses(capsys):
+    rc = main(["model", "llama3-8b", "--system", "dgx-h100", "--gpus", "16", "--tp", "2",
+               "--sp", "--global-batch", "32", "--seq", "4096", "--json"])
+    assert rc == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["layout"]["dp"] == 8 and d["micro_batches"] == 4
+    assert d["step_s"] == pytest.approx(sum(d["breakdown_s"].values()))
+    assert {c["collective"] for c in d["collectives"] if c["parallelism"] == "tp"} == \
+        {"all_gather", "reduce_scatter"}
+
+
+def test_cli_search_and_plot(tmp_path, capsys):
+    png = tmp_path / "step.png"
+    rc = main(["model", "mixtral-8x7b", "--system", "dgx-h100", "--nodes", "2", "--search",
+               "--top", "3", "--global-batch", "32", "--plot", str(png)])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "Best:" in out and "EP" in out
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["model", "llama9"], "unknown model 'llama9'; presets: deepseek-v3"),
+    (["model", "llama3-70b", "--gpus", "32", "--tp", "16"], "exceeds the 8 GPUs"),
+    (["model", "llama3-8b", "--gpus", "16", "--ep", "2"], "needs an MoE model"),
+    (["model", "llama3-8b", "--system", "dgx-z"], "unknown system 'dgx-z'"),
+])
+def test_cli_errors_exit_2_without_traceback(argv, msg, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert msg in err and "Traceback" not in err
+
+
+def test_validation_table_in_docs_is_current():
+    rows = table()
+    assert all(abs(r["error"]) <= 0.25 for r in rows)     # the bound docs/model.md states
+    docs = DOCS.read_text()
+    for line in markdown(rows).splitlines()[2:]:
+        pred = re.escape(line.split(" | ")[3])
+        assert line in docs, f"docs/model.md validation row is stale; expected:\n{line}"
+        assert re.search(pred, docs)

@@ -1,0 +1,115 @@
+"""Training step: collectives and their exact bytes, bubble, memory accounting, overlap."""
+
+import pytest
+
+from tilecomm.workloads.layout import Layout
+from tilecomm.workloads.models import ModelSpec
+from tilecomm.workloads.training import train_step
+
+# A small dense model: h=1024, 8 layers, 16 heads, 4 KV heads.
+TINY = ModelSpec("tiny", layers=8, hidden=1024, heads=16, kv_heads=4, ffn=4096, vocab=32000)
+
+
+def colls(r, par):
+    return {c.collective: c for c in r.collectives if c.parallelism == par}
+
+
+def test_tp_all_reduce_becomes_ag_rs_with_sp_same_bytes():
+    kw = dict(global_batch=8, micro_batch=1, seq=2048)
+    plain = train_step(TINY, "dgx-h100", 8, Layout(tp=8), **kw)
+    sp = train_step(TINY, "dgx-h100", 8, Layout(tp=8, sp=True), **kw)
+    ar = colls(plain, "tp")
+    assert set(ar) == {"all_reduce"}
+    assert ar["all_reduce"].nbytes == 2048 * 1024 * 2                  # T * h * bf16
+    assert ar["all_reduce"].count == 4 * 8 * 8                        # 4/layer x 8 layers x 8 mb
+    s = colls(sp, "tp")
+    assert set(s) == {"all_gather", "reduce_scatter"}
+    assert s["all_gather"].nbytes == s["reduce_scatter"].nbytes == 2048 * 1024 * 2
+    assert s["all_gather"].count == ar["all_reduce"].count
+    assert s["all_gather"].where == "8 ranks in 1 node"
+
+
+def test_full_recompute_adds_a_forward_of_tp_traffic_and_compute():
+    kw = dict(global_batch=8, micro_batch=1, seq=2048)
+    a = train_step(TINY, "dgx-h100", 8, Layout(tp=8), **kw)
+    b = train_step(TINY, "dgx-h100", 8, Layout(tp=8, recompute="full"), **kw)
+    assert colls(b, "tp")["all_reduce"].count == 6 * 8 * 8
+    assert b.breakdown_s["compute"] == pytest.approx(a.breakdown_s["compute"] * 4 / 3)
+    assert b.memory["activations"] < a.memory["activations"]
+
+
+def test_dp_collectives_by_zero_stage():
+    kw = dict(global_batch=64, micro_batch=1, seq=2048)
+    z0 = train_step(TINY, "dgx-h100", 16, Layout(tp=1, dp=16, zero=0), **kw)
+    z1 = train_step(TINY, "dgx-h100", 16, Layout(tp=1, dp=16, zero=1), **kw)
+    n = TINY.total_params()
+    assert colls(z0, "dp")["all_reduce"].nbytes == 4 * n                 # fp32 gradients
+    assert colls(z0, "dp")["all_reduce"].where == "16 ranks over 2 nodes (8/node)"
+    assert colls(z1, "dp")["reduce_scatter"].nbytes == 4 * n
+    assert colls(z1, "dp")["all_gather"].nbytes == 2 * n                 # bf16 weights
+    # Memory: 18 bytes/param replicated vs 2 + 4 + 12/16 with the optimizer sharded.
+    assert z0.memory["weights"] + z0.memory["gradients"] + z0.memory["optimizer"] == 18 * n
+    assert z1.memory["optimizer"] == pytest.approx(12 * n / 16)
+    z3 = train_step(TINY, "dgx-h100", 16, Layout(tp=1, dp=16, zero=3), **kw)
+    assert z3.memory["gradients"] == pytest.approx(4 * n / 16)
+    assert colls(z3, "dp")["all_gather"].count == 2 * 4                  # fwd+bwd x 4 mb
+
+
+@pytest.mark.parametrize("pp, vpp, m", [(4, 1, 8), (4, 2, 8), (8, 1, 16), (2, 4, 8)])
+def test_bubble_fraction(pp, vpp, m):
+    r = train_step(TINY, "dgx-h100", 8 * pp, Layout(tp=8, pp=pp, vpp=vpp), global_batch=m,
+                   micro_batch=1, seq=2048)
+    assert r.micro_batches == m
+    b = r.breakdown_s
+    busy = b["compute"] + b["tp"] + b["cp"] + b["ep"]       # the per-micro-batch work
+    assert b["bubble"] / busy == pytest.approx((pp - 1) / (vpp * m))
+
+
+def test_moe_issues_all_to_all_over_ep_group():
+    moe = ModelSpec("tinymoe", layers=4, hidden=1024, heads=16, kv_heads=4, ffn=2048,
+                    vocab=32000, experts=8, top_k=2)
+    r = train_step(moe, "dgx-h100", 16, Layout(tp=2, dp=8, ep=4, sp=True), global_batch=16,
+                   micro_batch=1, seq=1024)
+    a2a = colls(r, "ep")["all_to_all"]
+    assert a2a.nbytes == 1024 / 2 * 2 * 1024 * 2        # T/tp * top_k * h * bf16
+    assert a2a.group == 4 and a2a.count == 4 * 4 * 2     # 4/layer x 4 layers x 2 mb
+    assert r.breakdown_s["ep"] > 0
+
+
+def test_overlap_hides_dp_and_tp_overlap_reduces_exposed_tp():
+    kw = dict(global_batch=32, micro_batch=1, seq=4096)
+    L = Layout(tp=8, dp=4, sp=True, zero=1)
+    on = train_step(TINY, "dgx-h100", 32, L, **kw)
+    off = train_step(TINY, "dgx-h100", 32, L.with_(dp_overlap=False), **kw)
+    assert off.breakdown_s["dp"] == pytest.approx(off.comm_total_s["dp"])
+    assert on.breakdown_s["dp"] < off.breakdown_s["dp"]
+    ov = train_step(TINY, "dgx-h100", 32, L.with_(tp_overlap=True), **kw)
+    assert ov.breakdown_s["tp"] < on.breakdown_s["tp"]
+    assert ov.step_s < on.step_s
+
+
+def test_faster_fabric_shortens_exposed_dp():
+    kw = dict(global_batch=64, micro_batch=1, seq=2048)
+    L = Layout(tp=1, dp=64, zero=0, dp_overlap=False)
+    a = train_step(TINY, "dgx-a100", 64, L, **kw)    # 200G NICs
+    h = train_step(TINY, "dgx-h100", 64, L, **kw)    # 400G NICs
+    assert h.breakdown_s["dp"] < 0.7 * a.breakdown_s["dp"]
+
+
+def test_throughput_and_mfu_consistent():
+    r = train_step("llama3-8b", "dgx-h100", 64, Layout(tp=2, dp=32, sp=True),
+                   global_batch=256, micro_batch=1, seq=8192)
+    assert r.tokens_per_s == pytest.approx(256 * 8192 / r.step_s)
+    flops = 256 * 8192 * 3 * r_model_fwd()
+    assert r.mfu == pytest.approx(flops / (r.step_s * 64 * 989e12))
+    assert 0 < r.mfu < 0.5      # below the stated efficiency: comm and bubble only add time
+
+
+def r_model_fwd():
+    from tilecomm.workloads.models import PRESETS
+    return PRESETS["llama3-8b"].fwd_flops_per_token(8192, causal=True)
+
+
+def test_invalid_batch_message():
+    with pytest.raises(ValueError, match="multiple of dp\\*micro_batch"):
+        train_step(TINY, "dgx-h100", 16, Layout(tp=1, dp=16), global_batch=20)
