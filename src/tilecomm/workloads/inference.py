@@ -18,7 +18,7 @@ NOTE [inference cost of one stage]
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from .comm import Placement, collective_us, p2p_us
 from .hardware import gpu_of
@@ -113,7 +113,10 @@ def infer(model: "str | ModelSpec", system: str, layout: Layout, batch: int,
         dec.mode, dec.kv_transfer_s = "serve", t_kv
         dec.breakdown_s = {"prefill_ttft": pre.latency_s, "kv_transfer": t_kv,
                            **{f"decode_{k}": v for k, v in dec.breakdown_s.items()}}
-        dec.collectives = pre.collectives + dec.collectives
+        dec.collectives = ([replace(c, parallelism=f"prefill {c.parallelism}")
+                            for c in pre.collectives] +
+                           [replace(c, parallelism=f"decode {c.parallelism}")
+                            for c in dec.collectives])
         return dec
 
     grp = groups(L, spec.gpus_per_node)
