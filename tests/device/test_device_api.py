@@ -1,0 +1,124 @@
+"""The device API under the Triton interpreter: tutorials, exact put/get, bounded waits."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+import tilecomm
+from tilecomm.device import errors as derr
+
+from .helpers import EXAMPLES, run_tutorial, tutorial
+
+
+def _env(interpret: bool) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    return env
+
+
+def test_import_tilecomm_does_not_import_triton():
+    code = ("import sys, tilecomm, tilecomm.device, tilecomm.heap.cuda, tilecomm.device.errors;"
+            "assert 'triton' not in sys.modules, 'triton imported'")
+    subprocess.run([sys.executable, "-c", code], check=True, env=_env(False), timeout=60)
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_put_get_exact(device_ranks, world_size):
+    # 02's run() compares inbox (put) and out (get) exactly with the numpy reference
+    checked = device_ranks(world_size).run(run_tutorial, "02_put_get", 300, 64, 2)
+    assert checked == [2 * 2 * 300] * world_size
+
+
+def test_notify_wait(device_ranks):
+    seen = device_ranks(2).run(run_tutorial, "01_notify_wait", 16, 3)
+    assert seen[0] == [[(i * 10 + e) * 2 for i in range(16)] for e in (1, 2, 3)]
+
+
+def test_barrier_all_and_subset(device_ranks):
+    res = device_ranks(4).run(run_tutorial, "03_barrier", 100, 32, 2)
+    assert res[0] == 4        # 2 even ranks x 2 rounds arrived at rank 0's counter
+
+
+def test_one_shot_all_reduce(device_ranks):
+    assert device_ranks(2).run(run_tutorial, "04_one_shot_all_reduce", 200, 64, 3) == [3, 3]
+
+
+def _silent_peer(comm, timeout):
+    """Rank 1 waits for rank 0 in ping_pong; rank 0 never launches it."""
+    from tilecomm.device import DeviceHeap
+
+    mod = tutorial("01_notify_wait")
+    heap = DeviceHeap.create(comm, timeout=timeout)
+    box = heap.alloc(16, mod.torch.int64)
+    pad = heap.signal_pad(2)
+    if comm.rank == 0:
+        return None
+    t = time.perf_counter()
+    mod.ping_pong[(1,)](box, pad, heap.bases, heap.rank, heap.errors, heap.timeout_ns, 7, N=16)
+    elapsed = time.perf_counter() - t
+    try:
+        heap.check("ping_pong")
+    except tilecomm.CommTimeout as e:
+        again = heap.errors.tolist()
+        return (type(e).__name__, str(e), e.rank, e.peer, e.epoch, e.slot, e.site, e.missing,
+                elapsed, again)
+    return ("no error", elapsed)
+
+
+def test_wait_on_silent_peer_raises_commtimeout(device_ranks):
+    t = time.perf_counter()
+    _, res = device_ranks(2).run(_silent_peer, 0.3)
+    assert time.perf_counter() - t < 15
+    assert res[0] == "DeviceTimeout", res
+    name, msg, rank, peer, epoch, slot, site, missing, elapsed, again = res
+    assert (rank, peer, epoch, slot, site, missing) == (1, 0, 7, 0, 1, (0,))
+    assert "ping_pong" in msg and "rank 1 timed out" in msg and "rank 0" in msg
+    assert "epoch 7" in msg
+    assert 0.3 <= elapsed < 10, elapsed
+    assert again == [0] * derr.ERR_WORDS      # check() cleared the record
+
+
+def test_decode_error_record():
+    assert derr.decode([0] * 8, "k") is None
+    words = [derr.BARRIER_TIMEOUT, 3, 1, 42, 9, 40, 5, 2]
+    e = derr.decode(words, "all_reduce", timeout=2.0)
+    assert isinstance(e, tilecomm.CommTimeout)
+    assert (e.rank, e.peer, e.epoch, e.slot, e.observed, e.site, e.count) == (3, 1, 42, 9, 40, 5, 2)
+    assert e.collective == "all_reduce" and e.missing == (1,)
+    s = str(e)
+    assert "rank 3 timed out after 2 s in a device barrier (site 5)" in s
+    assert "rank 1" in s and "epoch 42" in s and "holds 40" in s
+
+
+def test_cuda_heap_fails_clearly_without_cuda():
+    import torch
+    from tilecomm.heap.cuda import CudaHeap
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    with pytest.raises(tilecomm.CommError, match="CudaHeap: .*TRITON_INTERPRET=1"):
+        CudaHeap(0, 1, 1 << 20, lambda obj: [obj])
+
+
+@pytest.mark.parametrize("script,world", [("01_notify_wait", 2), ("04_one_shot_all_reduce", 4)])
+def test_tutorial_runs_as_script(script, world):
+    r = subprocess.run([sys.executable, os.path.join(EXAMPLES, script + ".py"), str(world)],
+                       env=_env(True), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip().endswith("ok")
+
+
+def test_every_kernel_compiles_for_sm90():
+    files = sorted(os.path.join(EXAMPLES, f) for f in os.listdir(EXAMPLES) if f.endswith(".py"))
+    r = subprocess.run([sys.executable, "-m", "tilecomm.device.compile_check", *files],
+                       env=_env(False), capture_output=True, text=True, timeout=300)
+    if r.returncode == 3:
+        pytest.skip(r.stderr.strip())
+    assert r.returncode == 0, r.stdout + r.stderr
+    ok = [line for line in r.stdout.splitlines() if line.startswith("ok ")]
+    assert len(ok) >= len(files) and "all compiled" in r.stdout, r.stdout
