@@ -79,7 +79,7 @@ def _weights_local(model: ModelSpec, L: Layout, tokens: float) -> tuple[float, f
     return dense + held_e, dense + read_e
 
 
-def infer(model: "str | ModelSpec", system: str, layout: Layout, batch: int,
+def infer(model: str | ModelSpec, system: str, layout: Layout, batch: int,
           prompt: int = 2048, gen: int = 256, mode: str = "decode", dtype: str = "bf16",
           decode_layout: Layout | None = None) -> InferResult:
     """Predict ``mode`` ('prefill' | 'decode' | 'serve') for ``batch`` requests of ``prompt``

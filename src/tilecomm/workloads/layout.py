@@ -58,7 +58,7 @@ class Layout:
     def as_dict(self) -> dict:
         return asdict(self)
 
-    def with_(self, **kw) -> "Layout":
+    def with_(self, **kw) -> Layout:
         return replace(self, **kw)
 
 

@@ -239,7 +239,7 @@ def spec_from_dict(d: dict, where: str = "") -> ModelSpec:
     return ModelSpec(**{"name": d.get("name", where.rstrip(": ") or "custom"), **d})
 
 
-def load_model(name_or_path: "str | ModelSpec") -> ModelSpec:
+def load_model(name_or_path: str | ModelSpec) -> ModelSpec:
     """A preset by name or a ``.json`` file (see docs/model.md for the format)."""
     if isinstance(name_or_path, ModelSpec):
         return name_or_path

@@ -61,7 +61,7 @@ def train_layouts(model: ModelSpec, gpus: int, gpus_per_node: int, global_batch:
                             yield L, mb
 
 
-def search_train(model: "str | ModelSpec", system: str, gpus: int, global_batch: int,
+def search_train(model: str | ModelSpec, system: str, gpus: int, global_batch: int,
                  seq: int = 4096, dtype: str = "bf16", mbs=(1, 2), zero: int = 1,
                  vpps=(1, 2, 4), tp_overlap: bool = False) -> list[StepResult]:
     """Every valid layout that fits in memory, fastest step first."""
@@ -81,7 +81,7 @@ def search_train(model: "str | ModelSpec", system: str, gpus: int, global_batch:
     return sorted(out, key=lambda r: (r.step_s, r.layout.pp, r.layout.tp))
 
 
-def search_infer(model: "str | ModelSpec", system: str, gpus: int, batch: int,
+def search_infer(model: str | ModelSpec, system: str, gpus: int, batch: int,
                  prompt: int = 2048, gen: int = 256, mode: str = "decode",
                  dtype: str = "bf16") -> list[InferResult]:
     """Replica layouts of exactly ``gpus`` GPUs that fit, lowest latency first."""

@@ -169,7 +169,7 @@ def memory(model: ModelSpec, L: Layout, micro_batch: int, seq: int, m: int, gpu:
             "total": total, "capacity": gpu.hbm_bytes, "usable": gpu.hbm_bytes * (1 - RESERVE)}
 
 
-def train_step(model: "str | ModelSpec", system: str, gpus: int, layout: Layout,
+def train_step(model: str | ModelSpec, system: str, gpus: int, layout: Layout,
                global_batch: int, micro_batch: int = 1, seq: int = 4096,
                dtype: str = "bf16") -> StepResult:
     """Predict one training step of ``model`` on ``gpus`` GPUs of ``system`` with ``layout``.

@@ -85,8 +85,8 @@ def points() -> list[Point]:
 def evaluate(p: Point) -> dict:
     """Prediction for one point: TFLOP/s per GPU in the source's convention, and the error."""
     r = train_step(p.model, p.system, p.gpus, p.layout, p.global_batch, 1, p.seq)
-    from .hardware import gpu_of
     from .comm import _spec
+    from .hardware import gpu_of
     peak = gpu_of(_spec(p.system)).peak("bf16")
     pred = r.hw_tflops_per_gpu if p.convention == "megatron" else r.mfu * peak / 1e12
     return {"source": p.source, "point": p.label, "published": p.published_tflops,
