@@ -104,16 +104,18 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
     # ---- collectives ---------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        for t in tensors:
-            check_tensor(t, "all_reduce")
+        with self.comm._validating("all_reduce"):
+            for t in tensors:
+                check_tensor(t, "all_reduce")
         for t in tensors:
             self._reduce_into(t, op, "all_reduce", None)
         return DoneWork(list(tensors))
 
     def allreduce_coalesced(self, tensors, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        for t in tensors:
-            check_tensor(t, "all_reduce_coalesced")
+        with self.comm._validating("all_reduce_coalesced"):
+            for t in tensors:
+                check_tensor(t, "all_reduce_coalesced")
         dtypes = {t.dtype for t in tensors}
         if len(dtypes) == 1 and all(t.is_contiguous() for t in tensors) and len(tensors) > 1:
             # One call for the whole list: flatten, reduce, split back.
@@ -130,7 +132,8 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
         return DoneWork(list(tensors))
 
     def reduce(self, tensors, opts=None):
-        t = self._single(tensors, "reduce")
+        with self.comm._validating("reduce"):
+            t = self._single(tensors, "reduce")
         root = opts.rootRank if opts is not None else 0
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         self._reduce_into(t, op, "reduce", root)
@@ -138,8 +141,9 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
 
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
-        for t in tensors:
-            check_tensor(t, "broadcast")
+        with self.comm._validating("broadcast"):
+            for t in tensors:
+                check_tensor(t, "broadcast")
         for t in tensors:
             f = Flat(t)
             self.comm.broadcast(f.x, root)

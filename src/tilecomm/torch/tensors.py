@@ -32,8 +32,8 @@ def check_tensor(t, collective: str, what: str = "tensor") -> torch.Tensor:
                         f"got {type(t).__name__}")
     if t.device.type != "cpu":
         raise RuntimeError(f"tilecomm backend: {collective} on a {t.device.type} tensor is not "
-                           f"supported: the tilecomm process group moves CPU tensors; use the "
-                           f"'nccl' backend for CUDA tensors")
+                           f"supported: the tilecomm process group moves CPU tensors only "
+                           f"(for CUDA tensors use the 'nccl' backend)")
     if t.layout != torch.strided:
         raise RuntimeError(f"tilecomm backend: {collective} on a {t.layout} tensor is not "
                            f"supported; pass a dense tensor (t.to_dense())")
