@@ -68,6 +68,9 @@ class Flat:
                 self.tensor.copy_(self.tmp)
 
 
+_PLANS: dict = {}
+
+
 def reduce_plan(t: torch.Tensor, opts_op, collective: str):
     """How to reduce ``t`` under torch's op: ``("native", ReduceOp, view)`` when the
     Communicator can do it (complex sums as float pairs), else ``("reference", fn, None)``.
@@ -75,6 +78,14 @@ def reduce_plan(t: torch.Tensor, opts_op, collective: str):
     Raises ``TypeError``/``ValueError`` naming the collective for combinations no backend defines.
     """
     op = getattr(opts_op, "op", opts_op)
+    key = (t.dtype, op)
+    plan = _PLANS.get(key)     # small calls are latency-bound: decide once per (dtype, op)
+    if plan is None:
+        plan = _PLANS[key] = _decide(t, op, collective)
+    return plan
+
+
+def _decide(t: torch.Tensor, op, collective: str):
     if op == RedOpType.PREMUL_SUM:
         raise ValueError(f"tilecomm backend: {collective}: PREMUL_SUM is not supported (it is an "
                          f"NCCL extension); scale the tensor and use SUM")

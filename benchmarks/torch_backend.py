@@ -1,0 +1,127 @@
+"""dist.all_reduce and a DDP step through the tilecomm torch.distributed backend vs Gloo.
+
+    python benchmarks/torch_backend.py -n 2 -b 8 -e 64M -f 4 --json benchmarks/results/torch_backend_2ranks.json
+
+Both backends run in the same invocation, one after the other, with the same sizes: each
+size is warmed up, then timed in ``--rounds`` rounds of back-to-back calls (separated by a
+barrier); a rank's figure is its median round, and the reported time is the slowest rank's.
+The DDP step is ``examples/ddp_train.py`` under torchrun (median step of ``--ddp-steps``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from statistics import median
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+from tilecomm.units import format_size, parse_size, sizes  # noqa: E402
+
+
+def _rank(rank, world, backend, path, byte_sizes, rounds, q):
+    import torch
+    import torch.distributed as dist
+
+    import tilecomm  # noqa: F401 - registers the backend
+
+    torch.set_num_threads(1)
+    dist.init_process_group(backend, init_method=f"file://{path}", rank=rank, world_size=world)
+    rows = []
+    for nbytes in byte_sizes:
+        t = torch.ones(max(1, nbytes // 4))
+        iters = max(5, min(1000, int(2e7 // max(nbytes, 1))))
+        for _ in range(3):
+            dist.all_reduce(t)
+        per_round = []
+        for _ in range(rounds):
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                dist.all_reduce(t)
+            per_round.append((time.perf_counter() - t0) / iters)
+        rows.append(median(per_round))
+    dist.destroy_process_group()
+    q.put((rank, rows))
+
+
+def time_all_reduce(backend: str, world: int, byte_sizes: list[int], rounds: int) -> list[float]:
+    """Seconds per dist.all_reduce (slowest rank's median round) for each size."""
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    fd, path = tempfile.mkstemp(prefix="tilecomm-bench-")
+    os.close(fd)
+    os.unlink(path)
+    procs = [ctx.Process(target=_rank, args=(r, world, backend, path, byte_sizes, rounds, q))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        per_rank = [q.get(timeout=1800)[1] for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+        if os.path.exists(path):
+            os.unlink(path)
+    return [max(r[i] for r in per_rank) for i in range(len(byte_sizes))]
+
+
+def ddp_step_ms(backend: str, world: int, steps: int, hidden: int) -> float:
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "losses.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", str(world), str(ROOT / "examples" / "ddp_train.py"),
+               "--backend", backend, "--steps", str(steps), "--hidden", str(hidden),
+               "--losses", str(out)]
+        subprocess.run(cmd, check=True, capture_output=True, timeout=1800,
+                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+        return json.loads(out.read_text())["step_ms"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-n", "--world-size", type=int, default=2)
+    ap.add_argument("-b", "--minbytes", default="8")
+    ap.add_argument("-e", "--maxbytes", default="64M")
+    ap.add_argument("-f", "--stepfactor", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--ddp-steps", type=int, default=60)
+    ap.add_argument("--ddp-hidden", type=int, nargs="+", default=[256, 1024])
+    ap.add_argument("--json", help="write the results here")
+    args = ap.parse_args()
+
+    byte_sizes = sizes(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)
+    ours = time_all_reduce("tilecomm", args.world_size, byte_sizes, args.rounds)
+    gloo = time_all_reduce("gloo", args.world_size, byte_sizes, args.rounds)
+    print(f"# dist.all_reduce float32 sum, {args.world_size} ranks, median of {args.rounds} "
+          f"rounds, slowest rank")
+    print(f"{'size':>8} {'tilecomm us':>12} {'gloo us':>10} {'speedup':>8}")
+    rows = []
+    for nbytes, a, b in zip(byte_sizes, ours, gloo):
+        print(f"{format_size(nbytes):>8} {a * 1e6:12.1f} {b * 1e6:10.1f} {b / a:7.2f}x")
+        rows.append({"bytes": nbytes, "tilecomm_us": a * 1e6, "gloo_us": b * 1e6})
+    ddp = []
+    for hidden in args.ddp_hidden:
+        a = ddp_step_ms("tilecomm", args.world_size, args.ddp_steps, hidden)
+        b = ddp_step_ms("gloo", args.world_size, args.ddp_steps, hidden)
+        params = 64 * hidden + hidden + hidden * hidden + hidden + hidden + 1
+        print(f"DDP step, hidden {hidden} ({params / 1e6:.2f} M params): tilecomm {a:.2f} ms, "
+              f"gloo {b:.2f} ms, {b / a:.2f}x")
+        ddp.append({"hidden": hidden, "params": params, "tilecomm_ms": a, "gloo_ms": b})
+    if args.json:
+        Path(args.json).write_text(json.dumps({"world_size": args.world_size,
+                                               "all_reduce": rows, "ddp": ddp}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
