@@ -13,7 +13,7 @@ import pytest
 
 import tilecomm
 
-from .helpers import _interpret
+from .helpers import _interpret, call
 
 class _DevicePools:
     def __init__(self):
@@ -42,7 +42,7 @@ class _Handle:
 
     def run(self, fn, *args):
         try:
-            return self.group.run(fn, *args)
+            return self.group.run(call, fn, *args)
         except BaseException:
             self.pools.groups.pop(self.world_size, None)
             raise

@@ -31,3 +31,15 @@ def tutorial(name: str):
 
 def run_tutorial(comm, name, *args, **kw):
     return tutorial(name).run(comm, *args, **kw)
+
+
+def call(comm, fn, *args):
+    """Run ``fn(comm, *args)``, then collect garbage: symmetric tensors are freed when their
+    last view dies, and a view kept alive by a reference cycle (a traceback) on one rank only
+    would make the next ``alloc`` diverge between ranks."""
+    import gc
+
+    try:
+        return fn(comm, *args)
+    finally:
+        gc.collect()
