@@ -79,6 +79,9 @@ class Communicator:
                 raise ValueError(f"alloc: shape must be non-negative ints, got {shape}")
             nbytes = int(np.prod(shape, dtype=np.int64)) * d.itemsize
             off = self._alloc.alloc(nbytes)
+        # Zero before the rendezvous: after it, a fast peer may already write into our copy.
+        raw = self._heap.block(self.rank, off, nbytes)
+        raw[:] = 0
         try:
             offsets = self._backend.rendezvous("alloc", nbytes, off)
         except BaseException:
@@ -88,8 +91,6 @@ class Communicator:
             self._alloc.free(off)
             raise CommError(f"alloc: symmetric heap diverged (offsets {offsets}); free symmetric "
                             f"tensors in the same order on every rank")
-        raw = self._heap.block(self.rank, off, nbytes)
-        raw[:] = 0
         weakref.finalize(raw.base, self._alloc.free, off)  # runs when the last view is gone
         return _as_tensor(raw, d).reshape(shape)
 
