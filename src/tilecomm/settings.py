@@ -43,6 +43,16 @@ class Settings:
     #: up; the host then raises CommTimeout. Measured with the GPU global timer (the
     #: interpreter: the CPU clock), so a dead peer costs about this long, never a hang.
     device_timeout: float = 10.0
+    #: TILECOMM_DEVICE_HEAP_BYTES: bytes of CUDA symmetric heap per rank for the GPU collective
+    #: kernels (staging, scratch, signal pads) and comm.alloc(..., device="cuda").
+    device_heap_bytes: int = 256 << 20
+    #: TILECOMM_CPU_KERNELS: what runs collectives on CPU tensors: "executor" (the numpy
+    #: schedule executor) or "triton" (the GPU kernels in the Triton interpreter on the
+    #: shared-memory heap, one process per rank: slow, for testing the GPU path without a GPU).
+    cpu_kernels: str = "executor"
+    #: TILECOMM_GPU_ONE_SHOT_MAX: largest all_reduce (bytes) for which auto picks the one_shot
+    #: kernel on GPU tensors (else two_shot).
+    gpu_one_shot_max: int = 256 << 10
 
 
 def _parse(kind, text: str):
@@ -70,6 +80,8 @@ def settings() -> Settings:
     if out.start_method not in ("fork", "spawn", "forkserver"):
         raise ValueError(f"TILECOMM_START_METHOD={out.start_method!r}: use fork, spawn or "
                          f"forkserver")
+    if out.cpu_kernels not in ("executor", "triton"):
+        raise ValueError(f"TILECOMM_CPU_KERNELS={out.cpu_kernels!r}: use executor or triton")
     if out.timeout <= 0:
         raise ValueError(f"TILECOMM_TIMEOUT={out.timeout!r}: must be > 0 seconds")
     if out.device_timeout <= 0:

@@ -1,6 +1,10 @@
 """The interface a backend implements. The Communicator validates calls and picks algorithms;
 a backend only moves bytes. Backends register per device type and are looked up by the tensor's
-device, so ops never branch on a backend's name."""
+device, so ops never branch on a backend's name.
+
+:data:`DEVICE_BACKENDS` maps a tensor's device type to a factory ``(communicator) -> Backend``;
+the Communicator creates each backend on the first call with such a tensor (collectively: every
+rank makes the same calls in the same order)."""
 
 from __future__ import annotations
 
@@ -40,11 +44,58 @@ class CollectiveCall:
     info: dict = field(default_factory=dict)
 
 
+def _cpu_backend(comm) -> "Backend":
+    from ..settings import settings
+
+    if settings().cpu_kernels == "triton":   # the GPU kernels in the Triton interpreter
+        return _triton_backend(comm, "cpu")
+    return comm._backend
+
+
+def _cuda_backend(comm) -> "Backend":
+    return _triton_backend(comm, "cuda")
+
+
+def _triton_backend(comm, device: str) -> "Backend":
+    import os
+    import sys
+
+    from ..errors import CommError
+
+    if device == "cpu":
+        if "triton" not in sys.modules:
+            os.environ["TRITON_INTERPRET"] = "1"
+        elif os.environ.get("TRITON_INTERPRET", "0").lower() not in ("1", "true", "yes", "on"):
+            raise CommError("TILECOMM_CPU_KERNELS=triton runs the kernels in the Triton "
+                            "interpreter, but triton was imported without TRITON_INTERPRET=1; "
+                            "set it before importing triton")
+    from .triton import TritonBackend
+
+    return TritonBackend(comm, device)
+
+
+#: device type -> factory of the backend for collectives on tensors of that device
+DEVICE_BACKENDS: dict[str, Callable] = {"cpu": _cpu_backend, "cuda": _cuda_backend}
+
+
 class Backend(abc.ABC):
     """Moves data between the ranks of one communicator."""
 
     rank: int
     world_size: int
+    #: False: ``CollectiveCall.buffers`` are flat uint8 numpy arrays (host executors); True:
+    #: flat torch tensors of the call's dtype on the backend's device (kernel backends)
+    tensor_buffers: bool = False
+    #: which rule set of ``tuner.choose`` resolves ``algo="auto"`` ("cpu", "gpu")
+    kind: str = "cpu"
+
+    def algorithms(self, collective: str) -> list[str] | None:
+        """Algorithms this backend runs for ``collective``; None: every registered schedule."""
+        return None
+
+    def check(self, collective: str, algo: str, dtype, op) -> None:
+        """Raise ``ValueError``/``TypeError`` naming what is supported if this backend cannot
+        run the call (before any rank starts it)."""
 
     @abc.abstractmethod
     def run(self, call: CollectiveCall) -> None:

@@ -1,0 +1,150 @@
+"""What a kernel launcher gets: the device heap, signal pad, scratch, staging, epochs.
+
+See the launcher contract in :mod:`tilecomm.backends.triton.registry`. This module does not
+import triton.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ...types import lookup_dtype
+
+#: signal groups allocated up front (``groups * world`` int64 slots); grown on demand
+INITIAL_GROUPS = 4096
+
+
+class KernelContext:
+    """One rank's kernel resources, shared by every call of a :class:`TritonBackend`."""
+
+    def __init__(self, heap, host, *, interpret: bool):
+        self.heap = heap
+        self.host = host                          # _HostComm: host collectives, never kernels
+        self.rank, self.world_size = heap.rank, heap.world_size
+        self.device = heap.device
+        self.interpret = interpret
+        #: elements per block, and the most programs a launch uses (persistent programs loop
+        #: over blocks): small in the interpreter (each program costs a signal exchange and
+        #: every op ~0.2 ms), one or two waves of SMs on a GPU
+        self.block = 128 if interpret else 1024
+        self.max_programs = 4 if interpret else 2 * _sm_count(heap.device)
+        self.epoch = 0
+        self.zero_copy = False
+        self._sym_offset = -1
+        self._pad = None
+        self._scratch: dict[str, torch.Tensor] = {}
+
+    # ---- per call -------------------------------------------------------------------------
+    def begin(self, zero_copy: bool) -> None:
+        """Called by the backend before each launcher: new epoch, zero-copy decision."""
+        self.epoch = self.heap.next_epoch()
+        self.zero_copy = zero_copy
+
+    def next_epoch(self) -> int:
+        """A fresh epoch for a second kernel launched by the same call."""
+        self.epoch = self.heap.next_epoch()
+        return self.epoch
+
+    def kernel_args(self) -> tuple:
+        """``(bases, rank, errors, timeout_ns)`` for the device-API functions."""
+        h = self.heap
+        return h.bases, h.rank, h.errors, h.timeout_ns
+
+    # ---- launch geometry ------------------------------------------------------------------
+    def programs(self, n: int, block: int | None = None) -> int:
+        """Programs for ``n`` elements (at least 1, at most ``max_programs``)."""
+        b = block or self.block
+        return max(1, min(self.max_programs, -(-int(n) // b)))
+
+    # ---- symmetric memory -----------------------------------------------------------------
+    def signals(self, groups: int) -> torch.Tensor:
+        """The int64 signal pad with at least ``groups * world_size`` slots (collective when it
+        grows; a new pad starts at zero, below every epoch, so growing needs no reset)."""
+        need = max(int(groups), 1) * self.world_size
+        if self._pad is None or self._pad.numel() < need:
+            size = max(need, INITIAL_GROUPS * self.world_size)
+            if self._pad is not None:
+                self._retire(self._pad)
+            self._pad = self.heap.signal_pad(size)
+        return self._pad
+
+    def scratch(self, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """A persistent symmetric 1-D tensor of at least ``numel`` elements of ``dtype`` for
+        ``name`` (contents undefined). Growing it is collective: every rank reaches the same
+        size in the same call, as calls match."""
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        nbytes = max(int(numel), 1) * itemsize
+        buf = self._scratch.get(name)
+        if buf is None or buf.numel() < nbytes:
+            nbytes = max(nbytes, 4096, 0 if buf is None else 2 * buf.numel())
+            nbytes = -(-nbytes // 256) * 256
+            if buf is not None:
+                del self._scratch[name]
+                self._retire(buf)
+            buf = self.heap.alloc(nbytes, torch.uint8)
+            self._scratch[name] = buf
+        return buf[: (buf.numel() // itemsize) * itemsize].view(dtype)[: max(int(numel), 1)]
+
+    def staged(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """The symmetric tensor peers read ``t`` (flat, local) from in this call: ``t`` itself
+        when ``zero_copy`` (every rank passed a heap tensor at the same offset), else a copy
+        into half ``epoch % 2`` of scratch ``name`` (rule 3 of the contract)."""
+        if self.zero_copy:
+            return t
+        n = t.numel()
+        half = self.scratch(name, 2 * n, t.dtype)[(self.epoch % 2) * n:(self.epoch % 2 + 1) * n]
+        half.copy_(t)
+        return half
+
+    def half(self, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        """Half ``epoch % 2`` of scratch ``name`` (``numel`` elements)."""
+        p = self.epoch % 2
+        return self.scratch(name, 2 * numel, dtype)[p * numel:(p + 1) * numel]
+
+    def _retire(self, t: torch.Tensor) -> None:
+        """Drop a symmetric tensor once no peer can still use it (collective)."""
+        self.heap.barrier()
+        free = getattr(self.heap, "free", None)
+        if free is not None:
+            free(t)
+
+    def heap_offset(self, t: torch.Tensor) -> int:
+        """Offset of ``t``'s data in this rank's heap, or -1 if it is not in the heap."""
+        if t.device != self.device or t.numel() == 0:
+            return -1
+        lo, hi = self.heap_range()
+        ptr = t.data_ptr()
+        end = ptr + t.numel() * t.element_size()
+        return ptr - lo if lo <= ptr and end <= hi else -1
+
+    def heap_range(self) -> tuple[int, int]:
+        """``[lo, hi)`` addresses of this rank's symmetric memory."""
+        h = self.heap
+        if hasattr(h, "comm") and hasattr(h.comm, "_heap_lo"):      # ShmDeviceHeap
+            return h.comm._heap_lo, h.comm._heap_hi
+        inner = getattr(h, "heap", None)                            # CudaDeviceHeap
+        base = inner.address(self.rank)
+        return base, base + inner.nbytes
+
+    # ---- host helpers ---------------------------------------------------------------------
+    def host_all_gather(self, values) -> list[list[int]]:
+        """Every rank's list of ints (same length everywhere), through the host communicator."""
+        arr = torch.tensor([int(v) for v in values], dtype=torch.int64)
+        out = self.host.all_gather(arr)
+        return out.reshape(self.world_size, -1).tolist()
+
+
+def _sm_count(device: torch.device) -> int:
+    try:
+        return int(torch.cuda.get_device_properties(device).multi_processor_count)
+    except Exception:  # noqa: BLE001 - a CPU device heap
+        return 8
+
+
+def np_of(t: torch.Tensor) -> np.ndarray:
+    """Flat uint8 numpy view of a CPU tensor (for the host executor)."""
+    return t.detach().reshape(-1).view(torch.uint8).numpy()
+
+
+__all__ = ["KernelContext", "lookup_dtype"]

@@ -1,0 +1,182 @@
+"""The GPU kernel table: ``(collective, algo) -> launcher``, and the launcher contract.
+
+Kernel families live in ``kernels/<family>.py`` and register their launchers with
+:func:`kernel`; :func:`load` imports the families (which imports triton: call it only where
+kernels run, after ``TRITON_INTERPRET`` is decided). A family file that does not exist yet is
+skipped, so families can be added independently; one that exists but fails to import raises.
+
+Names are the algorithm registry's (``tilecomm.algorithms``): a kernel implements the data
+movement of the schedule of the same name (which peer's chunk is read, reduced or written in
+which step), in pull or push form over symmetric memory.
+
+Launcher contract
+=================
+
+``launcher(ctx: KernelContext, call: CollectiveCall) -> None``
+
+``call`` (``tilecomm.backends.base.CollectiveCall``), as the Communicator built it:
+
+* ``collective, algo``: the table key. ``dtype``: ``tilecomm.types.DType`` (``dtype.torch``).
+  ``op``: ``ReduceOp`` (reducing collectives) or None. ``root``: broadcast/reduce root.
+* ``buffers``: **flat, contiguous 1-D torch tensors of ``dtype.torch`` on ``ctx.device``**
+  (the caller's tensors, or contiguous temporaries the Communicator copies back afterwards):
+
+  ==============  ===========================================================================
+  all_reduce      ``buf``: ``count`` elements, in and out (in place)
+  broadcast       ``buf``: ``count`` elements; root's is the input, every rank's the output
+  reduce          ``buf``: ``count`` elements; reduced into the root's
+  all_gather      ``in``: ``count``; ``out``: ``world * count`` (rank j's input at ``j*count``)
+  reduce_scatter  ``in``: ``count`` (= ``world * m``); ``out``: ``m`` (this rank's chunk)
+  all_to_all      ``in``, ``out``: ``count`` (= ``world * m``); block j of in goes to rank j,
+                  ``out``'s block j comes from rank j
+  all_to_all_v    ``count`` = elements per row; ``in``: ``sum(send_rows) * count``;
+                  ``send_rows[j]`` rows go to rank j; ``recv_rows`` may be None (learn the
+                  counts with ``ctx.host_all_gather``); ``out`` is absent when ``recv_rows``
+                  was not given: create it with ``call.make_out(total_rows)`` (returns a flat
+                  tensor of ``total_rows * count`` elements on ``ctx.device``)
+  ==============  ===========================================================================
+
+* Outputs must be fully written when the launcher returns (kernels queued on the current
+  stream count: the backend synchronizes when it reads the error record).
+
+``ctx`` (:class:`tilecomm.backends.triton.context.KernelContext`) gives:
+
+* ``heap`` (``tilecomm.device.DeviceHeap``), ``rank``, ``world_size``, ``device``,
+  ``interpret`` (kernels run in the Triton interpreter).
+* ``epoch``: the epoch of this call's first launch (``heap.next_epoch()``, equal on every
+  rank); a launcher that launches more kernels takes ``ctx.next_epoch()`` for each.
+* ``kernel_args()``: ``(bases, rank, errors, timeout_ns)``, the device-API arguments.
+* ``signals(groups)``: the int64 symmetric signal pad with at least ``groups * world`` slots.
+  **Slot rule**: slot ``g * world + p`` of any rank's pad is written by rank ``p`` only (as
+  ``lang.barrier(pad, g * world, ...)`` does), whatever the kernel. Values are epochs.
+* ``scratch(name, numel, dtype)``: a persistent symmetric tensor (at least ``numel``
+  elements, contents undefined) per name; growing it is collective and every rank asks for
+  the same sizes because the calls match.
+* ``staged(name, t)``: the symmetric copy of local tensor ``t`` that peers may read in this
+  call: ``t`` itself when every rank passed a heap tensor at the same offset (``comm.alloc``:
+  zero copy, ``ctx.zero_copy`` True), else a copy into scratch half ``epoch % 2`` of ``name``.
+* ``programs(n)``, ``block``: grid size for ``n`` elements per chunk and the block size.
+* ``host_all_gather(ints)``: list of every rank's list of ints (host communicator; for
+  counts).
+
+Rules every kernel follows (they make consecutive calls of *different* kernels on the same
+pad and scratch safe, see docs/device-api.md "Collective kernels"):
+
+1. Slot rule above; a wait is ``>= epoch`` on a slot written by the rank it names.
+2. A call completes on a rank only after every rank has *started* it (every rank's data, or
+   a barrier, reaches every rank). Hence when a rank starts call k+1 every rank has finished
+   call k-1.
+3. Data peers read or write lives in a parity half (``epoch % 2``) of a scratch buffer, or in
+   the caller's heap tensor (``ctx.zero_copy``) -- then the kernel syncs once more before it
+   returns or before it overwrites that tensor (the caller may modify it right after).
+4. In the interpreter a grid's programs run one after another: program ``i`` may wait only on
+   peers' programs (use per-program slot groups), never on a later program of its own launch.
+5. Signals are int64 atomics (integer atomics are atomic across processes in the
+   interpreter; its fp16/bf16 atomics are not). Reductions accumulate in fp32 for fp16/bf16.
+
+A launcher is registered with the dtypes and ops it supports; the backend rejects other calls
+before launching, with a message that names what is supported.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+#: kernel families, imported by :func:`load` if their module exists
+FAMILIES = ("all_reduce", "gather_scatter", "all_to_all", "broadcast")
+
+FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+ALL_DTYPES = FLOATS + (torch.float64, torch.int32, torch.int64)
+REDUCE_OPS = ("sum", "avg", "min", "max", "prod")
+
+Launcher = Callable[["object", "object"], None]  # (KernelContext, CollectiveCall) -> None
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    collective: str
+    algo: str
+    launch: Launcher
+    dtypes: tuple
+    ops: tuple
+    #: COMPILE entries ``(jit_fn, signature, constexprs)`` for the sm_90 compile check
+    compile: tuple = ()
+
+
+#: ``(collective, algo) -> KernelSpec``; filled by the family modules on :func:`load`
+KERNELS: dict[tuple[str, str], KernelSpec] = {}
+
+
+def kernel(collective: str, algo: str, *, dtypes=ALL_DTYPES, ops=REDUCE_OPS) -> Callable:
+    """Decorator registering ``launcher(ctx, call)`` as the GPU kernel of ``collective/algo``.
+
+    ``algo`` must be a registered schedule of ``collective`` (same data movement). ``dtypes``:
+    torch dtypes it handles; ``ops``: ReduceOp values (ignored for non-reducing collectives).
+    """
+    from ...algorithms.registry import algorithms
+
+    if algo not in algorithms(collective):
+        raise ValueError(f"GPU kernel {collective}/{algo}: no schedule of that name; the "
+                         f"kernels implement registered algorithms ({algorithms(collective)})")
+
+    def deco(fn: Launcher) -> Launcher:
+        key = (collective, algo)
+        if key in KERNELS and KERNELS[key].launch is not fn:
+            raise ValueError(f"GPU kernel {collective}/{algo} registered twice")
+        KERNELS[key] = KernelSpec(collective, algo, fn, tuple(dtypes), tuple(ops))
+        return fn
+
+    return deco
+
+
+_loaded = False
+
+
+def load() -> dict[tuple[str, str], KernelSpec]:
+    """Import every kernel family that exists (imports triton) and return :data:`KERNELS`."""
+    global _loaded
+    if not _loaded:
+        for fam in FAMILIES:
+            name = f"{__package__}.kernels.{fam}"
+            if importlib.util.find_spec(name) is not None:
+                importlib.import_module(name)
+        _loaded = True
+    return KERNELS
+
+
+def supported(collective: str) -> list[str]:
+    """Algorithms with a GPU kernel for ``collective`` (loads the families)."""
+    return [a for (c, a) in load() if c == collective]
+
+
+def lookup(collective: str, algo: str, dtype: torch.dtype, op: str | None) -> KernelSpec:
+    """The kernel for a call, or ``ValueError``/``TypeError`` naming what is supported."""
+    table = load()
+    spec = table.get((collective, algo))
+    if spec is None:
+        have = supported(collective)
+        raise ValueError(f"{collective}: no GPU kernel for algorithm {algo!r}; GPU kernels: "
+                         f"{', '.join(have) or 'none'} (or algo='auto')")
+    if dtype not in spec.dtypes:
+        names = ", ".join(str(d).removeprefix("torch.") for d in spec.dtypes)
+        raise TypeError(f"{collective}/{algo}: GPU kernel does not support "
+                        f"{str(dtype).removeprefix('torch.')}; supported: {names}")
+    if op is not None and op not in spec.ops:
+        raise ValueError(f"{collective}/{algo}: GPU kernel does not support op {op!r}; "
+                         f"supported: {', '.join(spec.ops)}")
+    return spec
+
+
+def compile_entries() -> list[tuple]:
+    """Every registered kernel's COMPILE entries (for tilecomm.device.compile_check)."""
+    out = []
+    for fam in FAMILIES:
+        name = f"{__package__}.kernels.{fam}"
+        if importlib.util.find_spec(name) is not None:
+            out.extend(getattr(importlib.import_module(name), "COMPILE", []))
+    return out
