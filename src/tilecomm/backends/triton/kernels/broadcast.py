@@ -1,0 +1,136 @@
+"""broadcast kernel: direct (``algorithms/direct.py``: every non-root rank copies the root's
+buffer).
+
+Choice: **non-roots get** (pull) from a symmetric copy on the root, rather than the root
+putting into every peer. Pull moves the fewest bytes: the root writes its buffer once (into
+its staging half) and each non-root reads it once, remotely, straight into its own buffer;
+push would make the root read its buffer W-1 times and each non-root copy staging -> buffer
+once more. With zero copy (every rank's ``buf`` is a heap tensor at the same offset) the root
+does not even stage: peers read its ``buf`` directly.
+
+``direct_broadcast``, grid ``(P,)``; program ``pid`` owns blocks ``pid, pid + P, ...``:
+
+    arrive   program 0: slot ``G * W + rank`` of every peer = epoch (G = the arrival group)
+    root     [copy its blocks of buf -> staging half ``epoch % 2``]  (skipped with zero copy)
+             slot ``pid * W + root`` of every peer = epoch                (release: published)
+             [zero copy: wait slot ``pid * W + q`` >= epoch of every q]   (peers done reading)
+    other    wait slot ``pid * W + root`` >= epoch; get its blocks of the root's source
+             [zero copy: slot ``pid * W + rank`` of the root = epoch]     (done reading)
+    end      program 0: wait slot ``G * W + q`` >= epoch of every q       (all ranks started)
+
+* Slot rule: slot ``g * W + p`` is written by rank ``p`` only.
+* Contract rule 2 (a call completes only after every rank started it): the final arrival
+  wait. It costs the root nothing on its data path (it publishes first) and almost never
+  blocks a non-root, which already heard from the root.
+* Buffer reuse: the root writes staging half ``h = epoch % 2`` in call ``c``; its last reader
+  was call ``c - 2`` at the latest (one epoch per call), finished by every rank (rule 2). The
+  half size only grows after a host barrier (``all_to_all.halves``). With zero copy, the
+  root returns only after every peer read its ``buf`` (the caller may overwrite it next).
+* Per-program slots: a non-root program waits on the root's program with the same id, the
+  root's programs wait on the same-id programs of the peers (zero copy), program 0 on the
+  peers' programs 0, each of which signals before it waits: no deadlock when programs run
+  one after another (the interpreter).
+
+Data moves as machine words (int64/int32/int16/uint8 views), so any dtype works.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tilecomm.device import lang
+
+from ..registry import kernel
+from .all_to_all import BLOCK_GPU, DTYPES, as_words, halves, word_for
+
+
+
+@triton.jit
+def direct_broadcast(buf, src, pad, n, root, arrive_group, bases, rank, err, timeout_ns, epoch,
+                     WORLD: tl.constexpr, BLOCK: tl.constexpr, STAGE: tl.constexpr):
+    """``buf``: local, ``n`` words (the root's input, every other rank's output). ``src``:
+    symmetric, the words peers read: the root's staging half (``STAGE``: the root copies
+    ``buf`` into it first), or ``buf`` itself (zero copy)."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    if pid == 0:
+        for p in tl.static_range(WORLD):
+            if p != rank:
+                lang.signal_set(pad, arrive_group * WORLD + rank, epoch, p, bases, rank)
+    ar = tl.arange(0, BLOCK)
+    nblk = tl.cdiv(n, BLOCK).to(tl.int32)
+    if rank == root:
+        if STAGE:
+            for b in range(pid, nblk, nprog):
+                offs = tl.cast(b, tl.int64) * BLOCK + ar
+                m = offs < n
+                tl.store(src + offs, tl.load(buf + offs, mask=m), mask=m)
+        for p in tl.static_range(WORLD):
+            if p != rank:
+                lang.signal_set(pad, pid * WORLD + rank, epoch, p, bases, rank)
+        if not STAGE:
+            for p in tl.static_range(WORLD):
+                if p != rank:
+                    lang.wait_ge(pad, pid * WORLD + p, epoch, p, err, rank, timeout_ns, site=3)
+    else:
+        if lang.wait_ge(pad, pid * WORLD + root, epoch, root, err, rank, timeout_ns, site=1):
+            remote = lang.peer_ptr(src, root, bases, rank)
+            for b in range(pid, nblk, nprog):
+                offs = tl.cast(b, tl.int64) * BLOCK + ar
+                m = offs < n
+                tl.store(buf + offs, tl.load(remote + offs, mask=m), mask=m)
+            if not STAGE:
+                lang.signal_set(pad, pid * WORLD + rank, epoch, root, bases, rank)
+    if pid == 0:
+        for p in tl.static_range(WORLD):
+            if p != rank:
+                lang.wait_ge(pad, arrive_group * WORLD + p, epoch, p, err, rank, timeout_ns,
+                             site=2)
+
+
+def _sig(word: str) -> dict:
+    return {"buf": f"*{word}", "src": f"*{word}", "pad": "*i64", "n": "i64", "root": "i32",
+            "arrive_group": "i32", "bases": "*i64", "rank": "i32", "err": "*i64",
+            "timeout_ns": "i64", "epoch": "i64"}
+
+
+#: sm_90 compile list (tilecomm.device.compile_check): every word size, staged and zero copy
+COMPILE = [(direct_broadcast, _sig(w), {"WORLD": 8, "BLOCK": BLOCK_GPU, "STAGE": 1})
+           for w in ("i64", "i32", "i16", "u8")] + [
+    (direct_broadcast, _sig("i64"), {"WORLD": 8, "BLOCK": BLOCK_GPU, "STAGE": 0}),
+    (direct_broadcast, _sig("i64"), {"WORLD": 2, "BLOCK": BLOCK_GPU, "STAGE": 1})]
+
+
+@kernel("broadcast", "direct", dtypes=DTYPES)
+def launch_broadcast(ctx, call) -> None:
+    """``buf``: ``count`` elements; the root's is copied into every other rank's."""
+    w = ctx.world_size
+    buf = call.buffers["buf"]
+    nbytes = call.count * buf.element_size()
+    wsize, word = word_for(nbytes, 8)
+    n = nbytes // wsize
+    block = ctx.block if ctx.interpret else BLOCK_GPU
+    nprog = ctx.programs(max(n, 1), block)
+    zero_copy = bool(ctx.zero_copy) and n > 0 and buf.data_ptr() % wsize == 0
+    if n == 0:
+        bw = torch.empty(1, dtype=word, device=ctx.device)
+    elif buf.data_ptr() % wsize == 0:
+        bw = buf.view(torch.uint8).view(word)
+    else:
+        bw = as_words(buf, word)
+    if zero_copy:
+        src = bw
+    else:
+        raw, half_bytes = halves(ctx, "direct_broadcast.staging", max(n, 1) * wsize)
+        h = ctx.epoch % 2
+        src = raw[h * half_bytes:(h + 1) * half_bytes].view(word)
+    # groups 0..nprog-1: publish/done per program; group nprog: arrivals
+    pad = ctx.signals(nprog + 1)
+    bases, rank, errors, timeout_ns = ctx.kernel_args()
+    direct_broadcast[(nprog,)](bw, src, pad, n, call.root, nprog, bases, rank, errors,
+                               timeout_ns, ctx.epoch, WORLD=w, BLOCK=block,
+                               STAGE=0 if zero_copy else 1)
+    if n and bw.data_ptr() != buf.data_ptr() and ctx.rank != call.root:
+        buf.view(torch.uint8).copy_(bw.view(torch.uint8))
