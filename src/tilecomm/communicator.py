@@ -18,7 +18,7 @@ import torch
 
 from . import tuner
 from .algorithms.registry import algorithms
-from .backends.base import Backend, CollectiveCall
+from .backends.base import DEVICE_BACKENDS, Backend, CollectiveCall
 from .errors import CommError
 from .heap.allocator import HeapAllocator
 from .types import DType, ReduceOp, lookup_dtype
@@ -39,7 +39,8 @@ class Communicator:
         self.rank = backend.rank
         self.world_size = backend.world_size
         self.timeout = timeout
-        self._backend = backend
+        self._backend = backend             # host backend: handshakes, send/recv, CPU tensors
+        self._backends: dict[str, Backend] = {}   # device type -> backend of its collectives
         self._heap = heap
         lay = heap.layout
         self._alloc = HeapAllocator(lay.heap_offset, lay.heap_bytes)
@@ -55,6 +56,10 @@ class Communicator:
         if not self._closed:
             self._closed = True
             self._memos.clear()
+            for be in self._backends.values():
+                if be is not self._backend:
+                    be.close()
+            self._backends.clear()
             self._backend.close()
 
     def __enter__(self) -> "Communicator":
@@ -67,11 +72,18 @@ class Communicator:
         return f"Communicator(rank={self.rank}, world_size={self.world_size})"
 
     # ---- symmetric memory -----------------------------------------------------------------
-    def alloc(self, shape: int | Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def alloc(self, shape: int | Sequence[int], dtype: torch.dtype = torch.float32,
+              device: str | torch.device | None = None) -> torch.Tensor:
         """A zero-filled tensor in symmetric memory (collective: all ranks, same order/sizes).
 
         Collectives on it read it where it is (no staging copy); :meth:`peer` views a peer's copy.
+        ``device="cuda"`` allocates from the device backend's symmetric heap (CUDA IPC), which
+        the GPU kernels read without staging.
         """
+        if device is not None and torch.device(device).type != "cpu":
+            with self._validating("alloc"):
+                be = self._backend_for_device(torch.device(device).type)
+            return be.alloc(shape, dtype)
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         with self._validating("alloc"):
             d = lookup_dtype(dtype, what="alloc")
@@ -122,12 +134,13 @@ class Communicator:
         w = self.world_size
         with self._validating("all_gather"):
             d = self._dtype(tensor, "all_gather")
+            be = self._backend_for(tensor)
             shape = (w * tensor.shape[0], *tensor.shape[1:]) if tensor.dim() else (w,)
-            out = self._out(out, shape, tensor.dtype, "all_gather")
-            algo = self._algo("all_gather", algo, out.numel() * d.itemsize)
-            src, dst = _Bytes(tensor, "all_gather", write=False), _Bytes(out, "all_gather",
-                                                                           read=False)
-        self._run("all_gather", algo, d, tensor.numel(), {"in": src.flat, "out": dst.flat})
+            out = self._out(out, shape, tensor, "all_gather")
+            algo = self._algo("all_gather", algo, out.numel() * d.itemsize, be, d)
+            src = _buffer(be, tensor, "all_gather", write=False)
+            dst = _buffer(be, out, "all_gather", read=False)
+        self._run(be, "all_gather", algo, d, tensor.numel(), {"in": src.flat, "out": dst.flat})
         dst.finish()
         return out
 
@@ -138,14 +151,15 @@ class Communicator:
         with self._validating("reduce_scatter"):
             rop = ReduceOp.parse(op)
             d = self._dtype(tensor, "reduce_scatter", rop)
+            be = self._backend_for(tensor)
             self._check_rows(tensor, "reduce_scatter")
-            out = self._out(out, (tensor.shape[0] // w, *tensor.shape[1:]), tensor.dtype,
+            out = self._out(out, (tensor.shape[0] // w, *tensor.shape[1:]), tensor,
                             "reduce_scatter")
-            algo = self._algo("reduce_scatter", algo, tensor.numel() * d.itemsize)
-            src = _Bytes(tensor, "reduce_scatter", write=False)
-            dst = _Bytes(out, "reduce_scatter", read=False)
-        self._run("reduce_scatter", algo, d, tensor.numel(), {"in": src.flat, "out": dst.flat},
-                  op=rop)
+            algo = self._algo("reduce_scatter", algo, tensor.numel() * d.itemsize, be, d, rop)
+            src = _buffer(be, tensor, "reduce_scatter", write=False)
+            dst = _buffer(be, out, "reduce_scatter", read=False)
+        self._run(be, "reduce_scatter", algo, d, tensor.numel(),
+                  {"in": src.flat, "out": dst.flat}, op=rop)
         dst.finish()
         return out
 
@@ -163,22 +177,23 @@ class Communicator:
         key = self._memo_key(name, tensor, op, algo, root)
         memo = self._memos.get(key) if key is not None else None
         if memo is not None:   # the same small call again: skip validation and view-making
-            self._backend.run(memo)
+            memo[0].run(memo[1])
             return tensor
         with self._validating(name):
             if name != "all_reduce":
                 self._check_rank(root, name, "root")
             rop = None if op is None else ReduceOp.parse(op)
             d = self._dtype(tensor, name, rop)
-            resolved = self._algo(name, algo, tensor.numel() * d.itemsize)
-            buf = _Bytes(tensor, name, heap=self._heap_bytes)
+            be = self._backend_for(tensor)
+            resolved = self._algo(name, algo, tensor.numel() * d.itemsize, be, d, rop)
+            buf = _buffer(be, tensor, name, heap=self._heap_bytes)
         call = CollectiveCall(name, resolved, d, tensor.numel(), {"buf": buf.flat}, op=rop,
                               root=root, cache_key=key)
         if key is not None:
             if len(self._memos) >= _MEMO_ENTRIES:
                 self._memos.pop(next(iter(self._memos)))
-            self._memos[key] = call
-        self._backend.run(call)
+            self._memos[key] = (be, call)
+        be.run(call)
         buf.finish()
         return tensor
 
@@ -188,12 +203,13 @@ class Communicator:
         holds, in rank order, the block each rank sent here."""
         with self._validating("all_to_all"):
             d = self._dtype(tensor, "all_to_all")
+            be = self._backend_for(tensor)
             self._check_rows(tensor, "all_to_all")
-            out = self._out(out, tuple(tensor.shape), tensor.dtype, "all_to_all")
-            algo = self._algo("all_to_all", algo, tensor.numel() * d.itemsize)
-            src = _Bytes(tensor, "all_to_all", write=False)
-            dst = _Bytes(out, "all_to_all", read=False)
-        self._run("all_to_all", algo, d, tensor.numel(), {"in": src.flat, "out": dst.flat})
+            out = self._out(out, tuple(tensor.shape), tensor, "all_to_all")
+            algo = self._algo("all_to_all", algo, tensor.numel() * d.itemsize, be, d)
+            src = _buffer(be, tensor, "all_to_all", write=False)
+            dst = _buffer(be, out, "all_to_all", read=False)
+        self._run(be, "all_to_all", algo, d, tensor.numel(), {"in": src.flat, "out": dst.flat})
         dst.finish()
         return out
 
@@ -209,6 +225,7 @@ class Communicator:
         holder: list[torch.Tensor] = []
         with self._validating("all_to_all_v"):
             d = self._dtype(tensor, "all_to_all_v")
+            be = self._backend_for(tensor)
             if tensor.dim() == 0:
                 raise ValueError("all_to_all_v: tensor needs at least one dimension")
             send = self._counts(send_counts, "send_counts")
@@ -216,26 +233,27 @@ class Communicator:
                 raise ValueError(f"all_to_all_v: send_counts sum to {sum(send)} but tensor has "
                                  f"{tensor.shape[0]} rows")
             recv = None if recv_counts is None else self._counts(recv_counts, "recv_counts")
-            algo = self._algo("all_to_all_v", algo, tensor.numel() * d.itemsize)
+            algo = self._algo("all_to_all_v", algo, tensor.numel() * d.itemsize, be, d)
             rest = tuple(tensor.shape[1:])
             row = int(np.prod(rest, dtype=np.int64))
 
             def make_out(rows: int) -> np.ndarray:
-                holder.append(torch.empty((rows, *rest), dtype=tensor.dtype))
-                return _Bytes(holder[-1], "all_to_all_v", read=False).flat
+                holder.append(torch.empty((rows, *rest), dtype=tensor.dtype,
+                                          device=tensor.device))
+                return _buffer(be, holder[-1], "all_to_all_v", read=False).flat
 
-            bufs = {"in": _Bytes(tensor, "all_to_all_v", write=False).flat}
+            bufs = {"in": _buffer(be, tensor, "all_to_all_v", write=False).flat}
             dst = None
             if out is not None:
                 if recv is None:
                     raise ValueError("all_to_all_v: out= needs recv_counts")
-                out = self._out(out, (sum(recv), *rest), tensor.dtype, "all_to_all_v")
-                dst = _Bytes(out, "all_to_all_v", read=False)
+                out = self._out(out, (sum(recv), *rest), tensor, "all_to_all_v")
+                dst = _buffer(be, out, "all_to_all_v", read=False)
                 bufs["out"] = dst.flat
                 holder.append(out)
             elif recv is not None:
                 bufs["out"] = make_out(sum(recv))
-        self._run("all_to_all_v", algo, d, row, bufs, send_rows=send, recv_rows=recv,
+        self._run(be, "all_to_all_v", algo, d, row, bufs, send_rows=send, recv_rows=recv,
                   make_out=make_out)
         if dst is not None:
             dst.finish()
@@ -252,6 +270,7 @@ class Communicator:
         self._check_open()
         self._check_rank(peer, "send", "peer", not_self=True)
         d = self._dtype(tensor, "send")
+        _host_tensor(tensor, "send")
         self._backend.send(_Bytes(tensor, "send", write=False).flat, d, tensor.numel(), peer)
 
     def recv(self, tensor: torch.Tensor, peer: int) -> torch.Tensor:
@@ -259,6 +278,7 @@ class Communicator:
         self._check_open()
         self._check_rank(peer, "recv", "peer", not_self=True)
         d = self._dtype(tensor, "recv")
+        _host_tensor(tensor, "recv")
         buf = _Bytes(tensor, "recv", read=False)
         self._backend.recv(buf.flat, d, tensor.numel(), peer)
         buf.finish()
@@ -299,8 +319,43 @@ class Communicator:
         off = ptr - self._heap_lo + self._heap.layout.heap_offset
         return self._heap.segment(self.rank)[off:off + t.numel() * t.element_size()]
 
-    def _run(self, collective, algo, d: DType, count, buffers, **kw) -> None:
-        self._backend.run(CollectiveCall(collective, algo, d, count, buffers, **kw))
+    def _run(self, be: Backend, collective, algo, d: DType, count, buffers, **kw) -> None:
+        be.run(CollectiveCall(collective, algo, d, count, buffers, **kw))
+
+    # NOTE [device dispatch]: collectives go to the backend of the tensor's device type
+    # (backends.base.DEVICE_BACKENDS: "cpu" -> the host executor, or the Triton kernels in the
+    # interpreter under TILECOMM_CPU_KERNELS=triton; "cuda" -> the Triton kernels). A backend
+    # is created on the first call that needs it; creating it is collective, which holds
+    # because every rank makes the same calls in the same order.
+    def _backend_for(self, t: torch.Tensor) -> Backend:
+        return self._backend_for_device(t.device.type)
+
+    def _backend_for_device(self, kind: str) -> Backend:
+        be = self._backends.get(kind)
+        if be is None:
+            factory = DEVICE_BACKENDS.get(kind)
+            if factory is None:
+                raise TypeError(f"no backend for {kind} tensors; supported devices: "
+                                f"{', '.join(DEVICE_BACKENDS)}")
+            be = self._backends[kind] = factory(self)
+        return be
+
+    def use_cpu_kernels(self, kind: str) -> None:
+        """Run collectives on CPU tensors with ``"executor"`` (the schedule executor, default)
+        or ``"triton"`` (the GPU kernels in the Triton interpreter; for tests). Same as
+        TILECOMM_CPU_KERNELS, per communicator. Collective when it creates the kernel backend."""
+        from .backends.base import _triton_backend
+
+        if kind not in ("executor", "triton"):
+            raise ValueError(f"use_cpu_kernels: kind must be 'executor' or 'triton', got {kind!r}")
+        old = self._backends.get("cpu")
+        want_triton = kind == "triton"
+        if old is not None and (old is not self._backend) == want_triton:
+            return
+        if old is not None and old is not self._backend:
+            old.close()
+        self._memos.clear()
+        self._backends["cpu"] = _triton_backend(self, "cpu") if want_triton else self._backend
 
     @contextlib.contextmanager
     def _validating(self, collective: str):
@@ -320,21 +375,28 @@ class Communicator:
     def _dtype(self, t, what: str, op: ReduceOp | None = None) -> DType:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{what}: expected a torch.Tensor, got {type(t).__name__}")
-        if t.device.type != "cpu":
-            raise TypeError(f"{what}: tensor is on {t.device}; this communicator moves CPU "
-                            f"tensors (GPU kernels are a separate backend)")
+        if t.device.type not in DEVICE_BACKENDS:
+            raise TypeError(f"{what}: tensor is on {t.device}; collectives take tensors on "
+                            f"{', '.join(DEVICE_BACKENDS)}")
         if t.layout != torch.strided:
             raise TypeError(f"{what}: {t.layout} tensors are not supported; pass a dense tensor "
                             f"(e.g. t.to_dense())")
         return lookup_dtype(t.dtype, op=op, what=what)
 
-    def _algo(self, collective: str, algo: str, nbytes: int) -> str:
+    def _algo(self, collective: str, algo: str, nbytes: int, be: Backend | None = None,
+              d: DType | None = None, op: ReduceOp | None = None) -> str:
+        be = be or self._backend
+        avail = be.algorithms(collective)
         if algo == "auto":
-            return tuner.choose(collective, nbytes, self.world_size)
-        names = algorithms(collective)
-        if algo not in names:
-            raise ValueError(f"{collective}: unknown algorithm {algo!r}; choose one of "
-                             f"{', '.join(names)} or 'auto'")
+            algo = tuner.choose(collective, nbytes, self.world_size, kind=be.kind,
+                                available=avail)
+        else:
+            names = algorithms(collective)
+            if algo not in names:
+                raise ValueError(f"{collective}: unknown algorithm {algo!r}; choose one of "
+                                 f"{', '.join(names)} or 'auto'")
+        if d is not None:
+            be.check(collective, algo, d.torch, op)
         return algo
 
     def _check_rank(self, r, what: str, name: str, not_self: bool = False) -> None:
@@ -358,15 +420,16 @@ class Communicator:
         return vals
 
     @staticmethod
-    def _out(out, shape, dtype, what: str) -> torch.Tensor:
+    def _out(out, shape, like: torch.Tensor, what: str) -> torch.Tensor:
+        dtype = like.dtype
         if out is None:
-            return torch.empty(shape, dtype=dtype)
+            return torch.empty(shape, dtype=dtype, device=like.device)
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(shape):
             got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
             raise ValueError(f"{what}: out must have shape {tuple(shape)}, got {got}")
-        if out.dtype != dtype or out.device.type != "cpu":
-            raise TypeError(f"{what}: out must be a CPU {dtype} tensor, got {out.dtype} on "
-                            f"{out.device}")
+        if out.dtype != dtype or out.device != like.device:
+            raise TypeError(f"{what}: out must be a {dtype} tensor on {like.device}, got "
+                            f"{out.dtype} on {out.device}")
         return out
 
 
@@ -398,6 +461,39 @@ class _Bytes:
         if self.tmp is not None and self.write:
             with torch.no_grad():
                 self.tensor.copy_(self.tmp)
+
+
+def _host_tensor(t: torch.Tensor, what: str) -> None:
+    if t.device.type != "cpu":
+        raise TypeError(f"{what}: point-to-point takes CPU tensors, got one on {t.device}")
+
+
+class _Flat:
+    """Flat contiguous torch view of a tensor for kernel backends (``tensor_buffers``); a
+    non-contiguous tensor gets a contiguous copy, written back by ``finish`` (``write``)."""
+
+    __slots__ = ("tensor", "tmp", "flat", "write")
+
+    def __init__(self, t: torch.Tensor, what: str, read: bool = True, write: bool = True,
+                 heap=None):
+        self.tensor, self.tmp, self.write = t, None, write
+        if not t.is_contiguous():
+            self.tmp = (t.detach().contiguous() if read else
+                        torch.empty_like(t, memory_format=torch.contiguous_format))
+            t = self.tmp
+        self.flat = t.detach().reshape(-1)
+
+    def finish(self) -> None:
+        if self.tmp is not None and self.write:
+            with torch.no_grad():
+                self.tensor.copy_(self.tmp)
+
+
+def _buffer(be: Backend, t: torch.Tensor, what: str, read: bool = True, write: bool = True,
+            heap=None):
+    """The buffer object ``be`` takes: numpy bytes (host executors) or a flat tensor."""
+    cls = _Flat if be.tensor_buffers else _Bytes
+    return cls(t, what, read=read, write=write, heap=heap)
 
 
 def _as_tensor(raw: np.ndarray, d: DType) -> torch.Tensor:

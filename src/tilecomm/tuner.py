@@ -1,8 +1,20 @@
 """Picks an algorithm per call from the message size and world size.
 
-Thresholds come from measurements on the CPU shared-memory backend (docs/benchmarks.md: 2 and
-4 ranks, one_shot wins up to 128-256 KB, two_shot from 512 KB); the cost-model-driven tuner
-replaces these rules once the simulator is calibrated for a machine.
+Two rule sets, chosen by the backend's ``kind``:
+
+* ``"cpu"`` (the schedule executor): thresholds from measurements on the CPU shared-memory
+  backend (docs/benchmarks.md: 2 and 4 ranks, one_shot wins up to 128-256 KB, two_shot from
+  512 KB).
+* ``"gpu"`` (the Triton kernels, also when they run in the interpreter): all_reduce is
+  one_shot up to TILECOMM_GPU_ONE_SHOT_MAX (256 KiB: one synchronization, latency-bound),
+  else two_shot (each rank reads 2(W-1)/W of the message instead of W-1 times it);
+  all_gather / reduce_scatter direct (one synchronization, full-mesh NVLink/NVSwitch);
+  all_to_all(_v) pairwise; broadcast direct. The threshold is a first guess from the
+  traffic ratio, not a GPU measurement yet.
+
+``available`` (the backend's algorithms for the collective) restricts the answer: a preferred
+algorithm the backend lacks falls back to its first one. The cost-model-driven tuner replaces
+these rules once the simulator is calibrated for a machine.
 """
 
 from __future__ import annotations
@@ -10,9 +22,34 @@ from __future__ import annotations
 from .settings import settings
 
 
-def choose(collective: str, nbytes: int, world_size: int) -> str:
+def choose(collective: str, nbytes: int, world_size: int, *, kind: str = "cpu",
+           available: list[str] | None = None) -> str:
     """The algorithm ``auto`` resolves to. Every rank computes the same answer from the same
     arguments; ranks that passed different sizes are caught by the descriptor check anyway."""
+    if kind == "gpu":
+        algo = _choose_gpu(collective, nbytes, world_size)
+    elif kind == "cpu":
+        algo = _choose_cpu(collective, nbytes, world_size)
+    else:
+        raise ValueError(f"no tuning rules for backend kind {kind!r}")
+    if available is not None and algo not in available:
+        if not available:
+            raise ValueError(f"{collective}: this backend has no algorithm for it")
+        algo = available[0]
+    return algo
+
+
+def _choose_gpu(collective: str, nbytes: int, world_size: int) -> str:
+    if collective == "all_reduce":
+        return "one_shot" if nbytes <= settings().gpu_one_shot_max else "two_shot"
+    if collective in ("all_gather", "reduce_scatter", "broadcast"):
+        return "direct"
+    if collective in ("all_to_all", "all_to_all_v"):
+        return "pairwise"
+    return _choose_cpu(collective, nbytes, world_size)
+
+
+def _choose_cpu(collective: str, nbytes: int, world_size: int) -> str:
     if collective == "all_reduce":
         if nbytes <= settings().one_shot_max or world_size <= 1:
             return "one_shot"

@@ -1,0 +1,273 @@
+"""all_gather and reduce_scatter kernels: direct and ring (the schedules of the same names).
+
+Program ``pid`` of a launch owns blocks ``pid, pid + G, ...`` of every chunk; it meets only
+program ``pid`` of the other ranks (per-program slot groups), so the interpreter's one-program-
+at-a-time order cannot deadlock. ``n`` is the input length (all_gather) or the chunk length
+(reduce_scatter: input ``W * m``, output ``m``).
+
+all_gather direct (``out_r[j] = in_j``)::
+
+    stage own blocks of in -> src_r (half epoch % 2 of "all_gather.direct"; zero copy: in)
+    barrier group pid;  out[j*n + blk] = src_j[blk] for every j;  (zero copy) barrier group G+pid
+
+all_gather ring (step s copies chunk ``r - s`` from the left neighbour ``r - 1``)::
+
+    ring_r[r] = out[r] = in               (ring: half epoch % 2 of "all_gather.ring")
+    signal right, group pid*W + 0
+    step s = 1..W-1: wait left's group pid*W + s-1; c = r - s;
+                     ring_r[c] = out[c] = ring_{r-1}[c]; signal right, group pid*W + s
+
+reduce_scatter direct (``out_r = in_0[r] + ... + in_{W-1}[r]``, rank order)::
+
+    stage own blocks of every chunk of in -> src_r (or zero copy)
+    barrier group pid;  out = sum_q src_q[r*m + blk];  (zero copy) barrier group G+pid
+
+reduce_scatter ring (step s: ``tmp_r[c] = in_r[c] + left's partial of c``, ``c = r - 2 - s``;
+the last step lands chunk r in out; partials are fp32 for fp16/bf16)::
+
+    stage (or zero copy); signal right, group pid*W + 0
+    step s = 0..W-2: wait left's group pid*W + s; c = r - 2 - s;
+                     p = src_r[c] + (s == 0 ? src_{r-1}[c] : tmp_{r-1}[c])
+                     s < W-2: tmp_r[c] = p, signal right group pid*W + s+1;  else out = p
+    (zero copy) barrier group W*G + pid
+
+Rules (contract in registry.py): data peers read lives in parity halves, or in the caller's
+heap tensor, in which case a final barrier keeps the caller from overwriting it while a peer
+still reads it. Every rank's input reaches every rank, so a call finishes nowhere before every
+rank started it.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tilecomm.device import lang
+
+from ..registry import ALL_DTYPES, REDUCE_OPS, kernel
+from .common import (COMMON_SIG, OP_SUM, acc_f32, combine, finish, load_acc, op_code,
+                     signature)
+
+
+@triton.jit
+def _copy_blocks(dst, src, n, pid, step, BLOCK: tl.constexpr):
+    for start in range(pid * BLOCK, n, step):
+        offs = start + tl.arange(0, BLOCK)
+        m = offs < n
+        tl.store(dst + offs, tl.load(src + offs, mask=m), mask=m)
+
+
+@triton.jit
+def all_gather_direct_kernel(x, out, src, pad, n, bases, rank, err, timeout_ns, epoch,
+                             WORLD: tl.constexpr, BLOCK: tl.constexpr, STAGE: tl.constexpr):
+    pid = tl.program_id(0)
+    G = tl.num_programs(0)
+    step = G * BLOCK
+    if STAGE:
+        _copy_blocks(src, x, n, pid, step, BLOCK)
+    ok = lang.barrier(pad, pid * WORLD, epoch, bases, rank, err, timeout_ns, WORLD, site=1)
+    if ok:
+        for j in tl.static_range(WORLD):
+            _copy_blocks(out + j * n, lang.peer_ptr(src, j, bases, rank), n, pid, step, BLOCK)
+        if not STAGE:       # peers read our heap tensor: keep it until they are done
+            lang.barrier(pad, (G + pid) * WORLD, epoch, bases, rank, err, timeout_ns, WORLD,
+                         site=2)
+
+
+@triton.jit
+def all_gather_ring_kernel(x, out, ring, pad, n, bases, rank, err, timeout_ns, epoch,
+                           WORLD: tl.constexpr, BLOCK: tl.constexpr):
+    pid = tl.program_id(0)
+    step = tl.num_programs(0) * BLOCK
+    right = (rank + 1) % WORLD
+    left = (rank + WORLD - 1) % WORLD
+    g0 = pid * WORLD
+    _copy_blocks(ring + rank * n, x, n, pid, step, BLOCK)
+    _copy_blocks(out + rank * n, x, n, pid, step, BLOCK)
+    ok = tl.cast(1, tl.int1)
+    if WORLD > 1:
+        lang.signal_set(pad, g0 * WORLD + rank, epoch, right, bases, rank)
+    for s in tl.static_range(1, WORLD):
+        if ok:
+            ok = lang.wait_ge(pad, (g0 + s - 1) * WORLD + left, epoch, left, err, rank,
+                              timeout_ns, site=s)
+        if ok:
+            c = (rank + WORLD - s) % WORLD
+            lsrc = lang.peer_ptr(ring, left, bases, rank) + c * n
+            for start in range(pid * BLOCK, n, step):
+                offs = start + tl.arange(0, BLOCK)
+                m = offs < n
+                v = tl.load(lsrc + offs, mask=m)
+                tl.store(ring + c * n + offs, v, mask=m)
+                tl.store(out + c * n + offs, v, mask=m)
+            if s < WORLD - 1:
+                lang.signal_set(pad, (g0 + s) * WORLD + rank, epoch, right, bases, rank)
+
+
+@triton.jit
+def reduce_scatter_direct_kernel(x, out, src, pad, m, bases, rank, err, timeout_ns, epoch,
+                                 WORLD: tl.constexpr, BLOCK: tl.constexpr, OP: tl.constexpr,
+                                 ACC_F32: tl.constexpr, STAGE: tl.constexpr):
+    pid = tl.program_id(0)
+    G = tl.num_programs(0)
+    step = G * BLOCK
+    if STAGE:
+        for c in tl.static_range(WORLD):
+            _copy_blocks(src + c * m, x + c * m, m, pid, step, BLOCK)
+    ok = lang.barrier(pad, pid * WORLD, epoch, bases, rank, err, timeout_ns, WORLD, site=1)
+    if ok:
+        for start in range(pid * BLOCK, m, step):
+            offs = start + tl.arange(0, BLOCK)
+            mk = offs < m
+            acc = load_acc(lang.peer_ptr(src, 0, bases, rank) + rank * m + offs, mk, ACC_F32)
+            for q in tl.static_range(1, WORLD):
+                v = load_acc(lang.peer_ptr(src, q, bases, rank) + rank * m + offs, mk, ACC_F32)
+                acc = combine(acc, v, OP)
+            acc = finish(acc, OP, WORLD)
+            tl.store(out + offs, acc.to(out.dtype.element_ty), mask=mk)
+        if not STAGE:
+            lang.barrier(pad, (G + pid) * WORLD, epoch, bases, rank, err, timeout_ns, WORLD,
+                         site=2)
+
+
+@triton.jit
+def reduce_scatter_ring_kernel(x, out, src, tmp, pad, m, bases, rank, err, timeout_ns, epoch,
+                               WORLD: tl.constexpr, BLOCK: tl.constexpr, OP: tl.constexpr,
+                               ACC_F32: tl.constexpr, STAGE: tl.constexpr):
+    pid = tl.program_id(0)
+    G = tl.num_programs(0)
+    step = G * BLOCK
+    right = (rank + 1) % WORLD
+    left = (rank + WORLD - 1) % WORLD
+    g0 = pid * WORLD
+    if STAGE:
+        for c in tl.static_range(WORLD):
+            _copy_blocks(src + c * m, x + c * m, m, pid, step, BLOCK)
+    ok = tl.cast(1, tl.int1)
+    if WORLD == 1:
+        for start in range(pid * BLOCK, m, step):
+            offs = start + tl.arange(0, BLOCK)
+            mk = offs < m
+            v = finish(load_acc(src + offs, mk, ACC_F32), OP, WORLD)
+            tl.store(out + offs, v.to(out.dtype.element_ty), mask=mk)
+    else:
+        lang.signal_set(pad, g0 * WORLD + rank, epoch, right, bases, rank)
+        for s in tl.static_range(WORLD - 1):
+            if ok:
+                ok = lang.wait_ge(pad, (g0 + s) * WORLD + left, epoch, left, err, rank,
+                                  timeout_ns, site=s + 1)
+            if ok:
+                c = (rank + 2 * WORLD - 2 - s) % WORLD
+                if s == 0:
+                    lsrc = lang.peer_ptr(src, left, bases, rank) + c * m
+                else:
+                    lsrc = lang.peer_ptr(tmp, left, bases, rank) + c * m
+                for start in range(pid * BLOCK, m, step):
+                    offs = start + tl.arange(0, BLOCK)
+                    mk = offs < m
+                    mine = load_acc(src + c * m + offs, mk, ACC_F32)
+                    if s == 0:
+                        theirs = load_acc(lsrc + offs, mk, ACC_F32)
+                    else:
+                        theirs = tl.load(lsrc + offs, mask=mk, other=0)
+                    p = combine(mine, theirs, OP)
+                    if s == WORLD - 2:
+                        p = finish(p, OP, WORLD)
+                        tl.store(out + offs, p.to(out.dtype.element_ty), mask=mk)
+                    else:
+                        tl.store(tmp + c * m + offs, p.to(tmp.dtype.element_ty), mask=mk)
+                if s < WORLD - 2:
+                    lang.signal_set(pad, (g0 + s + 1) * WORLD + rank, epoch, right, bases, rank)
+        if not STAGE:
+            lang.barrier(pad, (WORLD * G + pid) * WORLD, epoch, bases, rank, err, timeout_ns,
+                         WORLD, site=WORLD + 1)
+
+
+def _acc_dtype(dt: torch.dtype) -> torch.dtype:
+    return torch.float32 if acc_f32(dt) else dt
+
+
+@kernel("all_gather", "direct", dtypes=ALL_DTYPES)
+def all_gather_direct(ctx, call) -> None:
+    x, out = call.buffers["in"], call.buffers["out"]
+    n = x.numel()
+    if n == 0:
+        return
+    g = ctx.programs(n)
+    pad = ctx.signals(2 * g)
+    src = x if ctx.zero_copy else ctx.half("all_gather.direct", n, x.dtype)
+    bases, rank, err, tmo = ctx.kernel_args()
+    all_gather_direct_kernel[(g,)](x, out, src, pad, n, bases, rank, err, tmo, ctx.epoch,
+                                   WORLD=ctx.world_size, BLOCK=ctx.block,
+                                   STAGE=not ctx.zero_copy)
+
+
+@kernel("all_gather", "ring", dtypes=ALL_DTYPES)
+def all_gather_ring(ctx, call) -> None:
+    x, out = call.buffers["in"], call.buffers["out"]
+    n, w = x.numel(), ctx.world_size
+    if n == 0:
+        return
+    g = ctx.programs(n)
+    pad = ctx.signals(g * w)
+    ring = ctx.half("all_gather.ring", w * n, x.dtype)
+    bases, rank, err, tmo = ctx.kernel_args()
+    all_gather_ring_kernel[(g,)](x, out, ring, pad, n, bases, rank, err, tmo, ctx.epoch,
+                                 WORLD=w, BLOCK=ctx.block)
+
+
+@kernel("reduce_scatter", "direct", dtypes=ALL_DTYPES, ops=REDUCE_OPS)
+def reduce_scatter_direct(ctx, call) -> None:
+    x, out = call.buffers["in"], call.buffers["out"]
+    w = ctx.world_size
+    m = x.numel() // w
+    if m == 0:
+        return
+    g = ctx.programs(m)
+    pad = ctx.signals(2 * g)
+    src = x if ctx.zero_copy else ctx.half("reduce_scatter.direct", w * m, x.dtype)
+    bases, rank, err, tmo = ctx.kernel_args()
+    reduce_scatter_direct_kernel[(g,)](x, out, src, pad, m, bases, rank, err, tmo, ctx.epoch,
+                                       WORLD=w, BLOCK=ctx.block, OP=op_code(call),
+                                       ACC_F32=acc_f32(x.dtype), STAGE=not ctx.zero_copy)
+
+
+@kernel("reduce_scatter", "ring", dtypes=ALL_DTYPES, ops=REDUCE_OPS)
+def reduce_scatter_ring(ctx, call) -> None:
+    x, out = call.buffers["in"], call.buffers["out"]
+    w = ctx.world_size
+    m = x.numel() // w
+    if m == 0:
+        return
+    g = ctx.programs(m)
+    pad = ctx.signals(g * (w + 1))
+    src = x if ctx.zero_copy else ctx.half("reduce_scatter.ring.src", w * m, x.dtype)
+    tmp = ctx.half("reduce_scatter.ring.tmp", w * m, _acc_dtype(x.dtype))
+    bases, rank, err, tmo = ctx.kernel_args()
+    reduce_scatter_ring_kernel[(g,)](x, out, src, tmp, pad, m, bases, rank, err, tmo, ctx.epoch,
+                                     WORLD=w, BLOCK=ctx.block, OP=op_code(call),
+                                     ACC_F32=acc_f32(x.dtype), STAGE=not ctx.zero_copy)
+
+
+def _compile_entries():
+    out = []
+    for dt in (torch.float32, torch.bfloat16, torch.float16):
+        base = {"x": "*T", "out": "*T", "src": "*T", "n": "i32", **COMMON_SIG}
+        out.append((all_gather_direct_kernel, signature(base, dt),
+                    {"WORLD": 8, "BLOCK": 1024, "STAGE": 1}))
+        out.append((all_gather_ring_kernel,
+                    signature({"x": "*T", "out": "*T", "ring": "*T", "n": "i32", **COMMON_SIG},
+                              dt), {"WORLD": 8, "BLOCK": 1024}))
+        rs = {"x": "*T", "out": "*T", "src": "*T", "m": "i32", **COMMON_SIG}
+        out.append((reduce_scatter_direct_kernel, signature(rs, dt),
+                    {"WORLD": 8, "BLOCK": 1024, "OP": OP_SUM, "ACC_F32": acc_f32(dt),
+                     "STAGE": 1}))
+        rr = {"x": "*T", "out": "*T", "src": "*T", "tmp": "*A", "m": "i32", **COMMON_SIG}
+        out.append((reduce_scatter_ring_kernel, signature(rr, dt, _acc_dtype(dt)),
+                    {"WORLD": 8, "BLOCK": 1024, "OP": OP_SUM, "ACC_F32": acc_f32(dt),
+                     "STAGE": 0}))
+    return out
+
+
+COMPILE = _compile_entries()
