@@ -68,7 +68,7 @@ def test_cli_json_parses(capsys):
 def test_cli_search_and_plot(tmp_path, capsys):
     png = tmp_path / "step.png"
     rc = main(["model", "mixtral-8x7b", "--system", "dgx-h100", "--nodes", "2", "--search",
-               "--top", "3", "--global-batch", "32", "--plot", str(png)])
+               "--top", "8", "--global-batch", "32", "--plot", str(png)])
     assert rc == 0
     out = capsys.readouterr().out
     assert "Best:" in out and "EP" in out

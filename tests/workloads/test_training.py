@@ -113,3 +113,78 @@ def r_model_fwd():
 def test_invalid_batch_message():
     with pytest.raises(ValueError, match="multiple of dp\\*micro_batch"):
         train_step(TINY, "dgx-h100", 16, Layout(tp=1, dp=16), global_batch=20)
+
+
+def test_activation_memory_matches_korthikanti():
+    """Korthikanti et al. 2022, sec. 4.1: 34sbh bytes/layer at tp=1 (GPT, dropout), 10sbh +
+    24sbh/t with TP, 34sbh/t with TP+SP; flash attention removes the 5as^2b score term."""
+    from tilecomm.workloads.models import PRESETS
+    from tilecomm.workloads.training import activation_bytes_per_token_layer as act
+    g = PRESETS["gpt3-175b"]                                   # h = 12288
+    assert act(g, Layout()) == 34 * 12288                      # 417,792 B per token per layer
+    assert act(g, Layout(tp=8)) == 10 * 12288 + 24 * 12288 / 8           # 159,744
+    assert act(g, Layout(tp=8, sp=True)) == pytest.approx(34 * 12288 / 8)  # 52,224
+    assert act(g, Layout(tp=8, sp=True, recompute="full")) == 2 * 12288 / 8
+    # Llama-3 70B, TP8 + SP, no dropout: norms and GEMM inputs 8h/8, Q + out 2 x 8192/8,
+    # one KV head pair 2 x 128, SwiGLU 3 x 28672/8; all x 2 bytes.
+    ll = PRESETS["llama3-70b"]
+    assert act(ll, Layout(tp=8, sp=True)) == 8 * 8192 / 8 + 2 * (1024 + 256 + 1024 + 3 * 3584)
+    # DeepSeek-V3 MLA: the attention kernel saves the up-projected K (128 x 192) and V
+    # (128 x 128), not the 576-wide latent; MoE layers keep 9 experts' SwiGLU tensors + 8 copies.
+    ds = PRESETS["deepseek-v3"]
+    rep = 4 * 7168 * 2 + (2 * (1536 + 512) + 64) * 2
+    attn = (128 * 192 * 2 + 128 * 128 * 2) * 2
+    moe = (9 * 3 * 2048 + 8 * 7168) * 2
+    dense = 3 * 18432 * 2
+    assert act(ds, Layout()) == pytest.approx(rep + attn + (3 * dense + 58 * moe) / 61)
+
+
+def test_zero_memory_bytes_per_param():
+    """Megatron-LM's mixed precision: bf16 weight 2 + fp32 grad 4 + fp32 master, m, v 12 = 18 B
+    per parameter; ZeRO-1/2/3 shard the 12, then the 4, then the 2 over the DP group."""
+    kw = dict(global_batch=16, micro_batch=1, seq=2048)
+    n = TINY.total_params()                     # 8 x 12.6M + 2 x 32000 x 1024 + 1024
+    assert n == 8 * (1024 * 1536 + 1024 * 1024 + 3 * 1024 * 4096 + 2048) + 65_536_000 + 1024
+    for z, per in ((0, 18), (1, 2 + 4 + 12 / 16), (2, 2 + (4 + 12) / 16), (3, 18 / 16)):
+        r = train_step(TINY, "dgx-h100", 16, Layout(dp=16, zero=z), **kw)
+        states = r.memory["weights"] + r.memory["gradients"] + r.memory["optimizer"]
+        extra = 2 * n / 8 if z == 3 else 0      # ZeRO-3: one layer's gathered weights
+        assert states == pytest.approx(per * n + extra)
+
+
+def test_cp_exchanges_kv_of_local_heads():
+    """CP all_gather output = the whole sequence's K and V of this rank's heads, bf16."""
+    r = train_step(TINY, "dgx-h100", 16, Layout(tp=2, cp=8), global_batch=2, micro_batch=1,
+                   seq=16384)
+    ag = colls(r, "cp")["all_gather"]
+    assert ag.nbytes == 16384 * 2 * (4 // 2) * 64 * 2      # seq x (K,V) x 2 heads x 64 x 2 B
+    assert ag.count == 2 * 8 * 2                           # fwd + bwd x 8 layers x 2 mb
+    assert colls(r, "cp")["reduce_scatter"].count == 8 * 2
+
+
+def test_routed_experts_cannot_beat_hbm():
+    """Without EP each rank streams every expert's weights for few tokens: the pass is HBM
+    bound (NOTE [expert GEMMs and HBM]); EP cuts the weights read and the time."""
+    moe = ModelSpec("finemoe", layers=4, hidden=2048, heads=16, kv_heads=4, ffn=1024,
+                    vocab=32000, experts=64, top_k=2)
+    kw = dict(global_batch=8, micro_batch=1, seq=1024)
+    r1 = train_step(moe, "dgx-h100", 8, Layout(dp=8), **kw)
+    r8 = train_step(moe, "dgx-h100", 8, Layout(dp=8, ep=8), **kw)
+    # Hand count, forward of one micro-batch: 4 layers x 64 experts x 3 x 2048 x 1024 params
+    # x 2 B = 3.22 GB at 3350 x 0.8 GB/s = 1.20 ms; its FLOPs 1024 x 2 x 4 x 2 x 6.29M =
+    # 103 GFLOP at 494.5 TFLOP/s = 0.21 ms. So HBM adds ~0.99 ms forward, 3x over fwd + bwd.
+    w = 4 * 64 * 3 * 2048 * 1024 * 2
+    extra = 3 * (w / 2680e9 - 1024 * 4 * 2 * 2 * 3 * 2048 * 1024 / 494.5e12)
+    assert r1.breakdown_s["compute"] - r8.breakdown_s["compute"] == pytest.approx(
+        extra * r1.micro_batches, rel=0.02)
+
+
+def test_ep_overlap_hides_all_to_all():
+    moe = ModelSpec("tinymoe", layers=4, hidden=1024, heads=16, kv_heads=4, ffn=2048,
+                    vocab=32000, experts=8, top_k=2)
+    kw = dict(global_batch=16, micro_batch=1, seq=1024)
+    L = Layout(tp=2, dp=8, ep=4, sp=True)
+    a = train_step(moe, "dgx-h100", 16, L, **kw)
+    b = train_step(moe, "dgx-h100", 16, L.with_(ep_overlap=True), **kw)
+    assert b.comm_total_s["ep"] == a.comm_total_s["ep"] > 0
+    assert b.breakdown_s["ep"] < a.breakdown_s["ep"] and b.step_s < a.step_s

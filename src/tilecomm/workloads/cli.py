@@ -31,6 +31,8 @@ def add_model_parser(sub) -> None:
     p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=1)
     p.add_argument("--sp", action="store_true", help="sequence parallelism (with tp > 1)")
     p.add_argument("--tp-overlap", action="store_true", help="overlap TP comm with GEMMs")
+    p.add_argument("--ep-overlap", action="store_true",
+                   help="hide EP all_to_all behind another micro-batch (DualPipe-style)")
     p.add_argument("--no-dp-overlap", action="store_true", help="DP comm after backward")
     p.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
     p.add_argument("--global-batch", type=int, default=None,
@@ -73,21 +75,28 @@ def _layout(args, gpus: int, infer: bool) -> Layout:
         dp = gpus // base
     return Layout(tp=args.tp, pp=args.pp, dp=dp, cp=args.cp, ep=args.ep, vpp=args.vpp,
                   zero=args.zero, sp=args.sp, tp_overlap=args.tp_overlap,
-                  dp_overlap=not args.no_dp_overlap, recompute=args.recompute)
+                  ep_overlap=args.ep_overlap, dp_overlap=not args.no_dp_overlap, recompute=args.recompute)
 
 
 def run_model(args) -> int:
     from .comm import _spec
     from .models import load_model
+    for k in ("top", "seq", "micro_batch", "prompt", "batch", "global_batch"):
+        v = getattr(args, k)
+        if v is not None and v < 1:
+            raise ValueError(f"--{k.replace('_', '-')} must be >= 1, got {v}")
+    if args.gen < 0:
+        raise ValueError(f"--gen must be >= 0, got {args.gen}")
     model = load_model(args.model)
     spec = _spec(args.system)
     gpus = _gpus(args, spec.gpus_per_node)
     if args.mode == "train":
-        gb = args.global_batch or gpus
+        gb = args.global_batch if args.global_batch is not None else gpus
         if args.search:
             from .search import search_train
             results = search_train(model, args.system, gpus, gb, args.seq, args.dtype,
-                                   zero=args.zero, tp_overlap=args.tp_overlap)
+                                   zero=args.zero, tp_overlap=args.tp_overlap,
+                                   ep_overlap=args.ep_overlap)
         else:
             from .training import train_step
             results = [train_step(model, args.system, gpus, _layout(args, gpus, False), gb,
@@ -95,12 +104,12 @@ def run_model(args) -> int:
     else:
         if args.search:
             from .search import search_infer
-            results = search_infer(model, args.system, gpus, args.batch or 8 * gpus,
+            results = search_infer(model, args.system, gpus, args.batch if args.batch is not None else 8 * gpus,
                                    args.prompt, args.gen, args.mode, args.dtype)
         else:
             from .inference import infer
             L = _layout(args, gpus, True)
-            results = [infer(model, args.system, L, args.batch or L.dp * L.pp * 8,
+            results = [infer(model, args.system, L, args.batch if args.batch is not None else L.dp * L.pp * 8,
                              args.prompt, args.gen, args.mode, args.dtype)]
     shown = results[:args.top] if args.search else results
     if args.json:

@@ -77,7 +77,11 @@ def place(size: int, stride: int, gpus_per_node: int) -> Placement:
 
 @lru_cache(maxsize=64)
 def _spec(system: str) -> SystemSpec:
-    return load_system(system)
+    try:
+        return load_system(system)
+    except FileNotFoundError:
+        raise ValueError(f"system file {system} not found (a preset name or a system "
+                         ".json; see docs/system-description.md)") from None
 
 
 def _shared_spec(spec: SystemSpec, per_node: int) -> SystemSpec:

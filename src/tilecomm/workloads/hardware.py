@@ -38,6 +38,7 @@ class GPU:
 
 
 T, GB = 1e12, 1e9
+HBM_EFF = 0.8   # fraction of datasheet HBM bandwidth a weight/KV stream reaches (stated)
 # NOTE [one efficiency per GPU type]: 0.50 of peak for Ampere and 0.50 for Hopper/Blackwell
 # is the stated assumption (docs/model.md, "Workload model: validation"); the validation table
 # there is computed with exactly these values and nothing else fitted.
@@ -47,6 +48,9 @@ GPUS = {
     "H100": GPU("H100-SXM5-80GB", 989 * T, 1979 * T, 80 * GB, 0.50,
                 "NVIDIA H100 datasheet (SXM): BF16 1,979 TFLOPS with sparsity = 989 dense; "
                 "FP8 3,958 sparse = 1,979 dense; 80 GB HBM3"),
+    "H800": GPU("H800-SXM5-80GB", 989 * T, 1979 * T, 80 * GB, 0.50,
+                "NVIDIA H800 SXM: H100 SXM's tensor cores (BF16 989 dense, FP8 1,979 dense) and "
+                "80 GB HBM3, NVLink cut to 400 GB/s bidirectional (DeepSeek-V3 report, sec. 3.1)"),
     "H200": GPU("H200-SXM-141GB", 989 * T, 1979 * T, 141 * GB, 0.50,
                 "NVIDIA H200 datasheet: same tensor rates as H100 SXM; 141 GB HBM3e"),
     "B200": GPU("B200", 2250 * T, 4500 * T, 180 * GB, 0.50,

@@ -21,12 +21,11 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 from .comm import Placement, collective_us, p2p_us
-from .hardware import gpu_of
+from .hardware import HBM_EFF, gpu_of
 from .layout import Layout, groups, validate
 from .models import ModelSpec, load_model
 from .training import ACT_BYTES, RESERVE, Coll, stage_embedding
 
-HBM_EFF = 0.8      # fraction of datasheet HBM bandwidth a weight/KV stream reaches (stated)
 WEIGHT_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
 
 
@@ -91,6 +90,9 @@ def infer(model: str | ModelSpec, system: str, layout: Layout, batch: int,
     from .comm import _spec
     if mode not in ("prefill", "decode", "serve"):
         raise ValueError(f"mode must be prefill, decode or serve, got {mode!r}")
+    for k, v, lo in (("batch", batch, 1), ("prompt", prompt, 1), ("gen", gen, 0)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ValueError(f"{k} must be an integer >= {lo}, got {v!r}")
     model = load_model(model)
     spec = _spec(system)
     gpu = gpu_of(spec)

@@ -25,6 +25,8 @@ class Layout:
     ``zero``: 0 replicated, 1 optimizer state sharded (distributed optimizer), 2 + gradients,
     3 + weights (FSDP: weights gathered per micro-batch). ``sp``: sequence parallelism with TP.
     ``tp_overlap``: TP collectives overlapped with the neighbouring GEMMs.
+    ``ep_overlap``: EP dispatch/combine all_to_all hidden behind another micro-batch's compute
+    (DeepSeek-V3's DualPipe, Megatron-core's overlapped MoE all-to-all).
     ``dp_overlap``: gradient buckets reduced during backward (and ZeRO weight gathers during
     forward). ``recompute``: activation recomputation none | selective | full.
     """
@@ -38,6 +40,7 @@ class Layout:
     zero: int = 1
     sp: bool = False
     tp_overlap: bool = False
+    ep_overlap: bool = False
     dp_overlap: bool = True
     recompute: str = "none"
 
@@ -98,6 +101,8 @@ def validate(layout: Layout, model: ModelSpec, gpus: int, gpus_per_node: int,
         if (L.cp * L.dp) % L.ep:
             raise ValueError(f"ep={L.ep} must divide cp*dp = {L.cp * L.dp} (experts are spread "
                              "over data/context-parallel ranks)")
+    if L.ep_overlap and L.ep == 1:
+        raise ValueError("ep_overlap needs ep > 1")
     if L.sp and L.tp == 1:
         raise ValueError("sequence parallelism (sp) needs tp > 1")
     if L.tp_overlap and not L.sp:

@@ -53,9 +53,12 @@ class ModelSpec:
     kv_lora_rank: int = 0        # MLA: > 0 turns MLA on
     rope_head_dim: int = 0       # MLA: decoupled RoPE dims per head
     v_head_dim: int = 0          # MLA: value head dim (0: head_dim)
+    dropout: bool = False        # hidden/attention dropout in training (stores two masks/layer)
     source: str = ""
 
     def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"model name must be a non-empty string, got {self.name!r}")
         where = f"model {self.name!r}: "
         for f in fields(self):
             v = getattr(self, f.name)
@@ -63,6 +66,10 @@ class ModelSpec:
                 raise ValueError(f"{where}{f.name} must be an integer, got {v!r}")
             if f.type == "bool" and not isinstance(v, bool):
                 raise ValueError(f"{where}{f.name} must be true or false, got {v!r}")
+            if f.type == "str" and not isinstance(v, str):
+                raise ValueError(f"{where}{f.name} must be a string, got {v!r}")
+            if f.type == "int" and v < 0:
+                raise ValueError(f"{where}{f.name} must be >= 0, got {v}")
         for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab"):
             if getattr(self, k) < 1:
                 raise ValueError(f"{where}{k} must be >= 1, got {getattr(self, k)}")
@@ -206,6 +213,7 @@ PRESETS: dict[str, ModelSpec] = {
     "llama3-405b": _llama3("llama3-405b", 126, 16384, 128, 53248, L3),
     "gpt3-175b": ModelSpec("gpt3-175b", 96, 12288, 96, 96, 4 * 12288, 50257, gated_ffn=False,
                            tied_embeddings=True, bias=True, learned_positions=2048,
+                           dropout=True,
                            source="Brown et al. 2020, Language Models are Few-Shot Learners, "
                                   "Table 2.1"),
     "mixtral-8x7b": ModelSpec("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, experts=8,
@@ -236,7 +244,10 @@ def spec_from_dict(d: dict, where: str = "") -> ModelSpec:
     missing = [k for k in required if k not in d]
     if missing:
         raise ValueError(f"{where}missing field(s) {', '.join(missing)}")
-    return ModelSpec(**{"name": d.get("name", where.rstrip(": ") or "custom"), **d})
+    try:
+        return ModelSpec(**{"name": d.get("name", where.rstrip(": ") or "custom"), **d})
+    except ValueError as e:
+        raise ValueError(f"{where}{e}") from None
 
 
 def load_model(name_or_path: str | ModelSpec) -> ModelSpec:

@@ -31,7 +31,8 @@ def _divisors(n: int) -> list[int]:
 
 
 def train_layouts(model: ModelSpec, gpus: int, gpus_per_node: int, global_batch: int,
-                  seq: int, mbs=(1, 2), zero: int = 1, vpps=(1, 2, 4), tp_overlap=False):
+                  seq: int, mbs=(1, 2), zero: int = 1, vpps=(1, 2, 4), tp_overlap=False,
+                  ep_overlap=False):
     """Yield (layout, micro_batch) pairs that pass :func:`validate` and divide the batch."""
     cps = [c for c in _pow2_upto(32) if seq >= 16384 or c == 1]
     eps = _pow2_upto(model.experts) if model.is_moe else [1]
@@ -53,7 +54,8 @@ def train_layouts(model: ModelSpec, gpus: int, gpus_per_node: int, global_batch:
                             continue
                         for ep in eps:
                             L = Layout(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=v, zero=zero,
-                                       sp=tp > 1, tp_overlap=tp_overlap and tp > 1)
+                                       sp=tp > 1, tp_overlap=tp_overlap and tp > 1,
+                                       ep_overlap=ep_overlap and ep > 1)
                             try:
                                 validate(L, model, gpus, gpus_per_node, seq)
                             except ValueError:
@@ -63,12 +65,14 @@ def train_layouts(model: ModelSpec, gpus: int, gpus_per_node: int, global_batch:
 
 def search_train(model: str | ModelSpec, system: str, gpus: int, global_batch: int,
                  seq: int = 4096, dtype: str = "bf16", mbs=(1, 2), zero: int = 1,
-                 vpps=(1, 2, 4), tp_overlap: bool = False) -> list[StepResult]:
+                 vpps=(1, 2, 4), tp_overlap: bool = False,
+                 ep_overlap: bool = False) -> list[StepResult]:
     """Every valid layout that fits in memory, fastest step first."""
     model = load_model(model)
     g = _spec(system).gpus_per_node
     out = []
-    for L, mb in train_layouts(model, gpus, g, global_batch, seq, mbs, zero, vpps, tp_overlap):
+    for L, mb in train_layouts(model, gpus, g, global_batch, seq, mbs, zero, vpps, tp_overlap,
+                                ep_overlap):
         r = train_step(model, system, gpus, L, global_batch, mb, seq, dtype)
         if not r.fits:
             r = train_step(model, system, gpus, L.with_(recompute="full"), global_batch, mb,

@@ -23,8 +23,18 @@ NOTE [overlap]
     backward runs) and ZeRO 1/2 weight gathers behind one forward, when ``dp_overlap``; ZeRO 3's
     per-micro-batch gathers behind that micro-batch's compute. TP hides behind the micro-batch's
     GEMMs only with ``tp_overlap``; CP behind the attention core (ring attention overlaps its
-    transfers with attention blocks). EP all_to_all and PP transfers are exposed (on the
-    critical path between dependent computations).
+    transfers with attention blocks). EP all_to_all is exposed (between the router and the
+    experts that need its tokens) unless ``ep_overlap``, where it hides behind another
+    micro-batch's compute (DeepSeek-V3's DualPipe, Megatron-core's overlapped MoE
+    all-to-all). PP transfers are exposed.
+
+NOTE [expert GEMMs and HBM]
+    Routed experts get few tokens each: T*top_k/experts per expert per micro-batch without EP
+    (DeepSeek-V3, T = 4096: 128 tokens against a 7168 x 2048 weight), T*top_k*ep/experts with
+    it. Such a GEMM is bound by reading its weights, not by FLOPs, so a pass over the routed
+    experts costs max(FLOPs / (peak x efficiency), local expert weight bytes / (HBM x 0.8)),
+    the roofline the inference model uses. This is what makes EP pay for fine-grained MoE
+    besides memory; dense GEMMs (T >= 2048 rows) are compute-bound and are not checked.
 
 NOTE [pipeline bubble]
     1F1B: (p-1) micro-batch slots of idle time per step, i.e. a fraction (p-1)/m of the ideal
@@ -39,7 +49,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from .comm import Placement, collective_us, p2p_us
-from .hardware import GPU, gpu_of
+from .hardware import GPU, HBM_EFF, gpu_of
 from .layout import Layout, groups, validate
 from .models import ModelSpec, load_model
 
@@ -123,26 +133,40 @@ def stage_params(model: ModelSpec, L: Layout) -> tuple[float, float]:
 
 
 def activation_bytes_per_token_layer(model: ModelSpec, L: Layout) -> float:
-    """Stored activation bytes per token per layer on one rank (flash attention: no scores).
+    """Stored activation bytes per token per layer on one rank, averaged over dense and MoE
+    layers (Korthikanti et al. 2022, "Reducing Activation Recomputation", sec. 4.1, with flash
+    attention: no s x s score, softmax or dropout-mask tensors, i.e. their 5as/h term is 0).
 
-    Norm inputs 2 x 2h; attention input 2h, Q/K/V, its output 2h; FFN input 2h and its
-    intermediate tensors (SwiGLU: gate, up, product; GELU: input, output), times the active
-    experts for MoE layers. Without SP the norm part is replicated on every TP rank
-    (Korthikanti et al. 2022, eq. 2 structure). Full recompute keeps only each layer's input.
+    Replicated on every TP rank unless SP splits them (their 10sbh for GPT): the two norm
+    inputs (2 x 2h bytes), the norm outputs feeding the QKV and first FFN GEMMs (2h each), the
+    two dropout masks (h bytes each, only if ``model.dropout``) and, for MLA, the compressed
+    q/kv latents. Split over TP (their 24sbh/t for GPT): Q, K, V (GQA: at least one KV head per
+    rank; MLA: the up-projected per-head K and V that the attention kernel saves), the attention
+    output, and the FFN intermediates (GELU: 2 x ffn; SwiGLU: gate, up and their product, 3 x
+    ffn), for MoE layers per routed + shared expert plus the dispatched token copies (top_k x h).
+    GPT with dropout: 34h bytes at tp=1, 10h + 24h/t without SP, 34h/t with SP.
+    Full recompute keeps only each layer's input: 2h bytes (/t with SP).
     """
-    h, e = model.hidden, ACT_BYTES
+    h, e, t = model.hidden, ACT_BYTES, L.tp
+    sp = t if L.sp else 1
     if L.recompute == "full":
-        return 2 * h / (L.tp if L.sp else 1)
-    norms = 2 * h * e
-    q = model.heads * (model.hd + (model.rope_head_dim if model.mla else 0))
-    kv = (model.kv_lora_rank + model.rope_head_dim if model.mla else 2 * model.kv_heads * model.hd)
-    attn = (2 * h + q + kv + h) * e
+        return h * e / sp
+    rep = 4 * h * e + (2 * h if model.dropout else 0)
+    if model.mla:
+        rep += (2 * (model.q_lora_rank + model.kv_lora_rank) + model.rope_head_dim) * e
+        q = k = model.heads * (model.hd + model.rope_head_dim) / t
+        v = model.heads * model.vd / t
+    else:
+        q = model.heads * model.hd / t
+        k = v = model.hd * max(model.kv_heads / t, 1)
+    out = model.heads * model.vd / t
+    attn = (q + k + v + out) * e
     mats = 3 if model.gated_ffn else 2
     moe_frac = model.moe_layers / model.layers
-    active = (1 - moe_frac) * model.ffn + moe_frac * (
-        (model.top_k + model.shared_experts) * model.expert_ffn)
-    mlp = (h + mats * active) * e
-    return (norms / (L.tp if L.sp else 1)) + (attn + mlp) / L.tp
+    moe_mlp = ((model.top_k + model.shared_experts) * mats * model.expert_ffn +
+               model.top_k * h) / t * e
+    mlp = (1 - moe_frac) * mats * model.ffn / t * e + moe_frac * moe_mlp
+    return rep / sp + attn + mlp
 
 
 def memory(model: ModelSpec, L: Layout, micro_batch: int, seq: int, m: int, gpu: GPU) -> dict:
@@ -181,9 +205,10 @@ def train_step(model: str | ModelSpec, system: str, gpus: int, layout: Layout,
     spec = _spec(system)
     gpu = gpu_of(spec)
     L = layout
+    for k, v in (("global_batch", global_batch), ("micro_batch", micro_batch), ("seq", seq)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{k} must be a positive integer, got {v!r}")
     validate(L, model, gpus, spec.gpus_per_node, seq)
-    if micro_batch < 1 or global_batch < 1:
-        raise ValueError("global_batch and micro_batch must be >= 1")
     if global_batch % (L.dp * micro_batch):
         raise ValueError(f"global_batch={global_batch} must be a multiple of dp*micro_batch = "
                          f"{L.dp}*{micro_batch} = {L.dp * micro_batch}")
@@ -202,6 +227,13 @@ def train_step(model: str | ModelSpec, system: str, gpus: int, layout: Layout,
     mm_flops = T * (ls * mm_layer + head / L.pp) / L.tp
     attn_flops = T * model.attn_flops_per_token(seq, causal=True) * ls / model.layers / L.tp
     t_mm_f, t_attn_f = mm_flops / peak_mm, attn_flops / peak_attn
+    # Routed experts: a pass cannot beat reading the rank's expert weights from HBM
+    # (NOTE [expert GEMMs and HBM]); forward reads them once, backward twice (dgrad, wgrad).
+    _, expert_w = stage_params(model, L)
+    routed = T * moe_ls * model.top_k * 2.0 * model.mlp_params(model.expert_ffn) / L.tp
+    t_read = WEIGHT_BYTES * expert_w / (spec.mem_GBps * 1e9 * HBM_EFF)
+    t_hbm_f = max(0.0, t_read - routed / peak_mm)
+    t_mm_f += t_hbm_f
     t_fwd = t_mm_f + t_attn_f
     rec = {"none": 0.0, "selective": t_attn_f, "full": t_fwd}[L.recompute]
     t_bwd = 2 * t_fwd + rec
@@ -227,10 +259,12 @@ def train_step(model: str | ModelSpec, system: str, gpus: int, layout: Layout,
     else:
         tp_s = add("tp", "all_reduce", T * h * e, grp.tp, 2 * passes * ls)
     # CP (per micro-batch)
-    kv_tok = (model.kv_lora_rank + model.rope_head_dim if model.mla else
-              2 * max(1, model.kv_heads // L.tp) * model.hd)
+    # K and V of this rank's heads (GQA: at least one KV head per rank; MLA: the up-projected
+    # per-head K (nope + rope) and V the attention kernel exchanges, as Megatron-LM's MLA does).
+    kv_tok = (model.heads / L.tp * (model.hd + model.rope_head_dim + model.vd) if model.mla
+              else 2 * max(1, model.kv_heads // L.tp) * model.hd)
     kv = L.cp * T * kv_tok * e
-    cp_s = (add("cp", "all_gather", kv, grp.cp, (passes if L.recompute == "full" else 2) * ls) +
+    cp_s = (add("cp", "all_gather", kv, grp.cp, passes * ls) +
             add("cp", "reduce_scatter", kv, grp.cp, ls))
     # EP (per micro-batch)
     ep_s = add("ep", "all_to_all", T / L.tp * model.top_k * h * e, grp.ep, 2 * passes * moe_ls)
@@ -264,14 +298,15 @@ def train_step(model: str | ModelSpec, system: str, gpus: int, layout: Layout,
     tp_x = max(0.0, tp_s - t_mm_mb) if L.tp_overlap else tp_s
     cp_x = max(0.0, cp_s - 3 * t_attn_f)
     z3_x = max(0.0, zero3_s - t_comp_mb)
-    t_mb = t_comp_mb + tp_x + cp_x + ep_s + z3_x
+    ep_x = max(0.0, ep_s - t_comp_mb) if L.ep_overlap else ep_s
+    t_mb = t_comp_mb + tp_x + cp_x + ep_x + z3_x
     if L.dp_overlap:
         dp_x = max(0.0, grad_s - t_bwd) + max(0.0, gather_s - t_fwd)
     else:
         dp_x = grad_s + gather_s
     bubble = (L.pp - 1) / L.vpp * t_mb
     step = m * t_mb + m * pp_s + bubble + dp_x
-    brk = {"compute": m * t_comp_mb, "tp": m * tp_x, "cp": m * cp_x, "ep": m * ep_s,
+    brk = {"compute": m * t_comp_mb, "tp": m * tp_x, "cp": m * cp_x, "ep": m * ep_x,
            "pp": m * pp_s, "dp": dp_x + m * z3_x, "bubble": bubble}
     comm_tot = {"tp": m * tp_s, "cp": m * cp_s, "ep": m * ep_s, "pp": m * pp_s,
                 "dp": grad_s + gather_s + m * zero3_s}

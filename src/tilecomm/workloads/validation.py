@@ -42,7 +42,7 @@ class Point:
 def _gpt(params: str, heads: int, hidden: int, layers: int) -> ModelSpec:
     return ModelSpec(f"gpt-{params}", layers, hidden, heads, heads, 4 * hidden, 51200,
                      gated_ffn=False, tied_embeddings=True, bias=True, learned_positions=2048,
-                     source=MEGATRON)
+                     dropout=True, source=MEGATRON)
 
 
 # (params, heads, hidden, layers, TP, PP, GPUs, batch, achieved TFLOP/s per GPU): Table 1.
