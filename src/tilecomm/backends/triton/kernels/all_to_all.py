@@ -292,10 +292,14 @@ def launch_all_to_all_v(ctx, call) -> None:
     x = call.buffers["in"]
     isz = x.element_size()
     wsize, word = word_for(8, *(c * row * isz for mrow in matrix for c in mrow))
-    per = row * isz // wsize if row * isz else 0     # words per row (0 for empty rows)
-    send = [c * per for c in send_rows]
-    recv = [c * per for c in recv_rows]
-    cap = max([matrix[i][j] * per for i in range(w) for j in range(w) if i != j] or [0])
+    rbytes = row * isz                                 # the word divides every chunk's bytes
+
+    def words(rows: int) -> int:
+        return rows * rbytes // wsize
+
+    send = [words(c) for c in send_rows]
+    recv = [words(c) for c in recv_rows]
+    cap = max([words(matrix[i][j]) for i in range(w) for j in range(w) if i != j] or [0])
     xw = as_words(x, word) if sum(send) else _empty_words(word, ctx.device)
     if sum(recv) == 0:
         outw = _empty_words(word, ctx.device)
