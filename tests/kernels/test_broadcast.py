@@ -1,0 +1,169 @@
+"""GPU kernel direct broadcast, run in the Triton interpreter (see test_all_to_all.py for
+how the rank processes are prepared). Every root, every dtype, poisoned outputs, consecutive
+calls, staged and zero-copy (heap tensor) sources, a silent root."""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import tilecomm
+
+DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32,
+          torch.int64, torch.uint8, torch.int8]
+POISON = 77
+
+
+def _interpret(comm):
+    assert "tilecomm.device.lang" not in sys.modules, "kernels imported without the interpreter"
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+_BACKENDS: dict = {}
+
+
+def _backend(comm):
+    b = _BACKENDS.get(id(comm))
+    if b is None:
+        from tilecomm.backends.triton import TritonBackend
+        b = _BACKENDS[id(comm)] = TritonBackend(comm, "cpu", timeout=5)
+    return b
+
+
+def _call(comm, fn, *args):
+    try:
+        return fn(comm, *args)
+    finally:
+        gc.collect()
+
+
+def _data(root, n, k):
+    return (np.arange(n) * 7 + root * 13 + k * 5) % 100
+
+
+def _bcast(comm, n, dtypes, roots, heap_tensor):
+    from tilecomm.backends.base import CollectiveCall
+    from tilecomm.types import lookup_dtype
+
+    b, r = _backend(comm), comm.rank
+    done = 0
+    for dt in dtypes:
+        buf = b.alloc(n, dt) if heap_tensor else torch.empty(n, dtype=dt)
+        for k, root in enumerate(roots):
+            want = torch.from_numpy(_data(root, n, k)).to(dt)
+            buf.copy_(want if r == root else torch.full((n,), POISON, dtype=dt))
+            b.run(CollectiveCall("broadcast", "direct", lookup_dtype(dt), n, {"buf": buf},
+                                 root=root))
+            assert b.ctx.zero_copy == (heap_tensor and n > 0), b.ctx.zero_copy
+            if not torch.equal(buf, want):
+                bad = (buf != want).nonzero().flatten()
+                raise AssertionError(f"{dt} root {root} call {k}: {len(bad)} wrong, first at "
+                                     f"{int(bad[0])}: {buf[bad[0]]} != {want[bad[0]]}")
+            done += 1
+        del buf
+    return done
+
+
+def _silent_root(comm):
+    """Rank 0 (the root) skips a launch that rank 1 makes: rank 1 must time out."""
+    import time
+
+    from tilecomm.backends.base import CollectiveCall
+    from tilecomm.backends.triton import TritonBackend, registry
+    from tilecomm.types import lookup_dtype
+
+    b = TritonBackend(comm, "cpu", timeout=0.3)
+    buf = torch.zeros(10)
+    call = CollectiveCall("broadcast", "direct", lookup_dtype(torch.float32), 10, {"buf": buf},
+                          root=0)
+    b.run(call)                     # warm: the staging allocation is collective
+    if comm.rank == 0:
+        b.host.barrier()
+        return None
+    b.ctx.begin(False)
+    t = time.perf_counter()
+    try:
+        registry.lookup("broadcast", "direct", torch.float32, None).launch(b.ctx, call)
+        b.heap.check("broadcast")
+    except tilecomm.CommTimeout as e:
+        res = (type(e).__name__, e.rank, e.peer, e.epoch, b.ctx.epoch, e.site, str(e),
+               time.perf_counter() - t)
+    else:
+        res = ("no error",)
+    b.host.barrier()
+    return res
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    groups: dict[int, tilecomm.RankGroup] = {}
+
+    def get(w):
+        g = groups.get(w)
+        if g is None or not all(p.is_alive() for p in g.procs):
+            if g is not None:
+                g.stop()
+            g = tilecomm.RankGroup(w, timeout=30, heap_bytes=4 << 20,
+                                   scratch_bytes=64 << 10).start()
+            g.run(_interpret)
+            groups[w] = g
+        return g
+
+    yield get
+    for g in groups.values():
+        g.stop()
+
+
+def test_broadcast_every_dtype_and_root_two_ranks(ranks):
+    # 45 elements: odd byte counts for the 1-byte types; roots 0, 1, 1, 0 (same root twice too)
+    assert ranks(2).run(_call, _bcast, 45, DTYPES, [0, 1, 1, 0], False) == [32, 32]
+
+
+@pytest.mark.parametrize("w", [3, 4])
+def test_broadcast_every_root(ranks, w):
+    # 4 ranks x 600 elements: several blocks per program, several programs
+    n = 600 if w == 4 else 33
+    dts = [torch.bfloat16] if w == 4 else [torch.float32, torch.int64]
+    roots = list(range(w)) + [w - 1]
+    assert ranks(w).run(_call, _bcast, n, dts, roots, False) == [len(roots) * len(dts)] * w
+
+
+def test_broadcast_zero_copy_heap_tensor(ranks):
+    # every rank's buf at the same heap offset: peers read the root's buf directly
+    assert ranks(3).run(_call, _bcast, 200, [torch.float16], [2, 0, 1, 1], True) == [4] * 3
+
+
+def test_broadcast_sizes_change_between_calls(ranks):
+    # growing, shrinking and empty buffers on consecutive calls
+    res = []
+    for n in (5, 300, 17, 0, 301):
+        res.append(ranks(2).run(_call, _bcast, n, [torch.float32], [1, 0], False))
+    assert res == [[2, 2]] * 5
+
+
+def test_silent_root_raises_commtimeout(ranks):
+    res = ranks(2).run(_call, _silent_root)
+    assert res[0] is None
+    name, rank, peer, epoch, ctx_epoch, site, msg, elapsed = res[1]
+    assert name == "DeviceTimeout", res
+    assert (rank, peer, epoch) == (1, 0, ctx_epoch) and site in (1, 2), res
+    assert "broadcast" in msg and "rank 1 timed out" in msg and f"epoch {epoch}" in msg, msg
+    assert 0.3 <= elapsed < 10
+
+
+def test_compiles_for_sm90():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-m", "tilecomm.device.compile_check",
+                        "tilecomm.backends.triton.kernels.broadcast"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    if r.returncode == 3:
+        pytest.skip(r.stderr.strip())
+    assert r.returncode == 0, r.stdout + r.stderr
+    ok = [ln for ln in r.stdout.splitlines() if ln.startswith("ok ")]
+    assert len(ok) == 6 and "direct_broadcast" in r.stdout, r.stdout
