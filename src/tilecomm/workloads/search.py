@@ -81,7 +81,10 @@ def search_train(model: str | ModelSpec, system: str, gpus: int, global_batch: i
             out.append(r)
     if not out:
         raise ValueError(f"no layout of {model.name} on {gpus} GPUs of {system} fits in memory "
-                         f"(global batch {global_batch}, seq {seq}); add GPUs or shorten seq")
+                         f"(global batch {global_batch}, seq {seq}, ZeRO-{zero}, full recompute "
+                         "tried); "
+                         + ("add GPUs, shorten seq or shard more state (--zero 3)" if zero < 3
+                            else "add GPUs or shorten seq"))
     return sorted(out, key=lambda r: (r.step_s, r.layout.pp, r.layout.tp))
 
 
@@ -115,6 +118,16 @@ def _parts(r) -> dict:
     return {k: v for k, v in r.breakdown_s.items() if v > 0}
 
 
+def label(r) -> str:
+    """A result's layout, plus micro-batch and recompute for training (two results can share a
+    layout and differ only in those)."""
+    s = r.layout.short()
+    if isinstance(r, StepResult):
+        s += f" mb{r.micro_batch}" + (f" recompute {r.layout.recompute}"
+                                      if r.layout.recompute != "none" else "")
+    return s
+
+
 def explain(results: list, n: int = 3) -> str:
     """Why the top layout wins: its largest costs, and what each runner-up loses, and where."""
     best = results[0]
@@ -122,7 +135,7 @@ def explain(results: list, n: int = 3) -> str:
     lines = []
     parts = sorted(_parts(best).items(), key=lambda kv: -kv[1])
     share = ", ".join(f"{k} {v / t0:.0%}" for k, v in parts)
-    lines.append(f"Best: {best.layout.short()} ({share}).")
+    lines.append(f"Best: {label(best)} ({share}).")
     if isinstance(best, StepResult):
         comm = {k: best.breakdown_s[k] for k in PARALLELISMS if best.breakdown_s[k] > 0}
         if comm:
@@ -139,5 +152,5 @@ def explain(results: list, n: int = 3) -> str:
                 for k in set(r.breakdown_s) | set(best.breakdown_s)}
         worse = sorted(((k, v) for k, v in diff.items() if v > 1e-9), key=lambda kv: -kv[1])
         why = ", ".join(f"+{v / t0:.1%} {k}" for k, v in worse[:2]) or "ties"
-        lines.append(f"  {r.layout.short()}: {t / t0 - 1:+.1%} ({why}).")
+        lines.append(f"  {label(r)}: {t / t0 - 1:+.1%} ({why}).")
     return "\n".join(lines)
