@@ -250,9 +250,10 @@ def reduce_scatter_ring(ctx, call) -> None:
                                      ACC_F32=acc_f32(x.dtype), STAGE=not ctx.zero_copy)
 
 
-def _compile_entries():
+def _compile_entries(dtypes=None):
+    """COMPILE entries: every kernel in bf16 (the fp32-accumulating path) by default."""
     out = []
-    for dt in (torch.float32, torch.bfloat16, torch.float16):
+    for dt in dtypes or (torch.bfloat16,):
         base = {"x": "*T", "out": "*T", "src": "*T", "n": "i32", **COMMON_SIG}
         out.append((all_gather_direct_kernel, signature(base, dt),
                     {"WORLD": 8, "BLOCK": 1024, "STAGE": 1}))

@@ -1,0 +1,343 @@
+"""GPU collective kernels (all_reduce one_shot/two_shot, all_gather and reduce_scatter
+direct/ring) through the Communicator, in the Triton interpreter.
+
+Each rank process sets TRITON_INTERPRET=1 before triton is imported and switches its CPU
+collectives to the kernels (``comm.use_cpu_kernels("triton")``): the same Communicator path,
+TritonBackend handshake, epochs, staging and error check as CUDA tensors take on a GPU, on the
+shared-memory heap. Data are integer-valued (exact in fp32 in any order); outputs are poisoned
+(NaN / sentinel) before each call; every call runs twice in a row with different data; results
+are compared with numpy and with the CPU schedule executor's answer for the same call.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import tilecomm
+
+KERNELS = [("all_reduce", "one_shot"), ("all_reduce", "two_shot"), ("all_gather", "direct"),
+           ("all_gather", "ring"), ("reduce_scatter", "direct"), ("reduce_scatter", "ring")]
+
+
+# ---- rank side ---------------------------------------------------------------------------------
+
+def _setup(comm):
+    assert "tilecomm.device.lang" not in sys.modules, "kernels imported without the interpreter"
+    os.environ["TRITON_INTERPRET"] = "1"
+    comm.use_cpu_kernels("triton")
+
+
+def _call(comm, fn, *args):
+    try:
+        return fn(comm, *args)
+    finally:
+        gc.collect()      # symmetric tensors die with their last view: keep frees in step
+
+
+def _poison(shape, dtype):
+    return torch.full(shape, float("nan") if dtype.is_floating_point else -7, dtype=dtype)
+
+
+def _input(coll, w, r, n, k, dtype):
+    """Rank r's integer-valued input of round k (all_reduce: n; all_gather: n; reduce_scatter:
+    w*n elements)."""
+    size = w * n if coll == "reduce_scatter" else n
+    base = torch.arange(size, dtype=torch.float64)
+    return ((base * (r + 1) + 3 * k + r) % 61 - 30).to(dtype)
+
+
+def _reference(coll, w, r, n, k, op="sum"):
+    xs = np.stack([_input(coll, w, q, n, k, torch.float64).numpy() for q in range(w)])
+    if coll == "all_gather":
+        return xs.reshape(-1)
+    red = {"sum": xs.sum(0), "max": xs.max(0), "min": xs.min(0), "avg": xs.sum(0) / w,
+           "prod": xs.prod(0)}[op]
+    return red if coll == "all_reduce" else red[r * n:(r + 1) * n]
+
+
+def _run_one(comm, coll, algo, x, op, symmetric_out=False):
+    if coll == "all_reduce":
+        comm.all_reduce(x, op=op, algo=algo)
+        return x
+    if coll == "all_gather":
+        out = _poison((comm.world_size * x.numel(),), x.dtype)
+        return comm.all_gather(x, out, algo=algo)
+    out = _poison((x.numel() // comm.world_size,), x.dtype)
+    return comm.reduce_scatter(x, op=op, out=out, algo=algo)
+
+
+def _exact(comm, n, rounds, ops):
+    """Every kernel, fp32, twice in a row, vs numpy and vs the CPU executor."""
+    w, r = comm.world_size, comm.rank
+    checked = 0
+    for coll, algo in KERNELS:
+        for op in (ops if coll != "all_gather" else ("sum",)):
+            for k in range(rounds):
+                x = _input(coll, w, r, n, k, torch.float32)
+                got = _run_one(comm, coll, algo, x.clone(), op).clone()
+                np.testing.assert_array_equal(got.numpy(), _reference(coll, w, r, n, k, op),
+                                              err_msg=f"{coll}/{algo} {op} round {k}")
+                comm.use_cpu_kernels("executor")
+                try:
+                    ref = _run_one(comm, coll, algo, x.clone(), op)
+                finally:
+                    comm.use_cpu_kernels("triton")
+                assert torch.equal(got, ref), f"{coll}/{algo} {op}: differs from the executor"
+                checked += 1
+    return checked
+
+
+def _zero_copy(comm, n):
+    """Inputs from comm.alloc (read by peers where they are), in place and out of place."""
+    w, r = comm.world_size, comm.rank
+    be = comm._backends["cpu"]
+    for coll, algo in KERNELS:
+        for k in range(2):
+            size = w * n if coll == "reduce_scatter" else n
+            x = comm.alloc(size, torch.float32)
+            x.copy_(_input(coll, w, r, n, k, torch.float32))
+            got = _run_one(comm, coll, algo, x, "sum").clone()
+            np.testing.assert_array_equal(got.numpy(), _reference(coll, w, r, n, k),
+                                          err_msg=f"zero copy {coll}/{algo} round {k}")
+            assert be.ctx.zero_copy, f"{coll}/{algo}: heap input was staged"
+            del x
+            gc.collect()
+    # a tensor outside the heap is staged
+    _run_one(comm, "all_gather", "direct", torch.ones(n), "sum")
+    assert not be.ctx.zero_copy
+    return True
+
+
+def _dtypes(comm, n):
+    """fp16/bf16 (fp32 accumulation) against an fp32 reference with tolerance; int32, int64
+    and fp64 exact."""
+    w, r = comm.world_size, comm.rank
+    g = torch.Generator().manual_seed(1234)
+    data = [torch.randn(w * n, generator=g) for _ in range(w)]
+    for dt, tol in ((torch.float16, 2e-3), (torch.bfloat16, 1.6e-2), (torch.int32, 0),
+                    (torch.float64, 0), (torch.int64, 0)):
+        for coll, algo in KERNELS:
+            for k in range(2):
+                if dt.is_floating_point and tol:
+                    src = [(d * (k + 1))[: (w * n if coll == "reduce_scatter" else n)]
+                           for d in data]
+                    x = src[r].to(dt)
+                    ref32 = torch.stack([s.to(dt).float() for s in src])
+                    ref = (ref32.sum(0) if coll != "all_gather" else ref32.reshape(-1))
+                    if coll == "reduce_scatter":
+                        ref = ref[r * n:(r + 1) * n]
+                else:
+                    x = _input(coll, w, r, n, k, dt)
+                    ref = torch.from_numpy(_reference(coll, w, r, n, k))
+                got = _run_one(comm, coll, algo, x.clone(), "sum")
+                assert got.dtype == dt
+                if tol:
+                    torch.testing.assert_close(got.float(), ref.float(), rtol=tol, atol=tol * 4,
+                                               msg=f"{dt} {coll}/{algo}")
+                else:
+                    np.testing.assert_array_equal(got.double().numpy(), ref.double().numpy(),
+                                                  err_msg=f"{dt} {coll}/{algo}")
+    return True
+
+
+def _mixed(comm, n, rounds):
+    """Different kernels back to back on the shared pad and scratch (contract rules 1-3)."""
+    w, r = comm.world_size, comm.rank
+    order = KERNELS * rounds
+    for i, (coll, algo) in enumerate(order[r % 2:] + order[:r % 2] if False else order):
+        x = _input(coll, w, r, n, i, torch.float32)
+        got = _run_one(comm, coll, algo, x, "sum")
+        np.testing.assert_array_equal(got.numpy(), _reference(coll, w, r, n, i),
+                                      err_msg=f"{coll}/{algo} #{i}")
+    return len(order)
+
+
+def _silent_peer(comm, timeout):
+    """Rank 0 never launches; rank 1 runs each kernel's launcher and must get CommTimeout."""
+    from tilecomm.backends.base import CollectiveCall
+    from tilecomm.backends.triton import registry
+    from tilecomm.types import DTYPES, ReduceOp
+
+    be = comm._backends["cpu"]
+    w, n = comm.world_size, 64
+    for coll, algo in KERNELS:      # every rank: scratch and pad exist (growing is collective)
+        _run_one(comm, coll, algo, torch.ones(w * n if coll == "reduce_scatter" else n), "sum")
+    be.heap.timeout = timeout
+    if comm.rank == 0:
+        return None
+    out = []
+    for coll, algo in KERNELS:
+        if coll == "all_reduce":
+            bufs = {"buf": torch.ones(n)}
+        elif coll == "all_gather":
+            bufs = {"in": torch.ones(n), "out": torch.zeros(w * n)}
+        else:
+            bufs = {"in": torch.ones(w * n), "out": torch.zeros(n)}
+        call = CollectiveCall(coll, algo, DTYPES[torch.float32], n, bufs,
+                              op=None if coll == "all_gather" else ReduceOp.SUM)
+        be.ctx.begin(False)
+        epoch = be.ctx.epoch
+        t = time.perf_counter()
+        registry.lookup(coll, algo, torch.float32, None).launch(be.ctx, call)
+        elapsed = time.perf_counter() - t
+        try:
+            be.heap.check(f"{coll}/{algo}")
+            out.append((coll, algo, "no error"))
+        except tilecomm.CommTimeout as e:
+            out.append((coll, algo, type(e).__name__, e.rank, e.peer, e.epoch == epoch,
+                        str(e), elapsed))
+    return out
+
+
+def _unsupported(comm):
+    errs = []
+    for fn in (lambda: comm.all_reduce(torch.ones(8), algo="ring"),
+               lambda: comm.all_gather(torch.ones(8, dtype=torch.uint8)),
+               lambda: comm.all_reduce(torch.ones(8), algo="recursive_doubling")):
+        try:
+            fn()
+            errs.append("no error")
+        except (ValueError, TypeError) as e:
+            errs.append(f"{type(e).__name__}: {e}")
+    # still usable afterwards
+    x = torch.full((8,), float(comm.rank + 1))
+    comm.all_reduce(x)
+    errs.append(x.tolist())
+    return errs
+
+
+def _auto(comm):
+    from tilecomm import tuner
+    be = comm._backends["cpu"]
+    small = tuner.choose("all_reduce", 1024, comm.world_size, kind=be.kind,
+                         available=be.algorithms("all_reduce"))
+    big = tuner.choose("all_reduce", 1 << 30, comm.world_size, kind=be.kind,
+                       available=be.algorithms("all_reduce"))
+    x = torch.full((100,), 1.0)
+    comm.all_reduce(x)              # auto on the kernel backend
+    return small, big, x[0].item(), be.algorithms("all_gather")
+
+
+# ---- pools -------------------------------------------------------------------------------------
+
+_POOLS: dict[int, tilecomm.RankGroup] = {}
+
+
+def _pool(w):
+    g = _POOLS.get(w)
+    if g is None or not all(p.is_alive() for p in g.procs):
+        if g is not None:
+            g.stop()
+        g = tilecomm.RankGroup(w, timeout=60, heap_bytes=8 << 20,
+                               scratch_bytes=64 << 10).start()
+        g.run(_call, _setup)
+        _POOLS[w] = g
+    return g
+
+
+def _run(w, fn, *args):
+    try:
+        return _pool(w).run(_call, fn, *args)
+    except BaseException:
+        g = _POOLS.pop(w, None)
+        if g is not None:
+            g.stop()
+        raise
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_pools():
+    yield
+    for g in _POOLS.values():
+        g.stop()
+    _POOLS.clear()
+
+
+# ---- tests -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("w", [2, 3])
+def test_every_kernel_exact_vs_numpy_and_executor(w):
+    # n not a multiple of the block (128) nor of w: masked tails and uneven two_shot chunks
+    ops = ("sum", "max") if w == 3 else ("sum", "avg")
+    res = _run(w, _exact, 157, 2, ops)
+    assert res == [2 * (4 * 2 + 2)] * w   # (4 reducing kernels x 2 ops + 2 all_gathers) x 2 rounds
+
+
+def test_four_ranks_mixed_sequence():
+    assert _run(4, _mixed, 150, 2) == [12] * 4
+
+
+@pytest.mark.parametrize("w", [2, 3])
+def test_zero_copy_heap_inputs(w):
+    assert _run(w, _zero_copy, 140) == [True] * w
+
+
+def test_low_precision_and_integer_dtypes():
+    assert _run(3, _dtypes, 70) == [True] * 3
+
+
+def test_unsupported_calls_name_what_is_supported():
+    res = _run(2, _unsupported)
+    for errs in res:
+        assert errs[0].startswith("ValueError") and "one_shot" in errs[0] and \
+            "two_shot" in errs[0], errs[0]
+        assert errs[1].startswith("TypeError") and "uint8" in errs[1] and "float32" in errs[1], \
+            errs[1]
+        assert errs[2].startswith("ValueError") and "recursive_doubling" in errs[2]
+        assert errs[3] == [3.0] * 8
+
+
+def test_auto_picks_gpu_kernels():
+    res = _run(2, _auto)
+    small, big, val, ag = res[0]
+    assert (small, big, val) == ("one_shot", "two_shot", 2.0)
+    assert set(ag) == {"direct", "ring"}
+
+
+def test_silent_peer_raises_commtimeout():
+    t = time.perf_counter()
+    try:
+        res = _run(2, _silent_peer, 0.3)
+    finally:
+        g = _POOLS.pop(2, None)      # the ranks' epochs are out of step now: fresh pool
+        if g is not None:
+            g.stop()
+    assert time.perf_counter() - t < 40
+    assert res[0] is None
+    assert len(res[1]) == len(KERNELS)
+    for coll, algo, name, rank, peer, same_epoch, msg, elapsed in res[1]:
+        assert name == "DeviceTimeout", (coll, algo, name)
+        assert (rank, peer, same_epoch) == (1, 0, True), (coll, algo, rank, peer)
+        assert f"{coll}/{algo}: rank 1 timed out" in msg and "rank 0" in msg and "epoch" in msg
+        assert 0.3 <= elapsed < 15
+
+
+def _env():
+    return {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+
+
+def test_every_registered_kernel_compiles_for_sm90():
+    from tilecomm.backends.triton import registry
+
+    mods = [f"tilecomm.backends.triton.kernels.{f}" for f in registry.FAMILIES
+            if os.path.exists(os.path.join(os.path.dirname(registry.__file__), "kernels",
+                                           f + ".py"))]
+    assert "tilecomm.backends.triton.kernels.all_reduce" in mods
+    r = subprocess.run([sys.executable, "-m", "tilecomm.device.compile_check", *mods],
+                       env=_env(), capture_output=True, text=True, timeout=400)
+    if r.returncode == 3:
+        pytest.skip(r.stderr.strip())
+    assert r.returncode == 0, r.stdout + r.stderr
+    ok = " ".join(line for line in r.stdout.splitlines() if line.startswith("ok "))
+    for name in ("one_shot_all_reduce_kernel", "two_shot_all_reduce_kernel",
+                 "all_gather_direct_kernel", "all_gather_ring_kernel",
+                 "reduce_scatter_direct_kernel", "reduce_scatter_ring_kernel"):
+        assert name in ok, r.stdout
