@@ -80,6 +80,26 @@ def test_cli_search_and_plot(tmp_path, capsys):
     (["model", "llama3-70b", "--gpus", "32", "--tp", "16"], "exceeds the 8 GPUs"),
     (["model", "llama3-8b", "--gpus", "16", "--ep", "2"], "needs an MoE model"),
     (["model", "llama3-8b", "--system", "dgx-z"], "unknown system 'dgx-z'"),
+    (["model", "llama3-8b", "--system", "/no/such.json"], "system file /no/such.json not found"),
+    (["model", "llama3-70b", "--gpus", "16", "--tp", "3"], "tp*pp*cp = 3 does not divide"),
+    (["model", "llama3-70b", "--gpus", "16", "--tp", "16"], "exceeds the 8 GPUs"),
+    (["model", "llama3-8b", "--gpus", "12", "--tp", "4"], "not a whole number of 8-GPU"),
+    (["model", "llama3-8b", "--gpus", "16", "--global-batch", "20"],
+     "global_batch=20 must be a multiple of dp*micro_batch = 16*1"),
+    (["model", "llama3-8b", "--gpus", "16", "--tp", "-2"], "tp must be a positive integer"),
+    (["model", "llama3-8b", "--gpus", "16", "--seq", "0"], "--seq must be >= 1"),
+    (["model", "llama3-8b", "--gpus", "8", "--mode", "decode", "--batch", "0"],
+     "--batch must be >= 1"),
+    (["model", "llama3-8b", "--gpus", "8", "--mode", "decode", "--gen", "-1"],
+     "--gen must be >= 0"),
+    (["model", "llama3-8b", "--gpus", "8", "--mode", "decode", "--cp", "2"],
+     "context parallelism is modeled for training only"),
+    (["model", "mixtral-8x7b", "--gpus", "16", "--tp", "2", "--ep", "2"],
+     "needs sequence parallelism"),
+    (["model", "mixtral-8x7b", "--gpus", "16", "--ep", "3"], "ep=3 must divide the 8 experts"),
+    (["model", "llama3-8b", "--gpus", "8", "--dtype", "fp8", "--system", "dgx-a100"],
+     "no FP8 tensor cores"),
+    (["model", "llama3-70b", "--gpus", "16", "--search"], "fits in memory"),
 ])
 def test_cli_errors_exit_2_without_traceback(argv, msg, capsys):
     assert main(argv) == 2
@@ -95,3 +115,25 @@ def test_validation_table_in_docs_is_current():
         pred = re.escape(line.split(" | ")[3])
         assert line in docs, f"docs/model.md validation row is stale; expected:\n{line}"
         assert re.search(pred, docs)
+
+
+@pytest.mark.parametrize("body, msg", [
+    ({"hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "vocab": 100}, "missing field(s) layers"),
+    ({"layers": -2}, "layers must be >= 1, got -2"),
+    ({"head_dim": -1}, "head_dim must be >= 0, got -1"),
+    ({"vocab": "100"}, "vocab must be an integer, got '100'"),
+    ({"experts": -4}, "experts must be >= 0"),
+    ({"experts": 4}, "top_k must be in 1..experts (4), got 0"),
+    ({"gated_ffn": "yes"}, "gated_ffn must be true or false"),
+    ({"heads": 3}, "heads (3) must be a multiple of kv_heads (2)"),
+    ({"name": 5}, "model name must be a non-empty string"),
+])
+def test_cli_bad_model_file_exit_2(tmp_path, capsys, body, msg):
+    good = {"layers": 2, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "vocab": 100}
+    p = tmp_path / "m.json"
+    p.write_text(json.dumps(body if "layers" not in body and "hidden" in body
+                            else {**good, **body}))
+    assert main(["model", str(p), "--gpus", "8"]) == 2
+    err = capsys.readouterr().err
+    assert msg in err and str(p) in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1

@@ -188,3 +188,15 @@ def test_ep_overlap_hides_all_to_all():
     b = train_step(moe, "dgx-h100", 16, L.with_(ep_overlap=True), **kw)
     assert b.comm_total_s["ep"] == a.comm_total_s["ep"] > 0
     assert b.breakdown_s["ep"] < a.breakdown_s["ep"] and b.step_s < a.step_s
+
+
+def test_megatron_tflops_convention_is_eq3():
+    """Narayanan et al. 2021 eq. 3: 96 B s l h^2 (1 + s/6h + V/16lh) FLOPs per iteration with
+    full recompute (the head is not recomputed). GPT 1.7B, Table 1 row 1."""
+    from tilecomm.workloads.validation import points
+    p = points()[0]
+    r = train_step(p.model, p.system, p.gpus, p.layout, p.global_batch, 1, p.seq)
+    B, s, l, h, V = 512, 2048, 24, 2304, 51200
+    eq3 = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
+    got = r.hw_tflops_per_gpu * 1e12 * r.step_s * 32
+    assert got == pytest.approx(eq3, rel=2e-3)      # the rest: biases and norms (13h/12h^2)

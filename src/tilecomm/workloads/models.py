@@ -68,11 +68,9 @@ class ModelSpec:
                 raise ValueError(f"{where}{f.name} must be true or false, got {v!r}")
             if f.type == "str" and not isinstance(v, str):
                 raise ValueError(f"{where}{f.name} must be a string, got {v!r}")
-            if f.type == "int" and v < 0:
-                raise ValueError(f"{where}{f.name} must be >= 0, got {v}")
-        for k in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab"):
-            if getattr(self, k) < 1:
-                raise ValueError(f"{where}{k} must be >= 1, got {getattr(self, k)}")
+            lo = 1 if f.name in ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab") else 0
+            if f.type == "int" and v < lo:
+                raise ValueError(f"{where}{f.name} must be >= {lo}, got {v}")
         if self.heads % self.kv_heads:
             raise ValueError(f"{where}heads ({self.heads}) must be a multiple of kv_heads "
                              f"({self.kv_heads})")

@@ -65,6 +65,10 @@ def print_report(results: list, search: bool = False, total: int = 0) -> None:
                 f"{'on' if r.layout.sp else 'off'}, ZeRO-{r.layout.zero}, recompute "
                 f"{r.layout.recompute}, global batch {r.global_batch} x {r.seq} tokens, "
                 f"micro-batch {r.micro_batch} ({r.micro_batches} per pipeline)")
+        if r.layers % (r.layout.pp * r.layout.vpp):
+            c.print(f"uneven stages: {r.layers} layers over pp*vpp = "
+                    f"{r.layout.pp * r.layout.vpp} chunks; the step is timed on the most loaded "
+                    f"stage ({-(-r.layers // r.layout.pp)} layers)")
         c.print(f"step {r.step_s:.3f} s, {r.tokens_per_s:,.0f} tokens/s "
                 f"({r.tokens_per_s_per_gpu:,.0f} per GPU), MFU {r.mfu:.1%}, "
                 f"{r.hw_tflops_per_gpu:.0f} TFLOP/s per GPU (Megatron convention)")

@@ -104,6 +104,7 @@ class StepResult:
     groups: dict = field(default_factory=dict)
     gpu: str = ""
     efficiency: float = 0.0
+    layers: int = 0
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -209,6 +210,9 @@ def train_step(model: str | ModelSpec, system: str, gpus: int, layout: Layout,
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{k} must be a positive integer, got {v!r}")
     validate(L, model, gpus, spec.gpus_per_node, seq)
+    if model.is_moe and L.tp > 1 and not L.sp:
+        raise ValueError("an MoE model with tp > 1 needs sequence parallelism (--sp), as "
+                         "Megatron-LM requires")
     if global_batch % (L.dp * micro_batch):
         raise ValueError(f"global_batch={global_batch} must be a multiple of dp*micro_batch = "
                          f"{L.dp}*{micro_batch} = {L.dp * micro_batch}")
@@ -316,8 +320,9 @@ def train_step(model: str | ModelSpec, system: str, gpus: int, layout: Layout,
     # Megatron-LM's TFLOP/s (Narayanan et al. 2021, eq. 3) counts full s^2 attention and the
     # recomputed forward: both are reported so each published number meets its own convention.
     model_flops = tokens * 3 * model.fwd_flops_per_token(seq, causal=True)
+    # Full recompute reruns every layer's forward, not the output head (eq. 3's 6hV term).
     recomp = {"none": 0.0, "selective": model.attn_flops_per_token(seq),
-              "full": model.fwd_flops_per_token(seq)}[L.recompute]
+              "full": model.fwd_flops_per_token(seq) - head}[L.recompute]
     hw_flops = tokens * (3 * model.fwd_flops_per_token(seq) + recomp)
     mem = memory(model, L, micro_batch, seq, m, gpu)
     return StepResult(
@@ -328,4 +333,4 @@ def train_step(model: str | ModelSpec, system: str, gpus: int, layout: Layout,
         mfu=model_flops / (step * gpus * gpu.peak(dtype)),
         hw_tflops_per_gpu=hw_flops / (step * gpus) / 1e12, memory=mem,
         fits=mem["total"] <= mem["usable"], collectives=colls, groups=grp.as_dict(),
-        gpu=gpu.name, efficiency=eff)
+        gpu=gpu.name, efficiency=eff, layers=model.layers)
