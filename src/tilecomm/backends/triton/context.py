@@ -121,9 +121,9 @@ class KernelContext:
     def heap_range(self) -> tuple[int, int]:
         """``[lo, hi)`` addresses of this rank's symmetric memory."""
         h = self.heap
-        if hasattr(h, "comm") and hasattr(h.comm, "_heap_lo"):      # ShmDeviceHeap
+        if self.device.type == "cpu":                               # ShmDeviceHeap
             return h.comm._heap_lo, h.comm._heap_hi
-        inner = getattr(h, "heap", None)                            # CudaDeviceHeap
+        inner = h.heap                                              # CudaDeviceHeap
         base = inner.address(self.rank)
         return base, base + inner.nbytes
 
