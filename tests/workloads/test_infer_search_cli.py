@@ -118,7 +118,8 @@ def test_validation_table_in_docs_is_current():
 
 
 @pytest.mark.parametrize("body, msg", [
-    ({"hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "vocab": 100}, "missing field(s) layers"),
+    ({"hidden": 64, "heads": 4, "kv_heads": 2, "ffn": 128, "vocab": 100},
+     "missing field(s) layers"),
     ({"layers": -2}, "layers must be >= 1, got -2"),
     ({"head_dim": -1}, "head_dim must be >= 0, got -1"),
     ({"vocab": "100"}, "vocab must be an integer, got '100'"),

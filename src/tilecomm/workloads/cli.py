@@ -75,7 +75,8 @@ def _layout(args, gpus: int, infer: bool) -> Layout:
         dp = gpus // base
     return Layout(tp=args.tp, pp=args.pp, dp=dp, cp=args.cp, ep=args.ep, vpp=args.vpp,
                   zero=args.zero, sp=args.sp, tp_overlap=args.tp_overlap,
-                  ep_overlap=args.ep_overlap, dp_overlap=not args.no_dp_overlap, recompute=args.recompute)
+                  ep_overlap=args.ep_overlap, dp_overlap=not args.no_dp_overlap,
+                  recompute=args.recompute)
 
 
 def run_model(args) -> int:
@@ -104,12 +105,14 @@ def run_model(args) -> int:
     else:
         if args.search:
             from .search import search_infer
-            results = search_infer(model, args.system, gpus, args.batch if args.batch is not None else 8 * gpus,
+            batch = args.batch if args.batch is not None else 8 * gpus
+            results = search_infer(model, args.system, gpus, batch,
                                    args.prompt, args.gen, args.mode, args.dtype)
         else:
             from .inference import infer
             L = _layout(args, gpus, True)
-            results = [infer(model, args.system, L, args.batch if args.batch is not None else L.dp * L.pp * 8,
+            batch = args.batch if args.batch is not None else L.dp * L.pp * 8
+            results = [infer(model, args.system, L, batch,
                              args.prompt, args.gen, args.mode, args.dtype)]
     shown = results[:args.top] if args.search else results
     if args.json:
