@@ -100,7 +100,7 @@ def _a2av(comm, matrices, row, dt, give_recv):
         b.run(CollectiveCall("all_to_all_v", "pairwise", lookup_dtype(dt), row, bufs,
                              send_rows=send, recv_rows=recv if give_recv else None,
                              make_out=make_out))
-        assert len(holder) == 1, "make_out called %d times" % len(holder)
+        assert len(holder) == 1, f"make_out called {len(holder)} times"
         want = np.concatenate([_value(p, r, np.arange(recv[p] * row), k) for p in range(w)])
         got = holder[0].to(torch.float64).numpy()
         assert got.shape == want.shape, (got.shape, want.shape)

@@ -167,7 +167,7 @@ def as_words(t: torch.Tensor, word: torch.dtype) -> torch.Tensor:
     return b.view(word)
 
 
-_HALVES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_HALVES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def halves(ctx, name: str, half_bytes: int) -> tuple[torch.Tensor, int]:

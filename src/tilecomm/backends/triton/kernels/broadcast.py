@@ -46,7 +46,6 @@ from ..registry import kernel
 from .all_to_all import BLOCK_GPU, DTYPES, as_words, halves, word_for
 
 
-
 @triton.jit
 def direct_broadcast(buf, src, pad, n, root, arrive_group, bases, rank, err, timeout_ns, epoch,
                      WORLD: tl.constexpr, BLOCK: tl.constexpr, STAGE: tl.constexpr):
