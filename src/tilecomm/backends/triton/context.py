@@ -92,15 +92,24 @@ class KernelContext:
         into half ``epoch % 2`` of scratch ``name`` (rule 3 of the contract)."""
         if self.zero_copy:
             return t
-        n = t.numel()
-        half = self.scratch(name, 2 * n, t.dtype)[(self.epoch % 2) * n:(self.epoch % 2 + 1) * n]
+        half = self.half(name, t.numel(), t.dtype)
         half.copy_(t)
         return half
 
     def half(self, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """Half ``epoch % 2`` of scratch ``name`` (``numel`` elements)."""
+        """Half ``epoch % 2`` of scratch ``name`` (``numel`` elements).
+
+        The halves sit at fixed offsets (0 and half the buffer), not at offsets that depend on
+        this call's size: a peer may still be reading the other half from the previous call,
+        which had another size. The buffer only grows (with a barrier) when a call needs more.
+        """
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        nbytes = max(int(numel), 1) * itemsize
+        self.scratch(name, 2 * nbytes + 256, torch.uint8)
+        full = self._scratch[name]
+        cap = (full.numel() // 2) // 256 * 256        # each half, aligned for any dtype
         p = self.epoch % 2
-        return self.scratch(name, 2 * numel, dtype)[p * numel:(p + 1) * numel]
+        return full[p * cap:p * cap + nbytes].view(dtype)[:int(numel)]
 
     def _retire(self, t: torch.Tensor) -> None:
         """Drop a symmetric tensor once no peer can still use it (collective)."""
