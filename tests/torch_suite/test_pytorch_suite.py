@@ -45,13 +45,7 @@ SKIP_REASONS = {
 
 #: Failures reported to the backend's author and not fixed yet: test -> the exception line.
 #: They make the tests below xfail instead of fail; one that passes again must be removed.
-KNOWN_FAILURES = {
-    "test_destroy_group": "RuntimeError: ProcessGroup name not set",
-    "test_destroy_full_group": "RuntimeError: ProcessGroup name not set",
-    "test_barrier_timeout_full_group":
-        'AssertionError: " (Timed out|closed|timeout) " does not match "barrier #1 on rank 0: '
-        'no progress from rank(s) [1] in 1.0 s (timeout 1 s) ...',
-}
+KNOWN_FAILURES: dict[str, str] = {}
 
 # `--select fast` picks by world size: the main selection at 2 ranks, proper sub-groups and
 # gather_object at 4, the '_group' variants (group [1, 2], run upstream only at >= 8) at 8.

@@ -46,6 +46,25 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
     def _backend_name(self) -> str:
         return BACKEND_NAME
 
+    # torch names a group through its C++ backends, and this group has none: keep the name
+    # (and description) here, where destroy_process_group and friends look them up.
+    def _set_group_name(self, name: str) -> None:
+        self._tilecomm_name = name
+
+    @property
+    def group_name(self) -> str:
+        name = getattr(self, "_tilecomm_name", None)
+        if name is None:
+            raise RuntimeError("tilecomm backend: the process group has no name yet")
+        return name
+
+    def _set_group_desc(self, desc: str) -> None:
+        self._tilecomm_desc = desc
+
+    @property
+    def group_desc(self) -> str:
+        return getattr(self, "_tilecomm_desc", "undefined")
+
     def __repr__(self) -> str:
         return f"ProcessGroupTilecomm(rank={self.rank()}, size={self.size()})"
 
@@ -104,12 +123,39 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
     # ---- collectives ---------------------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        if tensors and all(isinstance(t, torch.Tensor) and t.layout == torch.sparse_coo
+                           for t in tensors):
+            for t in tensors:
+                self._sparse_all_reduce(t, op)
+            return DoneWork(list(tensors))
         with self.comm._validating("all_reduce"):
             for t in tensors:
                 check_tensor(t, "all_reduce")
         for t in tensors:
             self._reduce_into(t, op, "all_reduce", None)
         return DoneWork(list(tensors))
+
+    def _sparse_all_reduce(self, t: torch.Tensor, op) -> None:
+        """Sum of sparse COO tensors: every rank gathers every rank's (indices, values) and
+        adds them in rank order, so all ranks hold the same coalesced result."""
+        w = self.size()
+        with self.comm._validating("all_reduce"):
+            if getattr(op, "op", op) != dist.ReduceOp.SUM:
+                raise ValueError(f"tilecomm backend: all_reduce: sparse tensors support SUM "
+                                 f"only, got {getattr(op, 'op', op)}")
+            check_tensor(t.coalesce().values(), "all_reduce", "sparse values")
+            s = t.coalesce()
+            idx, vals = s.indices().contiguous(), s.values().contiguous()
+        nnz = self.comm.all_gather(torch.tensor([idx.shape[1]], dtype=torch.int64)).tolist()
+        idxs = [torch.empty((idx.shape[0], n), dtype=idx.dtype) for n in nnz]
+        valss = [torch.empty((n, *vals.shape[1:]), dtype=vals.dtype) for n in nnz]
+        self._exchange_bytes("all_reduce", [idx] * w, idxs)
+        self._exchange_bytes("all_reduce", [vals] * w, valss)
+        total = torch.sparse_coo_tensor(idxs[0], valss[0], t.shape)
+        for i, v in zip(idxs[1:], valss[1:]):
+            total = total + torch.sparse_coo_tensor(i, v, t.shape)
+        with torch.no_grad():
+            t.copy_(total.coalesce())
 
     def allreduce_coalesced(self, tensors, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM

@@ -137,7 +137,8 @@ class Channel:
         if dead:
             cause = f"rank(s) {dead} exited"
         else:
-            cause = f"no progress from rank(s) {missing} in {waited:.1f} s (timeout {self.timeout:g} s)"
+            cause = (f"no progress from rank(s) {missing} in {waited:.1f} s (the timeout is "
+                     f"{self.timeout:g} s)")
         msg = (f"{op} #{seq} on rank {self.rank}: {cause} while waiting for {detail}. "
                f"{states}.")
         raise CommTimeout(msg, collective=op, seq=int(seq), missing=tuple(missing))
