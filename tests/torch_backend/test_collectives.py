@@ -183,3 +183,15 @@ def _recv_any(rank: int, w: int):
 def test_recv_from_any_source():
     res = run_ranks(_recv_any, 3)
     assert res[0] == [(1, 10.0), (2, 20.0)]
+
+
+def _sparse(rank: int, w: int):
+    t = torch.sparse_coo_tensor([[rank, 3]], [float(rank + 1), 10.0], (5,))
+    dist.all_reduce(t)
+    return t.to_dense().tolist()
+
+
+def test_sparse_all_reduce_sum_matches_gloo():
+    ours = run_ranks(_sparse, 3)
+    assert ours == run_ranks(_sparse, 3, "gloo", timeout=60)
+    assert ours[0] == [1.0, 2.0, 3.0, 30.0, 0.0]

@@ -42,8 +42,8 @@ WHY = [
      False),
     (r"^no torchvision$", "needs torchvision, which is not installed (optional)", False),
     (r"^Only Gloo backend supports sparse all reduce$",
-     "sparse tensors: tilecomm's backend supports strided tensors only (it raises for sparse "
-     "ones), so the gate is genuine", False),
+     "the CUDA variant: tilecomm's process group serves CPU tensors (the CPU sparse test is "
+     "unlocked and passes)", False),
     (r"^Test requires backend tilecomm to be one of \{'gloo'\}$",
      "Gloo-only API: monitored_barrier is implemented by torch for Gloo only "
      "(distributed_c10d raises ValueError for any other backend)", False),
