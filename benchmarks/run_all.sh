@@ -21,3 +21,5 @@ for op in all_gather reduce_scatter broadcast reduce all_to_all all_to_all_v sen
   tilecomm bench $op -n 2 -b 8 -e 64M -f 8 --vs gloo --check --rounds 5 \
     --json $R/cpu_${op}_2ranks_gloo.json > $R/cpu_${op}_2ranks_gloo.txt
 done
+python benchmarks/torch_backend.py -n 2 -b 8 -e 64M -f 4 \
+  --json $R/torch_backend_2ranks.json > $R/torch_backend_2ranks.txt

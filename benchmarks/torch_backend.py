@@ -6,6 +6,8 @@ Both backends run in the same invocation, one after the other, with the same siz
 size is warmed up, then timed in ``--rounds`` rounds of back-to-back calls (separated by a
 barrier); a rank's figure is its median round, and the reported time is the slowest rank's.
 The DDP step is ``examples/ddp_train.py`` under torchrun (median step of ``--ddp-steps``).
+The last column times tilecomm's Communicator called directly in the same processes: the
+difference is the cost of going through torch.distributed.
 """
 
 from __future__ import annotations
@@ -35,26 +37,33 @@ def _rank(rank, world, backend, path, byte_sizes, rounds, q):
 
     torch.set_num_threads(1)
     dist.init_process_group(backend, init_method=f"file://{path}", rank=rank, world_size=world)
+    # tilecomm's group also times its Communicator directly: the cost of the torch layer.
+    comm = getattr(dist.group.WORLD, "comm", None)
+    calls = [dist.all_reduce] + ([comm.all_reduce] if comm is not None else [])
     rows = []
     for nbytes in byte_sizes:
         t = torch.ones(max(1, nbytes // 4))
         iters = max(5, min(1000, int(2e7 // max(nbytes, 1))))
-        for _ in range(3):
-            dist.all_reduce(t)
-        per_round = []
-        for _ in range(rounds):
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                dist.all_reduce(t)
-            per_round.append((time.perf_counter() - t0) / iters)
-        rows.append(median(per_round))
+        row = []
+        for call in calls:
+            for _ in range(3):
+                call(t)
+            per_round = []
+            for _ in range(rounds):
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(iters):
+                    call(t)
+                per_round.append((time.perf_counter() - t0) / iters)
+            row.append(median(per_round))
+        rows.append(row)
     dist.destroy_process_group()
     q.put((rank, rows))
 
 
-def time_all_reduce(backend: str, world: int, byte_sizes: list[int], rounds: int) -> list[float]:
-    """Seconds per dist.all_reduce (slowest rank's median round) for each size."""
+def time_all_reduce(backend: str, world: int, byte_sizes: list[int], rounds: int) -> list:
+    """Seconds per dist.all_reduce (slowest rank's median round) for each size: one list per
+    size, ``[dist.all_reduce]`` or, for tilecomm, ``[dist.all_reduce, comm.all_reduce]``."""
     ctx = mp.get_context("fork")
     q = ctx.Queue()
     fd, path = tempfile.mkstemp(prefix="tilecomm-bench-")
@@ -73,7 +82,8 @@ def time_all_reduce(backend: str, world: int, byte_sizes: list[int], rounds: int
                 p.kill()
         if os.path.exists(path):
             os.unlink(path)
-    return [max(r[i] for r in per_rank) for i in range(len(byte_sizes))]
+    return [[max(r[i][j] for r in per_rank) for j in range(len(per_rank[0][i]))]
+            for i in range(len(byte_sizes))]
 
 
 def ddp_step_ms(backend: str, world: int, steps: int, hidden: int) -> float:
@@ -83,9 +93,15 @@ def ddp_step_ms(backend: str, world: int, steps: int, hidden: int) -> float:
                "--nproc-per-node", str(world), str(ROOT / "examples" / "ddp_train.py"),
                "--backend", backend, "--steps", str(steps), "--hidden", str(hidden),
                "--losses", str(out)]
-        subprocess.run(cmd, check=True, capture_output=True, timeout=1800,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
-        return json.loads(out.read_text())["step_ms"]
+        for attempt in (1, 2):
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800,
+                                  env=dict(os.environ, OMP_NUM_THREADS="1"))
+            if proc.returncode == 0:
+                return json.loads(out.read_text())["step_ms"]
+            # Gloo's ranks occasionally abort (SIGABRT) here; say so and try once more.
+            print(f"DDP run on {backend} failed (attempt {attempt}, exit {proc.returncode}): "
+                  f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ''}")
+        raise RuntimeError(f"DDP run on {backend} failed twice")
 
 
 def main() -> None:
@@ -105,11 +121,14 @@ def main() -> None:
     gloo = time_all_reduce("gloo", args.world_size, byte_sizes, args.rounds)
     print(f"# dist.all_reduce float32 sum, {args.world_size} ranks, median of {args.rounds} "
           f"rounds, slowest rank")
-    print(f"{'size':>8} {'tilecomm us':>12} {'gloo us':>10} {'speedup':>8}")
+    print(f"{'size':>8} {'tilecomm us':>12} {'gloo us':>10} {'speedup':>8} "
+          f"{'Communicator us':>16}")
     rows = []
-    for nbytes, a, b in zip(byte_sizes, ours, gloo):
-        print(f"{format_size(nbytes):>8} {a * 1e6:12.1f} {b * 1e6:10.1f} {b / a:7.2f}x")
-        rows.append({"bytes": nbytes, "tilecomm_us": a * 1e6, "gloo_us": b * 1e6})
+    for nbytes, (a, direct), (b,) in zip(byte_sizes, ours, gloo):
+        print(f"{format_size(nbytes):>8} {a * 1e6:12.1f} {b * 1e6:10.1f} {b / a:7.2f}x "
+              f"{direct * 1e6:16.1f}")
+        rows.append({"bytes": nbytes, "tilecomm_us": a * 1e6, "gloo_us": b * 1e6,
+                     "communicator_us": direct * 1e6})
     ddp = []
     for hidden in args.ddp_hidden:
         a = ddp_step_ms("tilecomm", args.world_size, args.ddp_steps, hidden)
