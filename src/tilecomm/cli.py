@@ -113,6 +113,18 @@ def run_doctor(args) -> int:
             f"{torch.__version__}, numpy {numpy.__version__}, {os.cpu_count()} CPUs")
     st = os.statvfs(settings().shm_dir)
     c.print(f"{settings().shm_dir}: {st.f_bavail * st.f_frsize >> 20} MiB free")
+    import importlib.util
+
+    import torch.distributed as dist
+    if importlib.util.find_spec("triton") is None:
+        c.print("triton: not installed (the device API and GPU kernels need it: pip install "
+                "'tilecomm[gpu]')")
+    else:
+        import importlib.metadata as md
+        cuda = "CUDA available" if torch.cuda.is_available() else "no CUDA: interpreter only"
+        c.print(f"triton {md.version('triton')}: device API and GPU kernels usable ({cuda})")
+    registered = dist.is_available() and "TILECOMM" in dist.Backend._plugins
+    c.print(f"torch.distributed backend 'tilecomm': {'registered' if registered else 'MISSING'}")
     t = Table("variable", "value", "meaning", header_style="bold")
     for row in describe():
         t.add_row(*row)

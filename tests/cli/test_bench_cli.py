@@ -83,6 +83,7 @@ def test_doctor_runs(capsys):
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
     assert "TILECOMM_TIMEOUT" in out and "self-test: ok" in out
+    assert "backend 'tilecomm': registered" in out and "triton " in out
 
 
 def test_torchrun_init(tmp_path):
