@@ -257,3 +257,12 @@ def test_compiles_for_sm90():
     ok = [ln for ln in r.stdout.splitlines() if ln.startswith("ok ")]
     assert len(ok) == 6 and "pairwise_all_to_all" in r.stdout and \
         "all_to_all_v_counts" in r.stdout, r.stdout
+
+
+def test_all_to_all_v_large_local_chunk_same_grid_everywhere(ranks):
+    # rank 0 keeps 600 rows for itself (its diagonal) and sends 1: the grid must be sized from
+    # the whole count matrix, the same on every rank (program (pid, s) meets the peer's
+    # (pid, s)); sized from a rank's own counts, rank 0's extra programs waited on programs
+    # rank 1 never launched and timed out
+    mats = [[[600, 1], [1, 1]], [[1, 2], [3, 500]]]
+    assert ranks(2).run(_call, _a2av, mats, 1, torch.int64, True) == [2, 2]

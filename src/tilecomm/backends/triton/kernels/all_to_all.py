@@ -195,12 +195,18 @@ def _block(ctx) -> int:
     return ctx.block if ctx.interpret else BLOCK_GPU
 
 
-def _pairwise(ctx, epoch: int, xw, outw, send, recv, cap: int, wsize: int, word) -> None:
+def _pairwise(ctx, epoch: int, xw, outw, send, recv, cap: int, wsize: int, word,
+              most: int) -> None:
     """Launch the data kernel: ``send``/``recv`` word counts per rank, ``cap`` the largest
-    off-diagonal count (same on every rank)."""
+    off-diagonal count and ``most`` the largest count of the whole matrix, diagonal included
+    (both the same on every rank).
+
+    The grid is sized from ``most``, never from this rank's own counts: program ``(pid, s)``
+    waits for the peer's program ``(pid, s)``, so every rank must launch the same grid (a rank
+    keeping a large chunk for itself would otherwise launch programs its peers never do)."""
     w = ctx.world_size
     block = _block(ctx)
-    nprog = ctx.programs(max(cap, max(send), max(recv), 1), block)
+    nprog = ctx.programs(max(most, 1), block)
     raw, half_bytes = halves(ctx, "pairwise.staging", w * max(cap, 1) * wsize)
     staging = raw.view(word)
     row_cap = half_bytes // wsize // w
@@ -241,7 +247,7 @@ def launch_all_to_all(ctx, call) -> None:
         xw = as_words(x, word)
         outw = out.view(torch.uint8).view(word) if out.data_ptr() % wsize == 0 else \
             torch.empty(n * w, dtype=word, device=ctx.device)
-    _pairwise(ctx, ctx.epoch, xw, outw, [n] * w, [n] * w, n, wsize, word)
+    _pairwise(ctx, ctx.epoch, xw, outw, [n] * w, [n] * w, n, wsize, word, n)
     if n and outw.data_ptr() != out.data_ptr():
         out.view(torch.uint8).copy_(outw.view(torch.uint8))
 
@@ -307,6 +313,7 @@ def launch_all_to_all_v(ctx, call) -> None:
         outw = out.reshape(-1).view(torch.uint8).view(word)
     else:
         outw = torch.empty(sum(recv), dtype=word, device=ctx.device)
-    _pairwise(ctx, ctx.next_epoch(), xw, outw, send, recv, cap, wsize, word)
+    most = max(words(c) for mrow in matrix for c in mrow)
+    _pairwise(ctx, ctx.next_epoch(), xw, outw, send, recv, cap, wsize, word, most)
     if sum(recv) and outw.data_ptr() != out.data_ptr():
         out.reshape(-1).view(torch.uint8).copy_(outw.view(torch.uint8))
