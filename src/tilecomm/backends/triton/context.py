@@ -28,7 +28,17 @@ class KernelContext:
         #: over blocks): small in the interpreter (each program costs a signal exchange and
         #: every op ~0.2 ms), one or two waves of SMs on a GPU
         self.block = 128 if interpret else 1024
-        self.max_programs = 4 if interpret else 2 * _sm_count(heap.device)
+        #: ranks sharing this rank's device (the most on any device); > 1 caps the grid
+        self.sharing = 1
+        if interpret:
+            self.max_programs = 4
+        else:
+            # collective (the context is built by every rank's TritonBackend): every rank
+            # must launch the same grid, since program i waits for program i of its peers
+            rows = host.all_gather(torch.tensor([_sm_count(heap.device),
+                                                 _device_key(heap.device)], dtype=torch.int64))
+            rows = rows.reshape(self.world_size, 2).tolist()
+            self.max_programs, self.sharing = grid_limits(rows)
         self.epoch = 0
         self.zero_copy = False
         self._sym_offset = -1
@@ -52,10 +62,14 @@ class KernelContext:
         return h.bases, h.rank, h.errors, h.timeout_ns
 
     # ---- launch geometry ------------------------------------------------------------------
-    def programs(self, n: int, block: int | None = None) -> int:
-        """Programs for ``n`` elements (at least 1, at most ``max_programs``)."""
+    def programs(self, n: int, block: int | None = None, width: int = 1) -> int:
+        """Programs for ``n`` elements (at least 1, at most ``max_programs``). ``width``: CTAs
+        the launch makes per program (a ``(P, W)`` grid has ``width=W``); when ranks share a
+        device the whole grid stays within ``max_programs`` (see :func:`grid_limits`)."""
         b = block or self.block
-        return max(1, min(self.max_programs, -(-int(n) // b)))
+        limit = self.max_programs if self.sharing == 1 else \
+            max(1, self.max_programs // max(1, int(width)))
+        return max(1, min(limit, -(-int(n) // b)))
 
     # ---- symmetric memory -----------------------------------------------------------------
     def signals(self, groups: int) -> torch.Tensor:
@@ -142,6 +156,41 @@ class KernelContext:
         arr = torch.tensor([int(v) for v in values], dtype=torch.int64)
         out = self.host.all_gather(arr)
         return out.reshape(self.world_size, -1).tolist()
+
+
+def grid_limits(rows) -> tuple[int, int]:
+    """``(max_programs, sharing)`` from every rank's ``[sm_count, device key]``.
+
+    Every rank gets the same answer (program ``i`` of a launch meets program ``i`` of its
+    peers: unequal grids leave programs waiting for peers' programs that never run). One GPU
+    per rank: two waves of the smallest SM count. Ranks sharing a GPU: with MPS their kernels
+    run *concurrently*, and a program spinning on a peer's program that cannot become
+    resident (the SMs are full of other ranks' spinning programs) deadlocks; so the grids of
+    all ``sharing`` ranks together stay within one CTA per SM (``sms // sharing`` each),
+    which is always co-resident. Without MPS the contexts time-slice and this only costs
+    bandwidth on a GPU that is shared anyway."""
+    sms = min(int(r[0]) for r in rows)
+    counts: dict = {}
+    for r in rows:
+        counts[int(r[1])] = counts.get(int(r[1]), 0) + 1
+    sharing = max(counts.values())
+    if sharing > 1:
+        return max(1, sms // sharing), sharing
+    return 2 * sms, 1
+
+
+def _device_key(device: torch.device) -> int:
+    """An integer naming the physical GPU (its UUID; the PCI bus otherwise), the same in every
+    process whatever CUDA_VISIBLE_DEVICES renumbers."""
+    import zlib
+
+    try:
+        p = torch.cuda.get_device_properties(device)
+        key = str(getattr(p, "uuid", "") or getattr(p, "pci_bus_id", "") or
+                  f"{p.pci_domain_id}:{p.pci_bus_id}:{p.pci_device_id}")
+    except Exception:  # noqa: BLE001 - a CPU device heap
+        key = str(device)
+    return zlib.crc32(key.encode()) & 0x7FFFFFFF
 
 
 def _sm_count(device: torch.device) -> int:

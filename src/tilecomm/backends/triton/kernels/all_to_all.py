@@ -206,7 +206,7 @@ def _pairwise(ctx, epoch: int, xw, outw, send, recv, cap: int, wsize: int, word,
     keeping a large chunk for itself would otherwise launch programs its peers never do)."""
     w = ctx.world_size
     block = _block(ctx)
-    nprog = ctx.programs(max(most, 1), block)
+    nprog = ctx.programs(max(most, 1), block, width=w)
     raw, half_bytes = halves(ctx, "pairwise.staging", w * max(cap, 1) * wsize)
     staging = raw.view(word)
     row_cap = half_bytes // wsize // w
