@@ -341,3 +341,44 @@ def test_every_registered_kernel_compiles_for_sm90():
                  "all_gather_direct_kernel", "all_gather_ring_kernel",
                  "reduce_scatter_direct_kernel", "reduce_scatter_ring_kernel"):
         assert name in ok, r.stdout
+
+
+def _huge(comm):
+    """Calls whose int32 offsets would wrap (W * n >= 2^31): refused before any launch."""
+    from tilecomm.backends.base import CollectiveCall
+    from tilecomm.backends.triton import registry
+    from tilecomm.types import DTYPES, ReduceOp
+
+    be = comm._backends["cpu"]
+    w, n = comm.world_size, (1 << 30) + 8          # no memory: zero-stride views
+    big, small = torch.zeros(1).expand(n), torch.zeros(1).expand(w * n)
+    errs = []
+    for coll, algo in KERNELS:
+        if algo == "one_shot":      # indexes up to n only: n < 2^31 is enough
+            continue
+        if coll == "all_reduce":
+            bufs = {"buf": big}
+        elif coll == "all_gather":
+            bufs = {"in": big, "out": small}
+        else:
+            bufs = {"in": small, "out": big}
+        call = CollectiveCall(coll, algo, DTYPES[torch.float32], n, bufs,
+                              op=None if coll == "all_gather" else ReduceOp.SUM)
+        try:
+            registry.lookup(coll, algo, torch.float32, None).launch(be.ctx, call)
+            errs.append("no error")
+        except ValueError as e:
+            errs.append(str(e))
+    return errs
+
+
+def test_int32_offsets_that_would_wrap_are_refused():
+    from tilecomm.backends.triton import registry
+
+    registry.check_int32("all_gather", "direct", (1 << 31) - (1 << 23))
+    with pytest.raises(ValueError, match="int32"):
+        registry.check_int32("all_gather", "direct", 1 << 31)
+    errs = _run(2, _huge)
+    assert len(errs[0]) == len(KERNELS) - 1
+    for e in errs[0]:
+        assert "exceed what the GPU kernel indexes with int32" in e, errs[0]

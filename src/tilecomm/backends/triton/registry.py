@@ -172,6 +172,22 @@ def lookup(collective: str, algo: str, dtype: torch.dtype, op: str | None) -> Ke
     return spec
 
 
+#: the all_reduce / all_gather / reduce_scatter kernels index with int32 (``n: i32``, offsets
+#: like ``c * n`` and ``start + step`` in int32); this margin covers one grid's step past the end
+I32_MARGIN = 1 << 22
+
+
+def check_int32(collective: str, algo: str, elements: int) -> None:
+    """Raise ``ValueError`` if a kernel indexing with int32 would overflow on a call whose
+    largest offset is ``elements`` (e.g. ``world * count`` for all_gather): the offsets would
+    wrap negative and the kernel would write outside its buffers. Deterministic in the call,
+    so every rank raises the same."""
+    limit = (1 << 31) - I32_MARGIN
+    if int(elements) >= limit:
+        raise ValueError(f"{collective}/{algo}: {int(elements)} elements exceed what the GPU "
+                         f"kernel indexes with int32 ({limit}); split the call")
+
+
 def compile_entries() -> list[tuple]:
     """Every registered kernel's COMPILE entries (for tilecomm.device.compile_check)."""
     out = []

@@ -34,7 +34,7 @@ import triton.language as tl
 
 from tilecomm.device import lang
 
-from ..registry import ALL_DTYPES, REDUCE_OPS, kernel
+from ..registry import ALL_DTYPES, REDUCE_OPS, check_int32, kernel
 from .common import (COMMON_SIG, OP_SUM, acc_f32, combine, finish, load_acc, op_code,
                      signature)
 
@@ -109,6 +109,7 @@ def one_shot(ctx, call) -> None:
     n = x.numel()
     if n == 0:
         return
+    check_int32("all_reduce", "one_shot", n)
     g = ctx.programs(n)
     pad = ctx.signals(g)
     stage = ctx.half("all_reduce.one_shot", n, x.dtype)
@@ -125,6 +126,7 @@ def two_shot(ctx, call) -> None:
     if n == 0:
         return
     w = ctx.world_size
+    check_int32("all_reduce", "two_shot", w * n)     # (c + 1) * n for c < w, in int32
     g = ctx.programs(-(-n // w))
     pad = ctx.signals(2 * g)
     src = x if ctx.zero_copy else ctx.half("all_reduce.two_shot.src", n, x.dtype)

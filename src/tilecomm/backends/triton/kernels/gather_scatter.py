@@ -45,7 +45,7 @@ import triton.language as tl
 
 from tilecomm.device import lang
 
-from ..registry import ALL_DTYPES, REDUCE_OPS, kernel
+from ..registry import ALL_DTYPES, REDUCE_OPS, check_int32, kernel
 from .common import (COMMON_SIG, OP_SUM, acc_f32, combine, finish, load_acc, op_code,
                      signature)
 
@@ -194,6 +194,7 @@ def all_gather_direct(ctx, call) -> None:
     n = x.numel()
     if n == 0:
         return
+    check_int32("all_gather", "direct", ctx.world_size * n)
     g = ctx.programs(n)
     pad = ctx.signals(2 * g)
     src = x if ctx.zero_copy else ctx.half("all_gather.direct", n, x.dtype)
@@ -209,6 +210,7 @@ def all_gather_ring(ctx, call) -> None:
     n, w = x.numel(), ctx.world_size
     if n == 0:
         return
+    check_int32("all_gather", "ring", w * n)
     g = ctx.programs(n)
     pad = ctx.signals(g * w)
     ring = ctx.half("all_gather.ring", w * n, x.dtype)
@@ -224,6 +226,7 @@ def reduce_scatter_direct(ctx, call) -> None:
     m = x.numel() // w
     if m == 0:
         return
+    check_int32("reduce_scatter", "direct", w * m)
     g = ctx.programs(m)
     pad = ctx.signals(2 * g)
     src = x if ctx.zero_copy else ctx.half("reduce_scatter.direct", w * m, x.dtype)
@@ -240,6 +243,7 @@ def reduce_scatter_ring(ctx, call) -> None:
     m = x.numel() // w
     if m == 0:
         return
+    check_int32("reduce_scatter", "ring", w * m)
     g = ctx.programs(m)
     pad = ctx.signals(g * (w + 1))
     src = x if ctx.zero_copy else ctx.half("reduce_scatter.ring.src", w * m, x.dtype)
