@@ -334,7 +334,12 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
                                 f"{output.dtype} differs from input dtype {input.dtype}")
             rows_in = input.shape[0] if input.dim() else 1
             rows_out = output.shape[0] if output.dim() else 1
-            row = input.numel() // rows_in if rows_in else 0
+            # Elements per row from the shape (not numel // rows: an empty input still
+            # receives rows, and its peers' rows have the output's row size).
+            row = _row_numel(input if input.dim() else output)
+            if output.dim() and _row_numel(output) != row:
+                raise ValueError(f"tilecomm backend: all_to_all_single: input rows hold {row} "
+                                 f"elements, output rows {_row_numel(output)}")
             send = list(input_split_sizes) or _even(rows_in, w, "input", "all_to_all_single")
             recv = list(output_split_sizes) or _even(rows_out, w, "output", "all_to_all_single")
             if len(send) != w or len(recv) != w:
@@ -345,7 +350,7 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
                                  f"{sum(send)}/{sum(recv)} rows but the tensors have "
                                  f"{rows_in}/{rows_out}")
             src, dst = Flat(input, write=False), Flat(output, read=False)
-            scale = src.x.numel() // max(1, input.numel())   # elements per element (bytes)
+            scale = src.x.element_size() and input.element_size() // src.x.element_size()
         unit = row * scale
         comm.all_to_all_v(src.x, [s * unit for s in send], [r * unit for r in recv], out=dst.x)
         dst.finish()
@@ -438,6 +443,13 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
 ProcessGroupTilecomm._allgather_base = ProcessGroupTilecomm.all_gather_single
 ProcessGroupTilecomm._reduce_scatter_base = ProcessGroupTilecomm.reduce_scatter_single
 ProcessGroupTilecomm.alltoall_base = ProcessGroupTilecomm.all_to_all_single
+
+
+def _row_numel(t: torch.Tensor) -> int:
+    n = 1
+    for s in t.shape[1:]:
+        n *= s
+    return n
 
 
 def _even(rows: int, w: int, what: str, collective: str) -> list[int]:
