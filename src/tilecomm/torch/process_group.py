@@ -97,8 +97,13 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
         allb = comm.all_gather(src.x)
         parts = [p.view(t.dtype) for p in allb.chunk(self.size())]
         if root is None or root == self.rank():
+            try:    # every rank holds the same parts, so every rank raises alike
+                result = reduce_parts(parts, how)
+            except (RuntimeError, TypeError, NotImplementedError) as e:
+                raise TypeError(f"tilecomm backend: {collective}: cannot reduce {t.dtype} "
+                                f"tensors with {getattr(opts_op, 'op', opts_op)}: {e}") from e
             with torch.no_grad():
-                t.copy_(reduce_parts(parts, how).view(t.shape))
+                t.copy_(result.view(t.shape))
 
     def _exchange_bytes(self, collective: str, sends: list[torch.Tensor | None],
                         recvs: list[torch.Tensor | None]) -> None:

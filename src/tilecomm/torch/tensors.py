@@ -21,7 +21,14 @@ NATIVE_OPS = {RedOpType.SUM: ReduceOp.SUM, RedOpType.AVG: ReduceOp.AVG,
               RedOpType.MAX: ReduceOp.MAX}
 BITWISE_OPS = {RedOpType.BAND: torch.bitwise_and, RedOpType.BOR: torch.bitwise_or,
                RedOpType.BXOR: torch.bitwise_xor}
-REFERENCE_FN = {ReduceOp.SUM: torch.add, ReduceOp.AVG: torch.add, ReduceOp.PROD: torch.mul,
+
+
+def _avg_add(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """AVG's fold step; ``reduce_parts`` divides by the number of ranks at the end."""
+    return torch.add(a, b)
+
+
+REFERENCE_FN = {ReduceOp.SUM: torch.add, ReduceOp.AVG: _avg_add, ReduceOp.PROD: torch.mul,
                 ReduceOp.MIN: torch.minimum, ReduceOp.MAX: torch.maximum}
 
 
@@ -114,8 +121,16 @@ def _decide(t: torch.Tensor, op, collective: str):
 
 
 def reduce_parts(parts: list[torch.Tensor], fn) -> torch.Tensor:
-    """Reference reduction: fold ``parts`` (one per rank, same dtype) in rank order."""
-    acc = parts[0].clone()
+    """Reference reduction: fold ``parts`` (one per rank, same dtype) in rank order.
+
+    float8 tensors have no arithmetic on CPU: they fold in float32 and round once at the end
+    (the same on every rank). AVG divides the sum by the number of ranks.
+    """
+    dtype = parts[0].dtype
+    wide = torch.float32 if dtype.is_floating_point and dtype.itemsize == 1 else dtype
+    acc = parts[0].to(wide, copy=True)
     for p in parts[1:]:
-        acc = fn(acc, p).to(acc.dtype)
-    return acc
+        acc = fn(acc, p.to(wide)).to(wide)
+    if fn is _avg_add:
+        acc = acc / len(parts)
+    return acc.to(dtype)
