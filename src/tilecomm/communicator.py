@@ -265,22 +265,26 @@ class Communicator:
         self._backend.rendezvous("barrier", 0, 0)
 
     # ---- point-to-point -------------------------------------------------------------------
-    def send(self, tensor: torch.Tensor, peer: int) -> None:
-        """Send ``tensor`` to ``peer``; returns once ``peer`` has received it."""
+    def send(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> None:
+        """Send ``tensor`` to ``peer``; returns once ``peer`` has received it.
+
+        Messages between two ranks are matched in posting order; ``tag`` is checked, not
+        matched: a recv with another tag makes both sides raise :class:`CommMismatch`."""
         self._check_open()
         self._check_rank(peer, "send", "peer", not_self=True)
         d = self._dtype(tensor, "send")
         _host_tensor(tensor, "send")
-        self._backend.send(_Bytes(tensor, "send", write=False).flat, d, tensor.numel(), peer)
+        self._backend.send(_Bytes(tensor, "send", write=False).flat, d, tensor.numel(), peer,
+                           tag=int(tag))
 
-    def recv(self, tensor: torch.Tensor, peer: int) -> torch.Tensor:
+    def recv(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> torch.Tensor:
         """Receive into ``tensor`` from ``peer`` (sizes and dtypes must match); returns it."""
         self._check_open()
         self._check_rank(peer, "recv", "peer", not_self=True)
         d = self._dtype(tensor, "recv")
         _host_tensor(tensor, "recv")
         buf = _Bytes(tensor, "recv", read=False)
-        self._backend.recv(buf.flat, d, tensor.numel(), peer)
+        self._backend.recv(buf.flat, d, tensor.numel(), peer, tag=int(tag))
         buf.finish()
         return tensor
 

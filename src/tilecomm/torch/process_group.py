@@ -409,27 +409,30 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
         return DoneWork([])
 
     # ---- point-to-point ------------------------------------------------------------------
-    def send(self, tensors, dst: int, tag: int = 0):  # noqa: ARG002 - order matches, not tags
+    # Messages between two ranks match in posting order (Gloo matches by tag). Tags travel
+    # with the message and are checked: a recv posted with another tag than the send it meets
+    # raises on both ranks, never delivering the data to the wrong buffer.
+    def send(self, tensors, dst: int, tag: int = 0):
         t = self._single(tensors, "send")
         src = Flat(t, write=False)
-        job = self._threads.submit("send", dst, self.comm.send, src.x, dst)
+        job = self._threads.submit("send", dst, self.comm.send, src.x, dst, tag)
         return PendingWork(job, [t])
 
-    def recv(self, tensors, src: int, tag: int = 0):  # noqa: ARG002
+    def recv(self, tensors, src: int, tag: int = 0):
         t = self._single(tensors, "recv")
-        return PendingWork(self._threads.submit("recv", src, self._recv_into, t, src), [t])
+        return PendingWork(self._threads.submit("recv", src, self._recv_into, t, src, tag), [t])
 
-    def _recv_into(self, t: torch.Tensor, src: int) -> int:
+    def _recv_into(self, t: torch.Tensor, src: int, tag: int = 0) -> int:
         dst = Flat(t, read=False)
-        self.comm.recv(dst.x, src)
+        self.comm.recv(dst.x, src, tag)
         dst.finish()
         return src
 
-    def recv_anysource(self, tensors, tag: int = 0):  # noqa: ARG002
+    def recv_anysource(self, tensors, tag: int = 0):
         t = self._single(tensors, "recv")
-        return PendingWork(self._threads.submit("any", -1, self._recv_any, t), [t])
+        return PendingWork(self._threads.submit("any", -1, self._recv_any, t, tag), [t])
 
-    def _recv_any(self, t: torch.Tensor) -> int:
+    def _recv_any(self, t: torch.Tensor, tag: int = 0) -> int:
         """Wait (bounded) for the first peer with a message waiting, then receive it on that
         peer's recv thread, so it stays in order with recvs posted for that peer."""
         peers = [p for p in range(self.size()) if p != self.rank()]
@@ -437,7 +440,7 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
         while True:
             for p in peers:
                 if self.comm.probe(p):
-                    return self._threads.submit("recv", p, self._recv_into, t, p).result()
+                    return self._threads.submit("recv", p, self._recv_into, t, p, tag).result()
             if time.monotonic() > deadline:
                 raise CommTimeout(f"recv from any source: no rank of {peers} sent a message "
                                   f"within {self.timeout:.1f} s", collective="recv")

@@ -31,11 +31,11 @@ class CpuBackend(Backend):
     def rendezvous(self, name: str, count: int, extra: int) -> list[int]:
         return self.executor.rendezvous(name, count, extra)
 
-    def send(self, data: np.ndarray, dtype: DType, numel: int, peer: int) -> None:
-        self.p2p.send(data, dtype, numel, peer)
+    def send(self, data: np.ndarray, dtype: DType, numel: int, peer: int, tag: int = 0) -> None:
+        self.p2p.send(data, dtype, numel, peer, tag)
 
-    def recv(self, out: np.ndarray, dtype: DType, numel: int, peer: int) -> None:
-        self.p2p.recv(out, dtype, numel, peer)
+    def recv(self, out: np.ndarray, dtype: DType, numel: int, peer: int, tag: int = 0) -> None:
+        self.p2p.recv(out, dtype, numel, peer, tag)
 
     def probe(self, peer: int) -> bool:
         return self.p2p.probe(peer)

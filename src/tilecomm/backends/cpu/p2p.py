@@ -16,7 +16,7 @@ from ...types import DTYPE_BY_ID, DType
 from .channel import Channel
 
 SENT, DONE, ERR, ERR_DTYPE, ERR_NUMEL = range(5)
-HEADER = 64  # bytes: msg id, dtype id, numel, npieces (int64 each), padded
+HEADER = 64  # bytes: msg id, dtype id, numel, npieces, tag (int64 each), padded
 
 
 class PointToPoint:
@@ -33,11 +33,11 @@ class PointToPoint:
     def _slot(self, array: int, peer: int) -> int:
         return self.layout.p2p_slot(array, peer)
 
-    def send(self, data: np.ndarray, d: DType, numel: int, dst: int) -> None:
-        self._guarded(self._send, data, d, numel, dst)
+    def send(self, data: np.ndarray, d: DType, numel: int, dst: int, tag: int = 0) -> None:
+        self._guarded(self._send, data, d, numel, dst, tag)
 
-    def recv(self, out: np.ndarray, d: DType, numel: int, src: int) -> None:
-        self._guarded(self._recv, out, d, numel, src)
+    def recv(self, out: np.ndarray, d: DType, numel: int, src: int, tag: int = 0) -> None:
+        self._guarded(self._recv, out, d, numel, src, tag)
 
     def probe(self, src: int) -> bool:
         """True when ``src`` has posted a piece this rank has not consumed yet."""
@@ -53,7 +53,7 @@ class PointToPoint:
             self.ch.broken = str(e)
             raise
 
-    def _send(self, data: np.ndarray, d: DType, numel: int, dst: int) -> None:
+    def _send(self, data: np.ndarray, d: DType, numel: int, dst: int, tag: int) -> None:
         ch, me = self.ch, self.rank
         msg = self.msgs_sent[dst]
         self.msgs_sent[dst] += 1
@@ -66,17 +66,17 @@ class PointToPoint:
         done_slot = [(dst, self._slot(DONE, me))]
         for i in range(npieces):
             ch.wait_slots(done_slot, base + i, what)
-            self._raise_if_rejected(dst, msg, d, numel, base, npieces)
-            header[:4] = (msg, d.id, numel, npieces)
+            self._raise_if_rejected(dst, msg, d, numel, base, npieces, tag)
+            header[:5] = (msg, d.id, numel, npieces, tag)
             lo = i * self.capacity
             chunk = data[lo:lo + self.capacity]
             np.copyto(mailbox[HEADER:HEADER + chunk.nbytes], chunk)
             self.sent[dst] = base + i + 1
             ch.me[self._slot(SENT, dst)] = base + i + 1
         ch.wait_slots(done_slot, base + npieces, what)
-        self._raise_if_rejected(dst, msg, d, numel, base, npieces)
+        self._raise_if_rejected(dst, msg, d, numel, base, npieces, tag)
 
-    def _raise_if_rejected(self, dst, msg, d, numel, base, npieces) -> None:
+    def _raise_if_rejected(self, dst, msg, d, numel, base, npieces, tag) -> None:
         peer = self.ch.slots[dst]
         if peer[self._slot(ERR, self.rank)] != msg + 1:
             return
@@ -84,10 +84,14 @@ class PointToPoint:
         self.ch.me[self._slot(SENT, dst)] = base + npieces
         want_d = DTYPE_BY_ID.get(int(peer[self._slot(ERR_DTYPE, self.rank)]))
         want_n = int(peer[self._slot(ERR_NUMEL, self.rank)])
+        if want_d is d and want_n == numel:     # what differed is the tag
+            raise CommMismatch(f"send #{msg} to rank {dst}: rank {dst} posted a recv with another "
+                               f"tag than this send's tag {tag}; messages between two ranks "
+                               f"are matched in posting order, so tags must agree in order")
         raise CommMismatch(f"send #{msg} to rank {dst}: sent {numel} x {d.name}, but rank {dst} "
                            f"expects {want_n} x {want_d.name if want_d else '?'}")
 
-    def _recv(self, out: np.ndarray, d: DType, numel: int, src: int) -> None:
+    def _recv(self, out: np.ndarray, d: DType, numel: int, src: int, tag: int) -> None:
         ch, me = self.ch, self.rank
         msg = self.msgs_recv[src]
         self.msgs_recv[src] += 1
@@ -97,8 +101,8 @@ class PointToPoint:
         what = ("recv", msg, f"rank {src} to send")
         sent_slot = [(src, self._slot(SENT, me))]
         ch.wait_slots(sent_slot, base + 1, what)
-        got_msg, got_d, got_n, npieces = (int(x) for x in header[:4])
-        if (got_d, got_n) != (d.id, numel) or got_msg != msg:
+        got_msg, got_d, got_n, npieces, got_tag = (int(x) for x in header[:5])
+        if (got_d, got_n, got_tag) != (d.id, numel, tag) or got_msg != msg:
             # Reject the message that arrived, under its own id (the sender checks that id).
             ch.me[self._slot(ERR_DTYPE, src)] = d.id
             ch.me[self._slot(ERR_NUMEL, src)] = numel
@@ -109,6 +113,10 @@ class PointToPoint:
             if got_msg != msg:
                 raise CommMismatch(f"recv #{msg} from rank {src}: rank {src} sent message "
                                    f"#{got_msg}; send and recv calls are out of step")
+            if (got_d, got_n) == (d.id, numel):
+                raise CommMismatch(f"recv #{msg} from rank {src}: expected tag {tag}, but rank "
+                                   f"{src} sent tag {got_tag}; messages between two ranks are "
+                                   f"matched in posting order, so tags must agree in order")
             raise CommMismatch(f"recv #{msg} from rank {src}: expected {numel} x {d.name}, but "
                                f"rank {src} sent {got_n} x {sent_d.name if sent_d else '?'}")
         for i in range(npieces):
