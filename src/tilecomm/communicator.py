@@ -62,6 +62,13 @@ class Communicator:
             self._backends.clear()
             self._backend.close()
 
+    def _cancel_waits(self, reason: str) -> None:
+        """End every wait in progress (in any thread) with a CommError saying ``reason``;
+        for the torch backend, whose send/recv threads must not outlive a destroyed group."""
+        channel = getattr(self._backend, "channel", None)
+        if channel is not None:
+            channel.cancelled = reason
+
     def __enter__(self) -> "Communicator":
         return self
 

@@ -107,7 +107,7 @@ def _pending_send_then_destroy(rank, w):
     dist.destroy_process_group(g)
     took = time.monotonic() - t0
     if rank == 1:
-        time.sleep(4)            # still alive: the sender cannot learn of an exit
+        time.sleep(3)            # still alive: the sender cannot learn of an exit
         return took
     return took, work.is_completed(), _catch(work.wait)
 
@@ -117,3 +117,43 @@ def test_destroy_process_group_cancels_pending_sends():
     took, done, err = res[0]
     assert took < 2.0, res            # was: blocked until the peer exited or the timeout
     assert done and err[0] == "error" and "destroyed" in err[1], err
+
+
+def _exit_with_a_pending_send(rank, path, q):
+    import os
+    from datetime import timedelta
+
+    import tilecomm  # noqa: F401 - registers the backend
+
+    dist.init_process_group("tilecomm", init_method=f"file://{path}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=30))
+    if rank == 0:
+        dist.isend(torch.ones(4), 1)       # never received, and no destroy_process_group
+    dist.barrier()
+    q.put((rank, time.monotonic()))
+    if rank == 1:
+        time.sleep(4)                      # alive: rank 0 cannot learn of an exit
+        os._exit(0)
+    # rank 0 returns: the process runs Python's shutdown, which joins every worker thread
+
+
+def test_interpreter_exit_does_not_wait_for_a_pending_send(tmp_path):
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_exit_with_a_pending_send, args=(r, str(tmp_path / "store"), q))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        marks = dict(q.get(timeout=60) for _ in procs)
+        procs[0].join(timeout=20)
+        exited = time.monotonic()
+        assert procs[0].exitcode is not None
+        assert exited - marks[0] < 2.5, exited - marks[0]   # was: until rank 1 exited (4 s)
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()

@@ -12,8 +12,11 @@ the store torch gives the group, with the group's timeout bounding every wait.
 
 from __future__ import annotations
 
+import concurrent.futures.thread  # noqa: F401 - its exit hook must be registered before ours
 import itertools
+import threading
 import time
+import weakref
 from datetime import timedelta
 
 import torch
@@ -26,6 +29,23 @@ from .work import DoneWork, PairThreads, PendingWork
 
 BACKEND_NAME = "tilecomm"
 _group_ids = itertools.count()
+_live_groups: "weakref.WeakSet[ProcessGroupTilecomm]" = weakref.WeakSet()
+
+
+def _cancel_at_exit() -> None:
+    """At interpreter exit, before Python joins worker threads: end the waits of send/recv
+    threads of groups never destroyed (a send nobody receives would hold the exit until the
+    peer exits or the group's timeout)."""
+    for pg in list(_live_groups):
+        if not pg.comm._closed:
+            pg._closing = True
+            pg.comm._cancel_waits("the interpreter is exiting")
+
+
+# threading's exit hooks run in reverse order of registration, before threads are joined
+# (concurrent.futures joins its workers from one registered above, at its import).
+if hasattr(threading, "_register_atexit"):
+    threading._register_atexit(_cancel_at_exit)
 
 
 class ProcessGroupTilecomm(dist.ProcessGroup):
@@ -37,6 +57,8 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
         self.comm = connect(store, rank, world_size, timeout=seconds)
         self.timeout = self.comm.timeout
         self._threads = PairThreads(f"tilecomm-pg{next(_group_ids)}")
+        self._closing = False
+        _live_groups.add(self)
 
     # ---- identity ------------------------------------------------------------------------
     def getBackendName(self) -> str:  # noqa: N802 - name fixed by torch
@@ -69,7 +91,14 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
         return f"ProcessGroupTilecomm(rank={self.rank()}, size={self.size()})"
 
     def shutdown(self) -> None:
-        """Stop the send/recv threads and unmap the heap (idempotent)."""
+        """Stop the send/recv threads and unmap the heap (idempotent).
+
+        A send or recv still waiting for its peer ends with a CommError (within ~0.2 s)
+        instead of holding destroy_process_group until the peer exits or the timeout.
+        """
+        self._closing = True
+        if not self.comm._closed:
+            self.comm._cancel_waits("the process group was destroyed")
         self._threads.shutdown()
         self.comm.close()
 
@@ -438,6 +467,9 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
         peers = [p for p in range(self.size()) if p != self.rank()]
         deadline = time.monotonic() + self.timeout
         while True:
+            if self._closing:
+                raise CommError("recv from any source: cancelled: the process group was "
+                                "destroyed")
             for p in peers:
                 if self.comm.probe(p):
                     return self._threads.submit("recv", p, self._recv_into, t, p, tag).result()

@@ -58,6 +58,9 @@ class Channel:
         self.step = int(self.me[SegmentLayout.PROGRESS])
         #: why the communicator can no longer be used (set after a timeout), or None
         self.broken: str | None = None
+        #: set (from any thread) to end every wait in progress with a CommError, e.g. by a
+        #: process group being destroyed while a send thread waits for its receiver
+        self.cancelled: str | None = None
 
     # ---- progress -------------------------------------------------------------------------
     def advance(self) -> int:
@@ -97,6 +100,10 @@ class Channel:
                 continue
             if now >= next_check:
                 next_check = now + 0.2
+                if self.cancelled:
+                    op, seq, detail = what
+                    raise CommError(f"{op} #{seq} on rank {self.rank}: cancelled while waiting "
+                                    f"for {detail}: {self.cancelled}")
                 dead = [r for _, _, r in pending if not self.alive(r)]
                 if dead:
                     self._raise_timeout(what, [r for _, _, r in pending], now - start, dead)
