@@ -157,3 +157,25 @@ def test_interpreter_exit_does_not_wait_for_a_pending_send(tmp_path):
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
+
+
+def _any_source_behind_a_posted_recv(rank, w):
+    n = 1 << 23                            # 32 MB: many mailbox pieces, received over time
+    if rank == 0:
+        a, b = torch.zeros(n), torch.zeros(1)
+        wa = dist.irecv(a, src=1)          # posted first: rank 1's message is for it
+        wb = dist.irecv(b)                 # from any source: must match rank 2's
+        wa.wait()
+        wb.wait()
+        return a[-1].item(), b.item(), wb._source_rank()
+    if rank == 2:
+        time.sleep(0.5)                    # rank 1's pieces are arriving before rank 2's
+        dist.send(torch.full((1,), 2.0), 0)
+    else:
+        dist.send(torch.full((n,), 1.0), 0)
+    return None
+
+
+def test_recv_from_any_source_skips_a_peer_whose_message_a_posted_recv_takes():
+    res = run_ranks(_any_source_behind_a_posted_recv, 3, timeout=5)
+    assert res[0] == (1.0, 2.0, 2), res

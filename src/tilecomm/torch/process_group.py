@@ -58,6 +58,8 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
         self.timeout = self.comm.timeout
         self._threads = PairThreads(f"tilecomm-pg{next(_group_ids)}")
         self._closing = False
+        self._posted_recvs = [0] * world_size    # recvs from each peer not finished yet
+        self._recv_lock = threading.Lock()
         _live_groups.add(self)
 
     # ---- identity ------------------------------------------------------------------------
@@ -449,7 +451,22 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
 
     def recv(self, tensors, src: int, tag: int = 0):
         t = self._single(tensors, "recv")
-        return PendingWork(self._threads.submit("recv", src, self._recv_into, t, src, tag), [t])
+        return PendingWork(self._submit_recv(t, src, tag), [t])
+
+    def _submit_recv(self, t: torch.Tensor, src: int, tag: int):
+        """Queue a recv on ``src``'s thread, counted until it ends (see ``_recv_any``)."""
+        posted = 0 <= src < len(self._posted_recvs)
+        if posted:
+            with self._recv_lock:
+                self._posted_recvs[src] += 1
+        job = self._threads.submit("recv", src, self._recv_into, t, src, tag)
+        if posted:
+            job.add_done_callback(lambda _: self._recv_done(src))
+        return job
+
+    def _recv_done(self, src: int) -> None:
+        with self._recv_lock:
+            self._posted_recvs[src] -= 1
 
     def _recv_into(self, t: torch.Tensor, src: int, tag: int = 0) -> int:
         dst = Flat(t, read=False)
@@ -462,8 +479,9 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
         return PendingWork(self._threads.submit("any", -1, self._recv_any, t, tag), [t])
 
     def _recv_any(self, t: torch.Tensor, tag: int = 0) -> int:
-        """Wait (bounded) for the first peer with a message waiting, then receive it on that
-        peer's recv thread, so it stays in order with recvs posted for that peer."""
+        """Wait (bounded) for the first peer with a message waiting that no recv already
+        posted for that peer will take (a sender has one message in flight per pair), then
+        receive it on that peer's recv thread, so it stays in order with later recvs."""
         peers = [p for p in range(self.size()) if p != self.rank()]
         deadline = time.monotonic() + self.timeout
         while True:
@@ -471,8 +489,8 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
                 raise CommError("recv from any source: cancelled: the process group was "
                                 "destroyed")
             for p in peers:
-                if self.comm.probe(p):
-                    return self._threads.submit("recv", p, self._recv_into, t, p, tag).result()
+                if self._posted_recvs[p] == 0 and self.comm.probe(p):
+                    return self._submit_recv(t, p, tag).result()
             if time.monotonic() > deadline:
                 raise CommTimeout(f"recv from any source: no rank of {peers} sent a message "
                                   f"within {self.timeout:.1f} s", collective="recv")
