@@ -137,20 +137,29 @@ def two_shot(ctx, call) -> None:
                                      ACC_F32=acc_f32(x.dtype), STAGE=not ctx.zero_copy)
 
 
-def _compile_entries(dtypes=None):
-    """COMPILE entries: every kernel in bf16 (the fp32-accumulating path) by default."""
+def _compile_entries():
+    """COMPILE entries: both kernels in every registered dtype (fp16/bf16 take the
+    fp32-accumulating path), every op in fp32 and int32 (min/max/avg lower differently for
+    integers), zero copy (STAGE=0) and an odd world size."""
     import torch
 
-    out = []
-    for dt in dtypes or (torch.bfloat16,):
+    def one(dt, world=8, op=OP_SUM, stage=1):
         sig1 = signature({"x": "*T", "out": "*T", "stage": "*T", "n": "i32", **COMMON_SIG}, dt)
-        out.append((one_shot_all_reduce_kernel, sig1,
-                    {"WORLD": 8, "BLOCK": 1024, "OP": OP_SUM, "ACC_F32": acc_f32(dt)}))
         sig2 = signature({"x": "*T", "out": "*T", "src": "*T", "red": "*T", "n": "i32",
                           **COMMON_SIG}, dt)
-        out.append((two_shot_all_reduce_kernel, sig2,
-                    {"WORLD": 8, "BLOCK": 1024, "OP": OP_SUM, "ACC_F32": acc_f32(dt),
-                     "STAGE": 1}))
+        return [(one_shot_all_reduce_kernel, sig1,
+                 {"WORLD": world, "BLOCK": 1024, "OP": op, "ACC_F32": acc_f32(dt)}),
+                (two_shot_all_reduce_kernel, sig2,
+                 {"WORLD": world, "BLOCK": 1024, "OP": op, "ACC_F32": acc_f32(dt),
+                  "STAGE": stage})]
+
+    out = []
+    for dt in ALL_DTYPES:
+        out += one(dt)
+    for dt in (torch.float32, torch.int32, torch.bfloat16):
+        for op in range(1, 5):
+            out += one(dt, op=op)
+    out += one(torch.float32, world=3, stage=0)
     return out
 
 

@@ -142,8 +142,10 @@ def reduce_scatter_ring_kernel(x, out, src, tmp, pad, m, bases, rank, err, timeo
     left = (rank + WORLD - 1) % WORLD
     g0 = pid * WORLD
     if STAGE:
-        for c in tl.static_range(WORLD):
-            _copy_blocks(src + c * m, x + c * m, m, pid, step, BLOCK)
+        # not ``c``: a constexpr loop variable that the ring steps below redefine as a
+        # runtime int fails to compile on a GPU (the interpreter does not notice)
+        for sc in tl.static_range(WORLD):
+            _copy_blocks(src + sc * m, x + sc * m, m, pid, step, BLOCK)
     ok = tl.cast(1, tl.int1)
     if WORLD == 1:
         for start in range(pid * BLOCK, m, step):
@@ -254,24 +256,37 @@ def reduce_scatter_ring(ctx, call) -> None:
                                      ACC_F32=acc_f32(x.dtype), STAGE=not ctx.zero_copy)
 
 
-def _compile_entries(dtypes=None):
-    """COMPILE entries: every kernel in bf16 (the fp32-accumulating path) by default."""
-    out = []
-    for dt in dtypes or (torch.bfloat16,):
-        base = {"x": "*T", "out": "*T", "src": "*T", "n": "i32", **COMMON_SIG}
-        out.append((all_gather_direct_kernel, signature(base, dt),
-                    {"WORLD": 8, "BLOCK": 1024, "STAGE": 1}))
-        out.append((all_gather_ring_kernel,
-                    signature({"x": "*T", "out": "*T", "ring": "*T", "n": "i32", **COMMON_SIG},
-                              dt), {"WORLD": 8, "BLOCK": 1024}))
+def _compile_entries():
+    """COMPILE entries: every kernel in every registered dtype (fp16/bf16 take the
+    fp32-accumulating path), the reducing ones with every op in fp32 and int32, zero copy
+    (STAGE=0) and an odd world size."""
+
+    def one(dt, world=8, op=OP_SUM, stage=1, gathers=True):
+        out = []
+        if gathers:
+            base = {"x": "*T", "out": "*T", "src": "*T", "n": "i32", **COMMON_SIG}
+            out.append((all_gather_direct_kernel, signature(base, dt),
+                        {"WORLD": world, "BLOCK": 1024, "STAGE": stage}))
+            out.append((all_gather_ring_kernel,
+                        signature({"x": "*T", "out": "*T", "ring": "*T", "n": "i32",
+                                   **COMMON_SIG}, dt), {"WORLD": world, "BLOCK": 1024}))
         rs = {"x": "*T", "out": "*T", "src": "*T", "m": "i32", **COMMON_SIG}
         out.append((reduce_scatter_direct_kernel, signature(rs, dt),
-                    {"WORLD": 8, "BLOCK": 1024, "OP": OP_SUM, "ACC_F32": acc_f32(dt),
-                     "STAGE": 1}))
+                    {"WORLD": world, "BLOCK": 1024, "OP": op, "ACC_F32": acc_f32(dt),
+                     "STAGE": stage}))
         rr = {"x": "*T", "out": "*T", "src": "*T", "tmp": "*A", "m": "i32", **COMMON_SIG}
         out.append((reduce_scatter_ring_kernel, signature(rr, dt, _acc_dtype(dt)),
-                    {"WORLD": 8, "BLOCK": 1024, "OP": OP_SUM, "ACC_F32": acc_f32(dt),
-                     "STAGE": 0}))
+                    {"WORLD": world, "BLOCK": 1024, "OP": op, "ACC_F32": acc_f32(dt),
+                     "STAGE": stage}))
+        return out
+
+    out = []
+    for dt in ALL_DTYPES:
+        out += one(dt)
+    for dt in (torch.float32, torch.int32, torch.float16):
+        for op in range(1, 5):
+            out += one(dt, op=op, gathers=False)
+    out += one(torch.float32, world=3, stage=0)
     return out
 
 
