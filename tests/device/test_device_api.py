@@ -122,3 +122,20 @@ def test_every_kernel_compiles_for_sm90():
     assert r.returncode == 0, r.stdout + r.stderr
     ok = [line for line in r.stdout.splitlines() if line.startswith("ok ")]
     assert len(ok) >= len(files) and "all compiled" in r.stdout, r.stdout
+
+
+def test_ptx_ordering_check_flags_unsynchronized_release_and_acquire():
+    # compile_check runs this on every compiled kernel: a release atomic must follow a CTA
+    # barrier in its block (other threads' stores are published), an acquire fence must be
+    # followed by one before data accesses (other threads' loads come after it)
+    from tilecomm.device.compile_check import ordering_problems
+
+    rel = "@%p1 atom.global.sys.release.exch.b64 %rd1, [ %rd2 + 0 ], %rd3;\n"
+    assert ordering_problems("bar.sync 0;\n" + rel) == []
+    assert ordering_problems("st.global.b32 [ %rd1 + 0 ], %r1;\n" + rel)
+    assert ordering_problems("bar.sync 0;\n@%p2 st.global.b32 [ %rd1 + 0 ], %r1;\n" + rel)
+    assert ordering_problems("bar.sync 0;\n$L__BB0_2:\n" + rel)
+    acq = "ld.relaxed.sys.global.b64 %rd1, [ %rd2 + 0 ];\nfence.acquire.sys;\n"
+    assert ordering_problems(acq + "st.shared.b64 [x], %rd1;\nbar.sync 0;\n"
+                             "ld.global.b32 %r1, [ %rd4 + 0 ];\n") == []
+    assert ordering_problems(acq + "ld.global.b32 %r1, [ %rd4 + 0 ];\n")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 import sys
 import time
 
@@ -58,6 +59,53 @@ def compile_for(kernel, signature: dict, constexprs: dict | None = None, *, arch
     return triton.compile(src, target=GPUTarget("cuda", arch, warp_size), options=options)
 
 
+_INSTR = re.compile(r"^\s*(?:@!?%p\d+\s+)?([a-z][\w.]*)")
+_LABEL = re.compile(r"^\s*\$?[\w.$]+:")
+
+
+def ordering_problems(ptx: str) -> list[str]:
+    """Memory-ordering checks on a kernel's PTX that the interpreter cannot make.
+
+    * Every release atomic (``signal_set``/``signal_add``) must follow a ``bar.sync`` in the
+      same basic block with no global store or atomic in between: the atomic is issued by one
+      thread, and only the CTA barrier before it makes the *other* threads' data stores part
+      of what the release publishes (PTX cumulativity).
+    * Every ``fence.acquire`` (the acquire half of a wait) must be followed by a ``bar.sync``
+      before the next global load or store in its block: the other threads' data loads must
+      be ordered after the one thread's acquire.
+
+    Returns one line per violation (empty: fine). Triton emits both barriers today; this
+    catches a compiler change or a primitive written without them."""
+    out = []
+    bar_ok = False          # a bar.sync since the last label / global access
+    pending_acquire = None  # line of a fence.acquire not yet followed by bar.sync
+    for i, line in enumerate(ptx.splitlines(), 1):
+        if _LABEL.match(line) and not line.lstrip().startswith("//"):
+            bar_ok = False
+            pending_acquire = None
+            continue
+        m = _INSTR.match(line)
+        if not m:
+            continue
+        op = m.group(1)
+        if op.startswith(("bar.sync", "barrier.sync")):
+            bar_ok, pending_acquire = True, None
+        elif op.startswith(("atom.", "red.")) and (".release" in op or ".acq_rel" in op):
+            if not bar_ok:
+                out.append(f"line {i}: {op} without a bar.sync before it in its block")
+            bar_ok = False
+        elif op.startswith("fence.acquire") or op.startswith("fence.acq_rel"):
+            pending_acquire = i
+        elif op.startswith(("st.global", "atom.", "red.", "ld.global", "bra", "ret")):
+            if pending_acquire is not None and op.startswith(("ld.global", "st.global")):
+                out.append(f"line {i}: {op} after fence.acquire (line {pending_acquire}) "
+                           f"without a bar.sync between")
+                pending_acquire = None
+            if not op.startswith("ld."):
+                bar_ok = False
+    return out
+
+
 def load_module(spec: str):
     """A module by dotted name, or a Python file by path (tutorials start with digits)."""
     if spec.endswith(".py") or os.sep in spec:
@@ -87,6 +135,11 @@ def check_modules(specs: list[str], arch: int = 90, out=print) -> list[tuple[str
             except Exception as e:  # noqa: BLE001 - reported
                 failures.append((name, f"{type(e).__name__}: {e}"))
                 out(f"FAIL {name}: {type(e).__name__}: {str(e)[:2000]}")
+                continue
+            bad = ordering_problems(k.asm["ptx"])
+            if bad:
+                failures.append((name, "memory ordering: " + "; ".join(bad[:5])))
+                out(f"FAIL {name} {consts}: memory ordering: {'; '.join(bad[:5])}")
                 continue
             out(f"ok   {name} sm_{arch}: {len(k.asm['ptx'])} B ptx, "
                 f"{len(k.asm.get('cubin', b''))} B cubin ({time.perf_counter() - t:.1f} s)")
