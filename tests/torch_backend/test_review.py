@@ -179,3 +179,18 @@ def _any_source_behind_a_posted_recv(rank, w):
 def test_recv_from_any_source_skips_a_peer_whose_message_a_posted_recv_takes():
     res = run_ranks(_any_source_behind_a_posted_recv, 3, timeout=5)
     assert res[0] == (1.0, 2.0, 2), res
+
+
+def _gather_size_mismatch(rank, w):
+    outs = [torch.zeros(2) for _ in range(w)] if rank == 0 else None
+    err = _catch(lambda: dist.gather(torch.ones(3), outs, dst=0))
+    t = torch.ones(1)
+    dist.all_reduce(t)                     # still in step
+    return err, t.item()
+
+
+def test_size_mismatch_in_gather_names_gather_on_every_rank():
+    for err, after in run_ranks(_gather_size_mismatch, 2):
+        assert err[0] == "error" and "CommMismatch" in err[1], err
+        assert "gather" in err[1].split("all_to_all_v")[0], err   # not only the inner op
+        assert after == 2.0

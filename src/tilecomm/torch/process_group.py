@@ -22,7 +22,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ..errors import CommError, CommTimeout
+from ..errors import CommError, CommMismatch, CommTimeout
 from ..launch import connect
 from .tensors import Flat, check_tensor, reduce_parts, reduce_plan
 from .work import DoneWork, PairThreads, PendingWork
@@ -148,7 +148,11 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
             recv_counts = [x.x.numel() if x is not None else 0 for x in outs]
             parts = [x.x for x in ins if x is not None]
             data = torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
-        got = comm.all_to_all_v(data, send_counts, recv_counts)
+        try:
+            got = comm.all_to_all_v(data, send_counts, recv_counts)
+        except CommMismatch as e:   # every rank raises it: say which torch call it was
+            raise CommMismatch(f"tilecomm backend: {collective}: the ranks' tensor sizes do "
+                               f"not match (moved as all_to_all_v over bytes): {e}") from e
         off = 0
         for x, n in zip(outs, recv_counts):
             if x is not None:
