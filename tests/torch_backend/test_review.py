@@ -194,3 +194,35 @@ def test_size_mismatch_in_gather_names_gather_on_every_rank():
         assert err[0] == "error" and "CommMismatch" in err[1], err
         assert "gather" in err[1].split("all_to_all_v")[0], err   # not only the inner op
         assert after == 2.0
+
+
+def _fsdp2_and_mesh(rank, w):
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (w,))
+    d = distribute_tensor(torch.arange(8.0).reshape(4, 2), mesh, [Shard(0)])
+    gathered = d.redistribute(mesh, [Replicate()]).to_local().tolist()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for step in range(3):
+        torch.manual_seed(10 * step + rank)
+        loss = model(torch.randn(4, 8)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return gathered, losses
+
+
+def test_fsdp2_on_a_cpu_device_mesh_matches_gloo():
+    ours = run_ranks(_fsdp2_and_mesh, 2)
+    assert ours == run_ranks(_fsdp2_and_mesh, 2, "gloo", timeout=60), ours
+    assert ours[0][0] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0]]
