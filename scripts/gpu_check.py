@@ -1,7 +1,4 @@
 #!/usr/bin/env python
-
-Exit status: 0 every case ran and passed; 1 a kernel failed (or a world did not finish);
-2 nothing failed but some cases were skipped because the time budget ran out.
 """Check and time every registered GPU kernel in one command (a lent H200: < 5 minutes).
 
     python scripts/gpu_check.py                 # GPU: 2, 4 and 8 processes sharing the GPU
@@ -26,6 +23,9 @@ with ``--interpret`` CPU ranks on the shared-memory heap):
 Writes ``$OUT/gpu_check.json`` and ``$OUT/gpu_check.txt`` (``$OUT`` defaults to
 ``./gpu_check_out``) and prints the table last. Never changes GPU settings (clocks are only
 read, through nvidia-smi). Per-world watchdogs stop rank processes that outlive the budget.
+
+Exit status: 0 every case ran and passed; 1 a kernel failed (or a world did not finish);
+2 nothing failed but some cases were skipped because the time budget ran out.
 """
 
 from __future__ import annotations
