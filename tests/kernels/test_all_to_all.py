@@ -8,7 +8,6 @@ first, and every call is made twice in a row with different data.
 
 from __future__ import annotations
 
-import gc
 import os
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import pytest
 import torch
 
 import tilecomm
+from interp_ranks import call, kernel_backend
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32,
           torch.int64, torch.uint8, torch.int8]
@@ -25,29 +25,6 @@ POISON = 77
 
 
 # ---- rank side ---------------------------------------------------------------------------------
-
-def _interpret(comm):
-    assert "tilecomm.device.lang" not in sys.modules, "kernels imported without the interpreter"
-    os.environ["TRITON_INTERPRET"] = "1"
-
-
-_BACKENDS: dict = {}
-
-
-def _backend(comm):
-    b = _BACKENDS.get(id(comm))
-    if b is None:
-        from tilecomm.backends.triton import TritonBackend
-        b = _BACKENDS[id(comm)] = TritonBackend(comm, "cpu", timeout=5)
-    return b
-
-
-def _call(comm, fn, *args):
-    try:
-        return fn(comm, *args)
-    finally:
-        gc.collect()      # symmetric tensors die with their last view: keep frees in step
-
 
 def _value(src, dst, i, k):
     """Element i of the chunk rank ``src`` sends to ``dst`` in round ``k`` (fits in int8)."""
@@ -58,7 +35,7 @@ def _a2a(comm, m, dtypes, rounds):
     from tilecomm.backends.base import CollectiveCall
     from tilecomm.types import lookup_dtype
 
-    b, w, r = _backend(comm), comm.world_size, comm.rank
+    b, w, r = kernel_backend(comm), comm.world_size, comm.rank
     i = np.arange(m)
     for dt in dtypes:
         for k in range(rounds):
@@ -82,7 +59,7 @@ def _a2av(comm, matrices, row, dt, give_recv):
     from tilecomm.backends.base import CollectiveCall
     from tilecomm.types import lookup_dtype
 
-    b, w, r = _backend(comm), comm.world_size, comm.rank
+    b, w, r = kernel_backend(comm), comm.world_size, comm.rank
     for k, mat in enumerate(matrices):
         send = mat[r]
         recv = [mat[p][r] for p in range(w)]
@@ -112,7 +89,7 @@ def _a2av_mismatch(comm):
     from tilecomm.backends.base import CollectiveCall
     from tilecomm.types import lookup_dtype
 
-    b, w, r = _backend(comm), comm.world_size, comm.rank
+    b, w, r = kernel_backend(comm), comm.world_size, comm.rank
     send = [1] * w
     recv = [1] * w
     if r == 1:
@@ -171,40 +148,22 @@ def _silent_peer(comm, collective):
 
 # ---- pytest side -------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def ranks():
-    groups: dict[int, tilecomm.RankGroup] = {}
-
-    def get(w):
-        g = groups.get(w)
-        if g is None or not all(p.is_alive() for p in g.procs):
-            if g is not None:
-                g.stop()
-            g = tilecomm.RankGroup(w, timeout=30, heap_bytes=4 << 20,
-                                   scratch_bytes=64 << 10).start()
-            g.run(_interpret)
-            groups[w] = g
-        return g
-
-    yield get
-    for g in groups.values():
-        g.stop()
 
 
 def test_all_to_all_every_dtype_two_ranks(ranks):
     # 37 elements per chunk: odd byte lengths for the 1- and 2-byte types (uint8/int16 words)
-    assert ranks(2).run(_call, _a2a, 37, DTYPES, 2) == [16, 16]
+    assert ranks(2).run(call, _a2a, 37, DTYPES, 2) == [16, 16]
 
 
 @pytest.mark.parametrize("w", [3, 4])
 def test_all_to_all_more_ranks(ranks, w):
     # 4 ranks x 150 elements: several blocks and programs per step
     dts = [torch.float32, torch.bfloat16] if w == 4 else [torch.float16, torch.int64]
-    assert ranks(w).run(_call, _a2a, 150 if w == 4 else 9, dts, 2) == [4] * w
+    assert ranks(w).run(call, _a2a, 150 if w == 4 else 9, dts, 2) == [4] * w
 
 
 def test_all_to_all_empty_chunks(ranks):
-    assert ranks(2).run(_call, _a2a, 0, [torch.float32], 2) == [2, 2]
+    assert ranks(2).run(call, _a2a, 0, [torch.float32], 2) == [2, 2]
 
 
 @pytest.mark.parametrize("w,row,dt", [(2, 3, torch.bfloat16), (3, 1, torch.float32),
@@ -218,26 +177,26 @@ def test_all_to_all_v_uneven(ranks, w, row, dt):
     second = (rng.integers(0, 40, size=(w, w)) * (rng.random((w, w)) > 0.3)).tolist()
     # the second call's larger counts grow the staging (host barrier path)
     for give_recv in (False, True):
-        assert ranks(w).run(_call, _a2av, [first, second], row, dt, give_recv) == [2] * w
+        assert ranks(w).run(call, _a2av, [first, second], row, dt, give_recv) == [2] * w
 
 
 def test_all_to_all_v_all_zero_and_odd_bytes(ranks):
     # uint8 with odd counts: moved as single bytes; then a call where nobody sends anything
     mats = [[[3, 5], [7, 1]], [[0, 0], [0, 0]], [[1, 0], [0, 2]]]
-    assert ranks(2).run(_call, _a2av, mats, 1, torch.uint8, False) == [3, 3]
+    assert ranks(2).run(call, _a2av, mats, 1, torch.uint8, False) == [3, 3]
 
 
 def test_all_to_all_v_recv_counts_mismatch_raises_everywhere(ranks):
-    msgs = ranks(2).run(_call, _a2av_mismatch)
+    msgs = ranks(2).run(call, _a2av_mismatch)
     for m in msgs:
         assert m is not None and "rank 1 expects 2 rows from rank 0, which sends 1" in m, msgs
     # the pool still works afterwards
-    assert ranks(2).run(_call, _a2a, 5, [torch.float32], 1) == [1, 1]
+    assert ranks(2).run(call, _a2a, 5, [torch.float32], 1) == [1, 1]
 
 
 @pytest.mark.parametrize("collective", ["all_to_all", "all_to_all_v"])
 def test_silent_peer_raises_commtimeout(ranks, collective):
-    res = ranks(2).run(_call, _silent_peer, collective)
+    res = ranks(2).run(call, _silent_peer, collective)
     assert res[0] is None
     name, rank, peer, epoch, ctx_epoch, msg, elapsed = res[1]
     assert name == "DeviceTimeout", res
@@ -265,4 +224,4 @@ def test_all_to_all_v_large_local_chunk_same_grid_everywhere(ranks):
     # (pid, s)); sized from a rank's own counts, rank 0's extra programs waited on programs
     # rank 1 never launched and timed out
     mats = [[[600, 1], [1, 1]], [[1, 2], [3, 500]]]
-    assert ranks(2).run(_call, _a2av, mats, 1, torch.int64, True) == [2, 2]
+    assert ranks(2).run(call, _a2av, mats, 1, torch.int64, True) == [2, 2]

@@ -4,7 +4,6 @@ calls, staged and zero-copy (heap tensor) sources, a silent root."""
 
 from __future__ import annotations
 
-import gc
 import os
 import subprocess
 import sys
@@ -14,33 +13,11 @@ import pytest
 import torch
 
 import tilecomm
+from interp_ranks import call, kernel_backend
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32,
           torch.int64, torch.uint8, torch.int8]
 POISON = 77
-
-
-def _interpret(comm):
-    assert "tilecomm.device.lang" not in sys.modules, "kernels imported without the interpreter"
-    os.environ["TRITON_INTERPRET"] = "1"
-
-
-_BACKENDS: dict = {}
-
-
-def _backend(comm):
-    b = _BACKENDS.get(id(comm))
-    if b is None:
-        from tilecomm.backends.triton import TritonBackend
-        b = _BACKENDS[id(comm)] = TritonBackend(comm, "cpu", timeout=5)
-    return b
-
-
-def _call(comm, fn, *args):
-    try:
-        return fn(comm, *args)
-    finally:
-        gc.collect()
 
 
 def _data(root, n, k):
@@ -51,7 +28,7 @@ def _bcast(comm, n, dtypes, roots, heap_tensor):
     from tilecomm.backends.base import CollectiveCall
     from tilecomm.types import lookup_dtype
 
-    b, r = _backend(comm), comm.rank
+    b, r = kernel_backend(comm), comm.rank
     done = 0
     for dt in dtypes:
         buf = b.alloc(n, dt) if heap_tensor else torch.empty(n, dtype=dt)
@@ -100,29 +77,11 @@ def _silent_root(comm):
     return res
 
 
-@pytest.fixture(scope="module")
-def ranks():
-    groups: dict[int, tilecomm.RankGroup] = {}
-
-    def get(w):
-        g = groups.get(w)
-        if g is None or not all(p.is_alive() for p in g.procs):
-            if g is not None:
-                g.stop()
-            g = tilecomm.RankGroup(w, timeout=30, heap_bytes=4 << 20,
-                                   scratch_bytes=64 << 10).start()
-            g.run(_interpret)
-            groups[w] = g
-        return g
-
-    yield get
-    for g in groups.values():
-        g.stop()
 
 
 def test_broadcast_every_dtype_and_root_two_ranks(ranks):
     # 45 elements: odd byte counts for the 1-byte types; roots 0, 1, 1, 0 (same root twice too)
-    assert ranks(2).run(_call, _bcast, 45, DTYPES, [0, 1, 1, 0], False) == [32, 32]
+    assert ranks(2).run(call, _bcast, 45, DTYPES, [0, 1, 1, 0], False) == [32, 32]
 
 
 @pytest.mark.parametrize("w", [3, 4])
@@ -131,24 +90,24 @@ def test_broadcast_every_root(ranks, w):
     n = 600 if w == 4 else 33
     dts = [torch.bfloat16] if w == 4 else [torch.float32, torch.int64]
     roots = list(range(w)) + [w - 1]
-    assert ranks(w).run(_call, _bcast, n, dts, roots, False) == [len(roots) * len(dts)] * w
+    assert ranks(w).run(call, _bcast, n, dts, roots, False) == [len(roots) * len(dts)] * w
 
 
 def test_broadcast_zero_copy_heap_tensor(ranks):
     # every rank's buf at the same heap offset: peers read the root's buf directly
-    assert ranks(3).run(_call, _bcast, 200, [torch.float16], [2, 0, 1, 1], True) == [4] * 3
+    assert ranks(3).run(call, _bcast, 200, [torch.float16], [2, 0, 1, 1], True) == [4] * 3
 
 
 def test_broadcast_sizes_change_between_calls(ranks):
     # growing, shrinking and empty buffers on consecutive calls
     res = []
     for n in (5, 300, 17, 0, 301):
-        res.append(ranks(2).run(_call, _bcast, n, [torch.float32], [1, 0], False))
+        res.append(ranks(2).run(call, _bcast, n, [torch.float32], [1, 0], False))
     assert res == [[2, 2]] * 5
 
 
 def test_silent_root_raises_commtimeout(ranks):
-    res = ranks(2).run(_call, _silent_root)
+    res = ranks(2).run(call, _silent_root)
     assert res[0] is None
     name, rank, peer, epoch, ctx_epoch, site, msg, elapsed = res[1]
     assert name == "DeviceTimeout", res

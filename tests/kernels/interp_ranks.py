@@ -1,0 +1,34 @@
+"""Rank-side helpers for the kernel tests that drive a TritonBackend directly, in the Triton
+interpreter, on ranks of a tilecomm.RankGroup (the ``ranks`` fixture in conftest.py)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+
+_BACKENDS: dict = {}
+
+
+def interpret(comm):
+    """Run first on every rank: the interpreter must be on before triton is imported there."""
+    assert "tilecomm.device.lang" not in sys.modules, "kernels imported without the interpreter"
+    os.environ["TRITON_INTERPRET"] = "1"
+
+
+def kernel_backend(comm):
+    """This rank's TritonBackend on CPU tensors (one per communicator, 5 s device waits)."""
+    b = _BACKENDS.get(id(comm))
+    if b is None:
+        from tilecomm.backends.triton import TritonBackend
+        b = _BACKENDS[id(comm)] = TritonBackend(comm, "cpu", timeout=5)
+    return b
+
+
+def call(comm, fn, *args):
+    """``fn(comm, *args)``, then collect garbage: symmetric tensors die with their last view,
+    and frees must stay in step across ranks."""
+    try:
+        return fn(comm, *args)
+    finally:
+        gc.collect()
