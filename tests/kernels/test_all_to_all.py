@@ -149,7 +149,6 @@ def _silent_peer(comm, collective):
 # ---- pytest side -------------------------------------------------------------------------------
 
 
-
 def test_all_to_all_every_dtype_two_ranks(ranks):
     # 37 elements per chunk: odd byte lengths for the 1- and 2-byte types (uint8/int16 words)
     assert ranks(2).run(call, _a2a, 37, DTYPES, 2) == [16, 16]

@@ -77,8 +77,6 @@ def _silent_root(comm):
     return res
 
 
-
-
 def test_broadcast_every_dtype_and_root_two_ranks(ranks):
     # 45 elements: odd byte counts for the 1-byte types; roots 0, 1, 1, 0 (same root twice too)
     assert ranks(2).run(call, _bcast, 45, DTYPES, [0, 1, 1, 0], False) == [32, 32]
