@@ -4,7 +4,7 @@ torch.distributed calls these methods with lists of tensors and an options objec
 checks its arguments (an error names the collective and the reason, and reaches the peers, which
 raise too instead of waiting), flattens the tensors into what the Communicator moves (see
 ``tensors.py``) and runs one Communicator collective. Collectives finish inside the call, so
-their work objects are born complete; send and recv run on per-peer threads (see ``work.py``).
+their work objects are born complete; send and recv run on per-peer threads (``p2p.py``).
 
 Every group (the world and each ``new_group``) has its own Communicator, rendezvoused through
 the store torch gives the group, with the group's timeout bounding every wait.
@@ -15,17 +15,17 @@ from __future__ import annotations
 import concurrent.futures.thread  # noqa: F401 - its exit hook must be registered before ours
 import itertools
 import threading
-import time
 import weakref
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from ..errors import CommError, CommMismatch, CommTimeout
+from ..errors import CommError, CommMismatch
 from ..launch import connect
+from .p2p import PeerTransfers
 from .tensors import Flat, check_tensor, reduce_parts, reduce_plan
-from .work import DoneWork, PairThreads, PendingWork
+from .work import DoneWork
 
 BACKEND_NAME = "tilecomm"
 _group_ids = itertools.count()
@@ -38,7 +38,7 @@ def _cancel_at_exit() -> None:
     peer exits or the group's timeout)."""
     for pg in list(_live_groups):
         if not pg.comm._closed:
-            pg._closing = True
+            pg._p2p.closing = True
             pg.comm._cancel_waits("the interpreter is exiting")
 
 
@@ -56,10 +56,7 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
         seconds = timeout.total_seconds() if timeout is not None else None
         self.comm = connect(store, rank, world_size, timeout=seconds)
         self.timeout = self.comm.timeout
-        self._threads = PairThreads(f"tilecomm-pg{next(_group_ids)}")
-        self._closing = False
-        self._posted_recvs = [0] * world_size    # recvs from each peer not finished yet
-        self._recv_lock = threading.Lock()
+        self._p2p = PeerTransfers(self.comm, f"tilecomm-pg{next(_group_ids)}")
         _live_groups.add(self)
 
     # ---- identity ------------------------------------------------------------------------
@@ -98,10 +95,10 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
         A send or recv still waiting for its peer ends with a CommError (within ~0.2 s)
         instead of holding destroy_process_group until the peer exits or the timeout.
         """
-        self._closing = True
+        self._p2p.closing = True
         if not self.comm._closed:
             self.comm._cancel_waits("the process group was destroyed")
-        self._threads.shutdown()
+        self._p2p.shutdown()
         self.comm.close()
 
     # ---- helpers -------------------------------------------------------------------------
@@ -443,62 +440,15 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
         self.comm.barrier()
         return DoneWork([])
 
-    # ---- point-to-point ------------------------------------------------------------------
-    # Messages between two ranks match in posting order (Gloo matches by tag). Tags travel
-    # with the message and are checked: a recv posted with another tag than the send it meets
-    # raises on both ranks, never delivering the data to the wrong buffer.
+    # ---- point-to-point (p2p.py) ---------------------------------------------------------
     def send(self, tensors, dst: int, tag: int = 0):
-        t = self._single(tensors, "send")
-        src = Flat(t, write=False)
-        job = self._threads.submit("send", dst, self.comm.send, src.x, dst, tag)
-        return PendingWork(job, [t])
+        return self._p2p.send(self._single(tensors, "send"), dst, tag)
 
     def recv(self, tensors, src: int, tag: int = 0):
-        t = self._single(tensors, "recv")
-        return PendingWork(self._submit_recv(t, src, tag), [t])
-
-    def _submit_recv(self, t: torch.Tensor, src: int, tag: int):
-        """Queue a recv on ``src``'s thread, counted until it ends (see ``_recv_any``)."""
-        posted = 0 <= src < len(self._posted_recvs)
-        if posted:
-            with self._recv_lock:
-                self._posted_recvs[src] += 1
-        job = self._threads.submit("recv", src, self._recv_into, t, src, tag)
-        if posted:
-            job.add_done_callback(lambda _: self._recv_done(src))
-        return job
-
-    def _recv_done(self, src: int) -> None:
-        with self._recv_lock:
-            self._posted_recvs[src] -= 1
-
-    def _recv_into(self, t: torch.Tensor, src: int, tag: int = 0) -> int:
-        dst = Flat(t, read=False)
-        self.comm.recv(dst.x, src, tag)
-        dst.finish()
-        return src
+        return self._p2p.recv(self._single(tensors, "recv"), src, tag)
 
     def recv_anysource(self, tensors, tag: int = 0):
-        t = self._single(tensors, "recv")
-        return PendingWork(self._threads.submit("any", -1, self._recv_any, t, tag), [t])
-
-    def _recv_any(self, t: torch.Tensor, tag: int = 0) -> int:
-        """Wait (bounded) for the first peer with a message waiting that no recv already
-        posted for that peer will take (a sender has one message in flight per pair), then
-        receive it on that peer's recv thread, so it stays in order with later recvs."""
-        peers = [p for p in range(self.size()) if p != self.rank()]
-        deadline = time.monotonic() + self.timeout
-        while True:
-            if self._closing:
-                raise CommError("recv from any source: cancelled: the process group was "
-                                "destroyed")
-            for p in peers:
-                if self._posted_recvs[p] == 0 and self.comm.probe(p):
-                    return self._submit_recv(t, p, tag).result()
-            if time.monotonic() > deadline:
-                raise CommTimeout(f"recv from any source: no rank of {peers} sent a message "
-                                  f"within {self.timeout:.1f} s", collective="recv")
-            time.sleep(20e-6)
+        return self._p2p.recv_any(self._single(tensors, "recv"), tag)
 
 
 # Names older torch releases call (before the *_single spellings).
