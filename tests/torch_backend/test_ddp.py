@@ -27,14 +27,25 @@ def _torchrun(backend: str, out: Path, ranks: int = 2, steps: int = 15) -> dict:
         os.killpg(proc.pid, signal.SIGKILL)     # torchrun and its ranks: leave nothing behind
         proc.communicate()
         raise
-    assert proc.returncode == 0, err[-3000:]
+    assert proc.returncode == 0, f"{backend}: " + err[-3000:]
     return json.loads(out.read_text())
+
+
+def _gloo_baseline(out: Path) -> dict:
+    """Gloo's run, once more if it fails: on this machine a Gloo rank sometimes aborts while
+    the group is torn down ("terminate called without an active exception", about one run in
+    six under load), after the losses were computed. The baseline's own crash is not what
+    this test checks; tilecomm's run gets no second chance."""
+    try:
+        return _torchrun("gloo", out)
+    except AssertionError:
+        return _torchrun("gloo", out)
 
 
 @pytest.mark.timeout(300)     # two torchrun launches; slow when the machine is shared
 def test_ddp_loss_curve_matches_gloo(tmp_path):
     ours = _torchrun("tilecomm", tmp_path / "tilecomm.json")
-    gloo = _torchrun("gloo", tmp_path / "gloo.json")
+    gloo = _gloo_baseline(tmp_path / "gloo.json")
     assert len(ours["losses"]) == len(gloo["losses"]) == 15
     for a, b in zip(ours["losses"], gloo["losses"]):
         assert abs(a - b) <= 1e-6 * abs(b), (a, b)
