@@ -14,7 +14,8 @@ import pytest
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
 
 
-def _torchrun(backend: str, out: Path, ranks: int = 2, steps: int = 15) -> dict:
+def _torchrun(backend: str, out: Path, ranks: int = 2, steps: int = 15,
+              teardown_abort_ok: bool = False) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks),
            "--standalone", str(EXAMPLE), "--backend", backend, "--steps", str(steps),
@@ -27,25 +28,19 @@ def _torchrun(backend: str, out: Path, ranks: int = 2, steps: int = 15) -> dict:
         os.killpg(proc.pid, signal.SIGKILL)     # torchrun and its ranks: leave nothing behind
         proc.communicate()
         raise
+    if proc.returncode and teardown_abort_ok and out.exists() \
+            and "terminate called without an active exception" in err:
+        # Gloo's ranks sometimes abort while the group is torn down (about 2 runs in 6 under
+        # load here), after rank 0 wrote the losses: the baseline's numbers are complete.
+        return json.loads(out.read_text())
     assert proc.returncode == 0, f"{backend}: " + err[-3000:]
     return json.loads(out.read_text())
-
-
-def _gloo_baseline(out: Path) -> dict:
-    """Gloo's run, once more if it fails: on this machine a Gloo rank sometimes aborts while
-    the group is torn down ("terminate called without an active exception", about one run in
-    six under load), after the losses were computed. The baseline's own crash is not what
-    this test checks; tilecomm's run gets no second chance."""
-    try:
-        return _torchrun("gloo", out)
-    except AssertionError:
-        return _torchrun("gloo", out)
 
 
 @pytest.mark.timeout(300)     # two torchrun launches; slow when the machine is shared
 def test_ddp_loss_curve_matches_gloo(tmp_path):
     ours = _torchrun("tilecomm", tmp_path / "tilecomm.json")
-    gloo = _gloo_baseline(tmp_path / "gloo.json")
+    gloo = _torchrun("gloo", tmp_path / "gloo.json", teardown_abort_ok=True)
     assert len(ours["losses"]) == len(gloo["losses"]) == 15
     for a, b in zip(ours["losses"], gloo["losses"]):
         assert abs(a - b) <= 1e-6 * abs(b), (a, b)
