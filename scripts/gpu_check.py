@@ -687,7 +687,7 @@ def main(argv=None) -> int:
                    help="CPU dry run: TRITON_INTERPRET=1, 2 CPU ranks, tiny sizes, perf_counter")
     p.add_argument("--worlds", default=None, help="comma-separated world sizes (2,4,8)")
     p.add_argument("--budget", type=float, default=None,
-                   help="seconds for all worlds together (default 270 GPU, 45 interpret)")
+                   help="seconds for all worlds together (default 240 GPU, 45 interpret)")
     p.add_argument("--out", default=None, help="output folder (default $OUT or ./gpu_check_out)")
     p.add_argument("--kernels", default=None,
                    help="comma-separated collective/algo to run (default: every registered one)")
