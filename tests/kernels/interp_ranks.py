@@ -32,3 +32,20 @@ def call(comm, fn, *args):
         return fn(comm, *args)
     finally:
         gc.collect()
+
+
+def compile_for_sm90(module: str) -> str:
+    """Compile every kernel variant ``module`` lists for sm_90 (``tilecomm.device.
+    compile_check``, in a process without the interpreter); return its stdout. Skips the test
+    when triton has no CUDA backend, fails it on any compile error."""
+    import subprocess
+
+    import pytest
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-m", "tilecomm.device.compile_check", module],
+                       env=env, capture_output=True, text=True, timeout=300)
+    if r.returncode == 3:
+        pytest.skip(r.stderr.strip())
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
