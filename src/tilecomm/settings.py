@@ -53,6 +53,19 @@ class Settings:
     #: TILECOMM_GPU_ONE_SHOT_MAX: largest all_reduce (bytes) for which auto picks the one_shot
     #: kernel on GPU tensors (else two_shot).
     gpu_one_shot_max: int = 256 << 10
+    #: TILECOMM_DETERMINISTIC: 1 makes every all_reduce, reduce_scatter and reduce return the
+    #: bits of the rank-order reference (float32 accumulation in rank order 0..W-1, 16-bit
+    #: inputs rounded once at the end) whatever the size; algo="auto" picks only algorithms
+    #: that guarantee it and any other algorithm is refused. Also Communicator(deterministic=).
+    deterministic: bool = False
+    #: TILECOMM_DEVICE_DEBUG: 1 makes every GPU collective check the call digest on the host
+    #: and read the device error word right after its kernels (a host handshake and a stream
+    #: synchronization per call); 0 (default) keeps calls asynchronous and reads the error
+    #: word lazily (see TILECOMM_DEVICE_CHECK_EVERY).
+    device_debug: bool = False
+    #: TILECOMM_DEVICE_CHECK_EVERY: in the asynchronous GPU mode, read the device error word
+    #: (a synchronization) every this many calls, and at comm.synchronize() / close.
+    device_check_every: int = 64
 
 
 def _parse(kind, text: str):
