@@ -53,7 +53,7 @@ def _check(sched: Schedule) -> None:
                 state[(r, buf, c)] = (frozenset({(r, buf, c)}) if buf in spec.inputs else None)
 
     for p, moves in enumerate(sched.phases):
-        written: dict[tuple[int, str, int], int] = {}
+        writers: dict[tuple[int, str, int], int] = {}
         for m in moves:
             for loc in (m.dst, m.src):
                 if loc.buf not in nchunks or not 0 <= loc.chunk < nchunks[loc.buf]:
@@ -61,35 +61,41 @@ def _check(sched: Schedule) -> None:
                                         f"does not declare")
             if not (0 <= m.rank < w and 0 <= m.src_rank < w):
                 raise ScheduleError(f"{name}: phase {p}: {m} names a rank outside 0..{w - 1}")
+            writers[(m.rank, m.dst.buf, m.dst.chunk)] = m.rank
+        for m in moves:
             src_key = (m.src_rank, m.src.buf, m.src.chunk)
-            writer = written.get(src_key)
+            writer = writers.get(src_key)
             if writer is not None and writer != m.rank:
                 raise ScheduleError(f"{name}: phase {p}: rank {m.rank} reads {src_key} while "
                                     f"rank {writer} writes it in the same phase")
-            dst_key = (m.rank, m.dst.buf, m.dst.chunk)
-            for other in moves:
-                if (other.rank != m.rank and (other.src_rank, other.src.buf, other.src.chunk)
-                        == dst_key):
-                    raise ScheduleError(f"{name}: phase {p}: rank {other.rank} reads {dst_key} "
-                                        f"while rank {m.rank} writes it in the same phase")
-            written[dst_key] = m.rank
-            val = state[src_key]
-            if val is None:
-                raise ScheduleError(f"{name}: phase {p}: rank {m.rank} reads undefined "
-                                    f"{src_key}")
-            if m.reduce:
-                old = state[dst_key]
-                if old is None:
-                    raise ScheduleError(f"{name}: phase {p}: rank {m.rank} reduces into "
-                                        f"undefined {dst_key}")
-                if old & val:
-                    raise ScheduleError(f"{name}: phase {p}: rank {m.rank} counts "
-                                        f"{sorted(old & val)} twice in {dst_key}")
-                if not spec.reduces:
+        # Ranks do not race (checked above), so they may run one after another; within a rank
+        # reductions run in order, each reading all its sources before writing (NOTE
+        # [reductions] in schedule.py).
+        for r in range(w):
+            for red in sched.reductions_of(r, p):
+                dst_key = (r, red.dst.buf, red.dst.chunk)
+                vals = []
+                if red.accumulate:
+                    old = state[dst_key]
+                    if old is None:
+                        raise ScheduleError(f"{name}: phase {p}: rank {r} reduces into "
+                                            f"undefined {dst_key}")
+                    vals.append(old)
+                for sr, loc in red.srcs:
+                    val = state[(sr, loc.buf, loc.chunk)]
+                    if val is None:
+                        raise ScheduleError(f"{name}: phase {p}: rank {r} reads undefined "
+                                            f"{(sr, loc.buf, loc.chunk)}")
+                    vals.append(val)
+                if len(vals) > 1 and not spec.reduces:
                     raise ScheduleError(f"{name}: phase {p}: {sched.collective} does not reduce")
-                state[dst_key] = old | val
-            else:
-                state[dst_key] = val
+                acc = vals[0]
+                for val in vals[1:]:
+                    if acc & val:
+                        raise ScheduleError(f"{name}: phase {p}: rank {r} counts "
+                                            f"{sorted(acc & val)} twice in {dst_key}")
+                    acc = acc | val
+                state[dst_key] = acc
 
     for r in range(w):
         for buf, n in nchunks.items():

@@ -40,10 +40,12 @@ def direct_broadcast(world_size: int, root: int = 0) -> Schedule:
 
 @register("reduce", "direct")
 def direct_reduce(world_size: int, root: int = 0) -> Schedule:
-    """The root adds every peer's buffer into its own, in rank order after itself."""
+    """The root sums every rank's buffer, its own included, in rank order 0..W-1 (one
+    reduction that reads its own buffer before writing it: NOTE [reductions] in schedule.py),
+    so the root gets the bits of the rank-order reference."""
     w = world_size
-    moves = tuple(Move(root, Loc("buf", 0), (root + k) % w, Loc("buf", 0), reduce=True)
-                  for k in range(1, w))
+    moves = tuple(Move(root, Loc("buf", 0), j, Loc("buf", 0), reduce=j > 0) for j in range(w)) \
+        if w > 1 else ()
     return Schedule("reduce", "direct", w, (BufferSpec("buf", 1),),
                     (moves,) if moves else (), root=root)
 

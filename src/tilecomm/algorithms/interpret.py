@@ -1,7 +1,8 @@
 """Runs a schedule sequentially on concrete numpy data: the slow, obviously correct executor.
 
-Phases run in order; within a phase each rank's moves run in order and ranks one after another
-(the checker guarantees the order of ranks within a phase does not matter). Used by tests to
+Phases run in order; within a phase each rank's reductions (NOTE [reductions] in
+``schedule.py``) run in order and ranks one after another (the checker guarantees the order of
+ranks within a phase does not matter). A reduction reads all its sources before it writes. Used by tests to
 cross-check the checker and the CPU executor.
 """
 
@@ -35,11 +36,14 @@ def interpret(sched: Schedule, inputs: dict[str, list[np.ndarray]], count: int,
         s = starts[(rank, loc.buf)]
         return state[loc.buf][rank][s[loc.chunk]:s[loc.chunk + 1]]
 
-    for phase in sched.phases:
-        for m in phase:
-            dst, src = view(m.rank, m.dst), view(m.src_rank, m.src)
-            if m.reduce:
-                op(dst, src, out=dst)
-            else:
-                dst[:] = src
+    for p in range(len(sched.phases)):
+        for r in range(w):
+            for red in sched.reductions_of(r, p):
+                dst = view(r, red.dst)
+                vals = ([dst.copy()] if red.accumulate else []) + \
+                    [view(sr, loc).copy() for sr, loc in red.srcs]
+                acc = vals[0]
+                for v in vals[1:]:
+                    acc = op(acc, v)
+                dst[:] = acc
     return state

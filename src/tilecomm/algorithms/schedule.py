@@ -18,6 +18,15 @@ NOTE [synchronization rule]
     written concurrently, which holds when no phase both writes a location and lets another rank
     read it.
 
+NOTE [reductions]
+    Consecutive moves of one rank in a phase that write the same ``dst``, where every move after
+    the first reduces, form one *reduction*: ``dst = s_0 (op) s_1 (op) ... (op) s_k`` (or
+    ``dst (op)= s_0 ... s_k`` when the first move reduces too). Its sources are all read
+    before ``dst`` is written, so a source may be ``dst`` itself (an aliased buffer), and they
+    are combined left to right in the listed order: the schedule fixes the reduction order, and
+    every engine (CPU executor, GPU kernels, reference interpreter) follows it, accumulating
+    16-bit floats in float32 and rounding once when ``dst`` is written.
+
 Buffers are named per collective (``buf`` for in-place collectives; ``in``/``out`` otherwise;
 ``tmp`` for scratch with the layout of another buffer). Each buffer is split into ``nchunks``
 chunks; the collective's layout (``collectives.py``) says how many elements each chunk has.
@@ -53,6 +62,35 @@ class Move:
     @property
     def is_local(self) -> bool:
         return self.src_rank == self.rank
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """One rank's fused operation (NOTE [reductions]): ``dst (=|op=) srcs[0] op srcs[1] ...``.
+
+    ``srcs``: ``(src_rank, Loc)`` in combination order. ``accumulate``: ``dst``'s own value is
+    the first operand. A single source without ``accumulate`` is a copy.
+    """
+
+    dst: Loc
+    srcs: tuple[tuple[int, Loc], ...]
+    accumulate: bool
+
+    @property
+    def is_copy(self) -> bool:
+        return len(self.srcs) == 1 and not self.accumulate
+
+
+def group_moves(moves) -> tuple[Reduction, ...]:
+    """One rank's moves of one phase (in order) as reductions (NOTE [reductions])."""
+    out: list[Reduction] = []
+    for m in moves:
+        if out and out[-1].dst == m.dst and m.reduce:
+            last = out[-1]
+            out[-1] = Reduction(last.dst, last.srcs + ((m.src_rank, m.src),), last.accumulate)
+        else:
+            out.append(Reduction(m.dst, ((m.src_rank, m.src),), m.reduce))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -92,6 +130,10 @@ class Schedule:
 
     def moves_of(self, rank: int, phase: int) -> tuple[Move, ...]:
         return self._by_rank[phase][rank]
+
+    def reductions_of(self, rank: int, phase: int) -> tuple[Reduction, ...]:
+        """``rank``'s moves of ``phase`` grouped into reductions (NOTE [reductions])."""
+        return group_moves(self._by_rank[phase][rank])
 
     @cached_property
     def _by_rank(self) -> tuple[tuple[tuple[Move, ...], ...], ...]:

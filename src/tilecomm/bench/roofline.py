@@ -56,18 +56,19 @@ def schedule_bytes(collective: str, algo: str, world_size: int, count: int, item
         lens = lay.lens[r]
         alias = {b.name: b.like for b in prog.sched.buffers if b.alias and not staged}
         copied = reduced = 0
-        for ops in prog.ops:
-            for dst, srcs in ops:
+        for phase in prog.phases:
+            for red in phase.ops:
+                dst, srcs = red.dst, red.srcs
                 nb = lens[dst.buf][dst.chunk] * itemsize
-                if not srcs[0][2] and len(srcs) == 1:
-                    src_rank, src, _ = srcs[0]
+                if red.is_copy:
+                    src_rank, src = srcs[0]
                     same = (src_rank == r and src.chunk == dst.chunk and
                             alias.get(src.buf, src.buf) == alias.get(dst.buf, dst.buf))
                     copied += 0 if same else nb
                 else:
-                    reduced += nb * (len(srcs) - (0 if srcs[0][2] else 1))
+                    reduced += nb * (len(srcs) - (0 if red.accumulate else 1))
         if staged:
-            for b in prog.scratch_bufs:
+            for b in prog.symmetric:
                 if b not in USER_BUFFERS:
                     continue
                 nb = sum(lens[b]) * itemsize

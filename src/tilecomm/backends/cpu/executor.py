@@ -32,7 +32,7 @@ import numpy as np
 
 from ...settings import settings
 from ...errors import CommError, CommMismatch, CommTimeout
-from ...types import OP_BY_ID, OP_ID, ReduceOp, scale_avg, typed_view
+from ...types import OP_BY_ID, OP_ID
 from ..base import CollectiveCall
 from .channel import (COLL_IDS, COLL_NAMES, D_ALGO, D_COLL, D_COUNT, D_DTYPE, D_EXTRA, D_MSGLEN,
                       D_OP, D_PIECE, D_PLACE, D_ROOT, D_SEQ, ERROR_ID, NUM_PLACES, Channel,
@@ -242,7 +242,7 @@ class Executor:
         runner = None
         if ready is None:
             tpl = self._template(call, seq)
-            runner = Runner(self.segs, call.buffers, tpl.layout, call.op)
+            runner = Runner(self.segs, call.buffers, tpl.layout, call.op, self.world_size)
             if key is not None and tpl.layout.pieces == 1:
                 ready = _Ready(tpl, runner.calls(tpl.pre, 0), runner.calls(tpl.post, 0))
                 _bounded_put(self._ready, key, ready)
@@ -277,7 +277,7 @@ class Executor:
             call.buffers["out"] = call.make_out(sum(rows[j][me] for j in range(w)))
         counts = [[x * call.count for x in row] for row in rows]
         tpl = self._template(call, seq, counts)
-        runner = Runner(self.segs, call.buffers, tpl.layout, call.op)
+        runner = Runner(self.segs, call.buffers, tpl.layout, call.op, self.world_size)
         self._pieces(call, seq, tpl, _peer_places(descs, prog), runner, None, first_ready=False)
 
     def _pieces(self, call, seq, tpl: _Template, peer_places, runner, ready,
@@ -292,7 +292,7 @@ class Executor:
         else:
             templates = self._phase_ops(tpl, seq, peer_places)
             if ready is not None:
-                runner = Runner(self.segs, call.buffers, tpl.layout, call.op)
+                runner = Runner(self.segs, call.buffers, tpl.layout, call.op, self.world_size)
                 ready.phases = phases = [runner.calls(ops, 0) for ops in templates]
                 ready.peer_places = peer_places
         for k in range(pieces):
@@ -301,7 +301,7 @@ class Executor:
                 ch.advance()
             step0 = ch.step
             for i in range(len(prog.sched.phases) - prog.lead):
-                waits = prog.waits[prog.lead + i]
+                waits = prog.phases[prog.lead + i].waits
                 if waits:
                     ch.wait_progress(waits, step0 + i,
                                      (call.collective, seq, f"phase {prog.lead + i} of piece {k}"))
@@ -321,8 +321,6 @@ class Executor:
                     tpl.places[i] == PLACE_SCRATCH for i in prog.last_read_bufs)):
                 ch.wait_progress(prog.end_waits, ch.step,
                                  (call.collective, seq, f"readers of piece {k}"))
-        if call.op is ReduceOp.AVG:
-            self._scale_avg(call)
 
     def _place(self, buf: str, call: CollectiveCall, prog: Program) -> int:
         if buf not in USER_BUFFERS:
@@ -337,13 +335,7 @@ class Executor:
             # Symmetric tensors are addressed through the segment even when only this rank
             # reads them, so cached plans never hold a view that keeps a heap block alive.
             return off
-        return PLACE_SCRATCH if buf in prog.scratch_bufs else PLACE_LOCAL
-
-    def _scale_avg(self, call: CollectiveCall) -> None:
-        if call.collective == "reduce" and self.rank != call.root:
-            return
-        out = call.buffers["out" if "out" in call.buffers else "buf"]
-        scale_avg(typed_view(out, call.dtype), self.world_size)
+        return PLACE_SCRATCH if buf in prog.symmetric else PLACE_LOCAL
 
     # ---- all_to_all_v rows ----------------------------------------------------------------
     def _post_rows(self, seq: int, call: CollectiveCall) -> None:

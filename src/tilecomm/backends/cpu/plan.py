@@ -1,12 +1,12 @@
-"""Turns one rank's share of a schedule into ready-to-call operations on concrete memory.
+"""Turns one rank's lowered plan into ready-to-call operations on concrete memory.
 
-A :class:`Program` is the rank's moves grouped per phase (built once per schedule). A
-:class:`Layout` fixes the element ranges of every chunk of every buffer for one call. From both
-and the places every rank announced, ``phase_template`` and ``stage_template`` give
-:class:`Op` lists whose operands are (segment or caller buffer, offset of piece 0, step per
-piece): one template serves every piece and holds no reference to the caller's memory, so it
-can be cached for calls of any size. A :class:`Runner` turns a template into numpy/torch calls
-for one piece; small calls also cache those callables.
+The plan (:class:`~tilecomm.algorithms.lower.RankPlan`, shared with the GPU plan kernel and the
+simulator) holds the rank's reductions per phase. A :class:`Layout` fixes the element ranges
+of every chunk of every buffer for one call. From both and the places every rank announced,
+``phase_template`` and ``stage_template`` give :class:`Op` lists whose operands are (segment or
+caller buffer, offset of piece 0, step per piece): one template serves every piece and holds no
+reference to the caller's memory, so it can be cached for calls of any size. A :class:`Runner`
+turns a template into numpy/torch calls for one piece; small calls also cache those callables.
 
 Where a buffer lives is its *place*: a byte offset in the owner's segment (symmetric tensor,
 read in place), ``PLACE_SCRATCH`` (staged in, or scratch by nature), or ``PLACE_LOCAL`` (caller's
@@ -16,64 +16,24 @@ memory, never read by peers).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache, partial
+from functools import partial
 from itertools import accumulate
 from typing import NamedTuple
 
 import numpy as np
+import torch
 
 from ...algorithms.collectives import COLLECTIVES, chunk_lengths
-from ...algorithms.registry import get_schedule
-from ...algorithms.schedule import Schedule
+from ...algorithms.lower import (USER_BUFFERS, RankPlan, lower, piece_elems,  # noqa: F401
+                                 piece_len)
 from ...types import _NP_UFUNC, _TORCH_FN, DType, ReduceOp, typed_view
 
 PLACE_SCRATCH = -1   # staged in (or lives in) the scratch area
 PLACE_LOCAL = -2     # no peer reads it: it stays in the caller's memory
-USER_BUFFERS = ("buf", "in", "out")
 
-
-@dataclass(frozen=True)
-class Program:
-    """One rank's moves, grouped per phase into fused operations (built once per schedule)."""
-
-    sched: Schedule
-    names: tuple[str, ...]                  # buffer names in descriptor order
-    ops: tuple[tuple[tuple, ...], ...]      # per phase: (dst_loc, ((src_rank, src_loc, reduce),...))
-    waits: tuple[tuple[int, ...], ...]      # per phase: ranks to wait for before it
-    end_waits: tuple[int, ...]              # ranks to wait for before returning
-    scratch_bufs: tuple[str, ...]           # buffers that may live in scratch, in slot order
-    slot_base: dict                         # buffer -> first scratch slot
-    nslots: int
-    last_read_bufs: tuple[int, ...]         # indices of my buffers peers read in the last phase
-    lead: int                               # leading phases without remote reads
-
-
-@lru_cache(maxsize=512)
-def program(collective: str, algo: str, world_size: int, root: int, rank: int) -> Program:
-    sched = get_schedule(collective, algo, world_size, root)
-    ops = []
-    for p in range(len(sched.phases)):
-        grouped: list[tuple] = []
-        for m in sched.moves_of(rank, p):
-            if grouped and grouped[-1][0] == m.dst and m.reduce:
-                grouped[-1] = (m.dst, grouped[-1][1] + ((m.src_rank, m.src, True),))
-            else:
-                grouped.append((m.dst, ((m.src_rank, m.src, m.reduce),)))
-        ops.append(tuple(grouped))
-    remote = sched.remote_read_buffers()
-    names = tuple(b.name for b in sched.buffers)
-    scratch = tuple(b for b in names if sched.buffer(b).like is not None or b in remote)
-    base, slot = {}, 0
-    for b in scratch:
-        base[b] = slot
-        slot += sched.buffer(b).nchunks
-    last = {m.src.buf for m in (sched.phases[-1] if sched.phases else ())
-            if m.src_rank == rank and m.rank != rank}
-    return Program(sched, names, tuple(ops),
-                   tuple(tuple(sorted(sched.waits_before(rank, p)))
-                         for p in range(len(sched.phases))),
-                   tuple(sorted(sched.waits_at_end(rank))), scratch, base, slot,
-                   tuple(names.index(b) for b in sorted(last)), sched.leading_local_phases)
+#: the executor's name for the lowered plan of one rank
+Program = RankPlan
+program = lower
 
 
 @dataclass
@@ -85,25 +45,6 @@ class Layout:
     piece: int
     pieces: int
     d: DType
-
-
-def piece_elems(prog: Program, itemsize: int, half_bytes: int | None) -> int:
-    """Elements each chunk contributes to one piece when a piece may use ``half_bytes`` of
-    scratch (0: no limit, one piece). Depends only on the schedule and the settings, so every
-    rank computes the same value (it is also announced in the descriptor)."""
-    if not prog.nslots or not half_bytes:
-        return 0
-    piece = (half_bytes // itemsize) // prog.nslots
-    if piece < 1:
-        raise ValueError("TILECOMM_SCRATCH_BYTES is too small for this world size")
-    return piece
-
-
-def piece_len(chunk: int, k: int, piece: int) -> int:
-    """Elements of a ``chunk``-element chunk that fall in piece ``k`` (``piece`` 0: one piece)."""
-    if not piece:
-        return chunk if k == 0 else 0
-    return max(0, min(piece, chunk - k * piece))
 
 
 def make_layout(prog: Program, world_size: int, count: int, d: DType, half_bytes: int | None,
@@ -135,12 +76,14 @@ class Operand(NamedTuple):
 
 class Op(NamedTuple):
     """``dst = srcs[0] (op) srcs[1] ...`` (``dst (op)= ...`` if ``first_reduce``; a copy when
-    there is one source and no reduction) over a chunk of ``chunk`` elements."""
+    there is one source and no reduction) over a chunk of ``chunk`` elements. ``completes``: the
+    result holds every rank's contribution (``avg`` divides before the result is rounded)."""
 
     dst: Operand
     srcs: tuple[Operand, ...]
     first_reduce: bool
     chunk: int
+    completes: bool = False
 
 
 class Addresser:
@@ -181,16 +124,17 @@ class Addresser:
 
 
 def phase_template(addr: Addresser, p: int, me: int) -> list[Op]:
-    """This rank's moves of phase ``p`` as operations (aliased self-copies dropped)."""
+    """This rank's reductions of phase ``p`` as operations (aliased self-copies dropped)."""
     ops = []
-    for dst_loc, srcs in addr.prog.ops[p]:
-        if (len(srcs) == 1 and not srcs[0][2] and srcs[0][0] == me
-                and srcs[0][1].chunk == dst_loc.chunk
+    for red in addr.prog.phases[p].ops:
+        dst_loc, srcs = red.dst, red.srcs
+        if (red.is_copy and srcs[0][0] == me and srcs[0][1].chunk == dst_loc.chunk
                 and addr.aliased(dst_loc.buf, srcs[0][1].buf, me)):
             continue
         ops.append(Op(addr.operand(me, dst_loc.buf, dst_loc.chunk, me),
-                      tuple(addr.operand(r, loc.buf, loc.chunk, me) for r, loc, _ in srcs),
-                      srcs[0][2], addr.chunk_len(me, dst_loc.buf, dst_loc.chunk)))
+                      tuple(addr.operand(r, loc.buf, loc.chunk, me) for r, loc in srcs),
+                      red.accumulate, addr.chunk_len(me, dst_loc.buf, dst_loc.chunk),
+                      red.completes))
     return ops
 
 
@@ -215,12 +159,21 @@ def stage_template(addr: Addresser, collective: str, me: int, inbound: bool) -> 
 
 
 class Runner:
-    """Turns operations into work on concrete memory for piece ``k``."""
+    """Turns operations into work on concrete memory for piece ``k``.
 
-    def __init__(self, segs, user: dict, layout: Layout, op: ReduceOp | None):
+    NOTE [reduction order] (``algorithms/lower.py``): operands combine left to right; fp16 and
+    bf16 accumulate in float32 and round once, when the destination is written; an op that
+    ``completes`` a reduction applies ``avg``'s division before that rounding. This is what the
+    GPU kernels compute, so both engines give the same bits.
+    """
+
+    def __init__(self, segs, user: dict, layout: Layout, op: ReduceOp | None,
+                 world_size: int = 1):
         self.segs, self.user, self.layout = segs, user, layout
         self.d = layout.d
-        self.fn = (_NP_UFUNC if self.d.numpy is not None else _TORCH_FN)[op or ReduceOp.SUM]
+        self.op = op or ReduceOp.SUM
+        self.world_size = world_size
+        self.fn = (_NP_UFUNC if self.d.numpy is not None else _TORCH_FN)[self.op]
 
     def _view(self, o: Operand, k: int, nbytes: int) -> np.ndarray:
         base = self.segs[o.rank] if o.rank is not None else self.user[o.buf]
@@ -230,7 +183,8 @@ class Runner:
     def calls(self, ops: list[Op], k: int) -> list:
         """Zero-argument callables doing ``ops`` for piece ``k`` (for cached plans)."""
         out = []
-        isz, d, fn = self.d.itemsize, self.d, self.fn
+        isz, d = self.d.itemsize, self.d
+        avg = self.op is ReduceOp.AVG and self.world_size > 1
         for op in ops:
             n = piece_len(op.chunk, k, self.layout.piece)
             if not n:
@@ -242,11 +196,51 @@ class Runner:
                 continue
             t = typed_view(dst, d)
             acc = ([t] if op.first_reduce else []) + [typed_view(x, d) for x in srcs]
-            out.append(partial(fn, acc[0], acc[1], out=t))
-            out.extend(partial(fn, t, v, out=t) for v in acc[2:])
+            scale = self.world_size if (avg and op.completes) else 0
+            if d.numpy is None:
+                out.append(partial(_reduce_f32, t, acc, self.op, scale,
+                                   torch.empty(n, dtype=torch.float32)))
+                continue
+            # Writing dst before its last read would corrupt a source that is dst itself (an
+            # aliased buffer): accumulate elsewhere then. dst as the first or second operand
+            # of the first step is safe (elementwise).
+            if any(np.may_share_memory(dst, x) for x in
+                   (([dst] if op.first_reduce else []) + srcs)[2:]):
+                out.append(partial(_reduce_np, t, acc, self.fn, scale, np.empty_like(t)))
+            else:
+                out.append(partial(_reduce_np, t, acc, self.fn, scale, t))
         return out
 
     def run(self, ops: list[Op], k: int) -> None:
         """Do ``ops`` for piece ``k`` now (no callables kept)."""
         for f in self.calls(ops, k):
             f()
+
+
+def _reduce_np(dst, operands, fn, scale: int, acc) -> None:
+    """``dst = operands[0] fn operands[1] ...`` in numpy (``acc``: where to accumulate)."""
+    fn(operands[0], operands[1], out=acc)
+    for v in operands[2:]:
+        fn(acc, v, out=acc)
+    if scale:
+        np.divide(acc, scale, out=acc, casting="unsafe")
+    if acc is not dst:
+        np.copyto(dst, acc)
+
+
+_TORCH_INPLACE = {ReduceOp.SUM: torch.Tensor.add_, ReduceOp.AVG: torch.Tensor.add_,
+                  ReduceOp.PROD: torch.Tensor.mul_}
+
+
+def _reduce_f32(dst, operands, op: ReduceOp, scale: int, acc) -> None:
+    """16-bit floats: accumulate ``operands`` in float32 (``acc``), round once into ``dst``."""
+    acc.copy_(operands[0])
+    f = _TORCH_INPLACE.get(op)
+    for v in operands[1:]:
+        if f is not None:
+            f(acc, v)
+        else:
+            (torch.minimum if op is ReduceOp.MIN else torch.maximum)(acc, v, out=acc)
+    if scale:
+        acc.div_(scale)
+    dst.copy_(acc)
