@@ -58,6 +58,10 @@ class Settings:
     #: inputs rounded once at the end) whatever the size; algo="auto" picks only algorithms
     #: that guarantee it and any other algorithm is refused. Also Communicator(deterministic=).
     deterministic: bool = False
+    #: TILECOMM_GPU_FUSED: 1 (default) runs the hand-fused GPU kernel of an algorithm where one
+    #: exists; 0 runs every algorithm through the generic plan kernel (which executes any
+    #: lowered schedule; the fused kernels must give its bits).
+    gpu_fused: bool = True
     #: TILECOMM_DEVICE_DEBUG: 1 makes every GPU collective check the call digest on the host
     #: and read the device error word right after its kernels (a host handshake and a stream
     #: synchronization per call); 0 (default) keeps calls asynchronous and reads the error
