@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from . import tuner
+from .algorithms.lower import deterministic_algorithms
 from .algorithms.registry import algorithms
 from .backends.base import DEVICE_BACKENDS, Backend, CollectiveCall
 from .errors import CommError
@@ -28,6 +29,10 @@ _MEMO_ENTRIES = 16
 _MEMO_BYTES = 1 << 20
 
 
+#: collectives whose result depends on the reduction order
+_REDUCING = ("all_reduce", "reduce_scatter", "reduce")
+
+
 class Communicator:
     """A group of ``world_size`` ranks that exchange CPU tensors through a symmetric heap.
 
@@ -35,8 +40,16 @@ class Communicator:
     (under torchrun); do not construct it directly.
     """
 
-    def __init__(self, backend: Backend, heap, *, timeout: float):
+    def __init__(self, backend: Backend, heap, *, timeout: float,
+                 deterministic: bool | None = None):
+        from .settings import settings
+
         self.rank = backend.rank
+        #: rank-order bits for every all_reduce / reduce_scatter / reduce (see
+        #: TILECOMM_DETERMINISTIC); every rank must set the same value (a disagreement shows
+        #: up as a CommMismatch on the algorithm)
+        self._deterministic = settings().deterministic if deterministic is None \
+            else bool(deterministic)
         self.world_size = backend.world_size
         self.timeout = timeout
         self._backend = backend             # host backend: handshakes, send/recv, CPU tensors
@@ -49,6 +62,19 @@ class Communicator:
         seg = heap.segment(self.rank)
         self._heap_lo = seg.ctypes.data + lay.heap_offset
         self._heap_hi = seg.ctypes.data + lay.heap_offset + lay.heap_bytes
+
+    @property
+    def deterministic(self) -> bool:
+        """True: every all_reduce, reduce_scatter and reduce returns the bits of the rank-order
+        reference (float32 accumulation in rank order 0..W-1, one rounding), at any size;
+        ``algo="auto"`` picks only algorithms that guarantee it and others are refused.
+        Set it to the same value on every rank."""
+        return self._deterministic
+
+    @deterministic.setter
+    def deterministic(self, value: bool) -> None:
+        self._deterministic = bool(value)
+        self._memos.clear()          # memoized calls hold algorithms resolved in the old mode
 
     # ---- lifecycle ------------------------------------------------------------------------
     def close(self) -> None:
@@ -192,7 +218,7 @@ class Communicator:
             rop = None if op is None else ReduceOp.parse(op)
             d = self._dtype(tensor, name, rop)
             be = self._backend_for(tensor)
-            resolved = self._algo(name, algo, tensor.numel() * d.itemsize, be, d, rop)
+            resolved = self._algo(name, algo, tensor.numel() * d.itemsize, be, d, rop, root)
             buf = _buffer(be, tensor, name, heap=self._heap_bytes)
         call = CollectiveCall(name, resolved, d, tensor.numel(), {"buf": buf.flat}, op=rop,
                               root=root, cache_key=key)
@@ -395,9 +421,19 @@ class Communicator:
         return lookup_dtype(t.dtype, op=op, what=what)
 
     def _algo(self, collective: str, algo: str, nbytes: int, be: Backend | None = None,
-              d: DType | None = None, op: ReduceOp | None = None) -> str:
+              d: DType | None = None, op: ReduceOp | None = None, root: int = 0) -> str:
         be = be or self._backend
         avail = be.algorithms(collective)
+        if self.deterministic and collective in _REDUCING:
+            # NOTE [reduction order] (algorithms/lower.py): only schedules whose every output
+            # is one rank-order reduction of the inputs give the reference's bits.
+            ok = deterministic_algorithms(collective, self.world_size, root, among=avail)
+            if algo != "auto" and algo in algorithms(collective) and algo not in ok:
+                raise ValueError(
+                    f"{collective}: algorithm {algo!r} does not reduce in rank order, so it "
+                    f"cannot give the bits deterministic mode promises; deterministic "
+                    f"algorithms here: {', '.join(ok) or 'none'} (or 'auto')")
+            avail = ok
         if algo == "auto":
             algo = tuner.choose(collective, nbytes, self.world_size, kind=be.kind,
                                 available=avail)

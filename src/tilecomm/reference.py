@@ -27,6 +27,21 @@ def reduced(inputs: Sequence[torch.Tensor], op="sum") -> torch.Tensor:
     return acc.to(inputs[0].dtype)
 
 
+def rank_order_reduced(inputs: Sequence[torch.Tensor], op="sum") -> torch.Tensor:
+    """What deterministic mode promises: combine the ranks' tensors in rank order 0..W-1 in
+    float32 (float64 and integers in their own type; fp16/bf16 converted to float32), apply
+    avg's division, and round to the input dtype once at the end."""
+    op = ReduceOp.parse(op)
+    dtype = inputs[0].dtype
+    wide = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    acc = inputs[0].to(wide).clone()
+    for x in inputs[1:]:
+        acc = _FN[op](acc, x.to(wide))
+    if op is ReduceOp.AVG:
+        acc = acc / len(inputs)
+    return acc.to(dtype)
+
+
 def all_reduce(inputs, op="sum"):
     r = reduced(inputs, op)
     return [r.clone() for _ in inputs]
