@@ -10,6 +10,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
+import pickle
 import signal
 import socket
 import sys
@@ -59,14 +60,18 @@ def _rank_main(rank: int, layout: SegmentLayout, paths: list[str], timeout: floa
             task = None
             try:
                 result = fn(comm, *args)
-                conn.send(("ok", result))
+                # NOTE [results by value]: plain pickle, not the Connection's ForkingPickler:
+                # that one shares a tensor's storage through shared memory, which the parent
+                # maps only when it unpickles, i.e. after this process may have exited (a
+                # returned tensor then failed with "exited with code 0 before returning").
+                _send(conn, ("ok", result))
             except BaseException as e:  # noqa: BLE001 - reported to the launcher
-                conn.send(("err", type(e).__name__, str(e), traceback.format_exc()))
+                _send(conn, ("err", type(e).__name__, str(e), traceback.format_exc()))
             if first_task is not None:
                 break
     except BaseException as e:  # noqa: BLE001
         try:
-            conn.send(("err", type(e).__name__, str(e), traceback.format_exc()))
+            _send(conn, ("err", type(e).__name__, str(e), traceback.format_exc()))
         except Exception:
             pass
         code = 1
@@ -74,6 +79,25 @@ def _rank_main(rank: int, layout: SegmentLayout, paths: list[str], timeout: floa
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)  # never run the parent's atexit handlers in a forked child
+
+
+def _send(conn, msg: tuple) -> None:
+    """Send a rank's report by value (see NOTE [results by value]); a result that cannot be
+    pickled becomes an error report naming it."""
+    try:
+        data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as e:  # noqa: BLE001 - reported to the launcher instead
+        if msg[0] != "ok":
+            raise
+        data = pickle.dumps(("err", type(e).__name__,
+                             f"the result of the rank's function cannot be pickled: {e}",
+                             traceback.format_exc()))
+    conn.send_bytes(data)
+
+
+def _recv(conn):
+    """A report sent by :func:`_send`."""
+    return pickle.loads(conn.recv_bytes())
 
 
 def _bind(rank: int, world_size: int) -> None:
@@ -156,9 +180,12 @@ class RankGroup:
                 msg = None
                 if conn in ready or (proc.sentinel in ready and conn.poll()):
                     try:
-                        msg = conn.recv()
+                        msg = _recv(conn)
                     except (EOFError, OSError):
                         msg = None
+                    except Exception as e:  # noqa: BLE001 - e.g. a class the parent lacks
+                        msg = ("err", type(e).__name__,
+                               f"the result of rank {r} cannot be unpickled here: {e}", "")
                 elif proc.sentinel not in ready:
                     continue
                 pending.discard(r)
