@@ -60,8 +60,8 @@ def test_grid_is_the_same_on_every_rank_and_fits_a_shared_gpu():
     from tilecomm.backends.triton.context import grid_limits
 
     # one GPU per rank, different SM counts: every rank takes the smallest (program i of a
-    # launch meets program i of its peers, so grids must be equal)
-    assert grid_limits([[132, 1], [114, 2], [132, 3]]) == (228, 1)
+    # launch meets program i of its peers, so grids must be equal), one CTA per SM
+    assert grid_limits([[132, 1], [114, 2], [132, 3]]) == (114, 1)
     # 8 ranks on one H200 (132 SMs): all grids together within one CTA per SM
     mx, sharing = grid_limits([[132, 7]] * 8)
     assert (mx, sharing) == (16, 8) and mx * sharing <= 132
@@ -77,5 +77,5 @@ def test_programs_of_a_two_dimensional_grid_stay_within_the_cap():
     assert ctx.programs(10**9) == 16
     assert ctx.programs(10**9, width=8) == 2          # (2, 8) grid: 16 CTAs
     assert ctx.programs(10**9, width=32) == 1
-    ctx.sharing = 1                                   # own GPU: no co-residency cap
-    assert ctx.programs(10**9, width=8) == 16
+    ctx.sharing = 1                                   # own GPU: the same cap (co-residency)
+    assert ctx.programs(10**9, width=8) == 2

@@ -22,6 +22,7 @@ triton; the kernel families are imported on the first call.
 
 from __future__ import annotations
 
+import sys
 import zlib
 
 import numpy as np
@@ -35,6 +36,55 @@ from .context import KernelContext, np_of
 
 #: which buffer peers read for each collective (its heap offset travels in the handshake)
 SOURCE = {"all_reduce": "buf", "broadcast": "buf", "reduce": "buf"}
+
+
+def cooperative_supported() -> bool:
+    """True when the installed triton launches a kernel cooperatively on request
+    (``kernel[grid](..., launch_cooperative_grid=True)``, a CUDA compile option)."""
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except Exception:  # noqa: BLE001 - no NVIDIA backend in this triton
+        return False
+    return "launch_cooperative_grid" in getattr(CUDAOptions, "__dataclass_fields__", {})
+
+
+def make_cooperative(fn) -> bool:
+    """Make every launch ``fn[grid](...)`` of the Triton ``JITFunction`` ``fn`` pass
+    ``launch_cooperative_grid=True`` unless the call says otherwise (``fn[grid]`` calls the
+    instance's ``run``). Idempotent; True if ``fn`` was changed now."""
+    if getattr(fn, "_tilecomm_cooperative", False):
+        return False
+    run = fn.run
+
+    def run_cooperative(*args, **kwargs):
+        kwargs.setdefault("launch_cooperative_grid", True)
+        return run(*args, **kwargs)
+
+    fn.run = run_cooperative
+    fn._tilecomm_cooperative = True
+    return True
+
+
+def cooperative_launches() -> list[str]:
+    """NOTE [co-residency] (context.grid_limits): on CUDA every collective kernel is launched
+    cooperatively, so a grid that cannot be resident at once fails at launch (CUDA error
+    "too many blocks in cooperative launch") instead of spinning on programs that never get
+    an SM. Applies to the ``JITFunction`` objects defined in the registered kernel families
+    (their launchers need no change); returns their names. Not in the interpreter (it has
+    no such option and runs programs one by one)."""
+    from triton.runtime.jit import JITFunction
+
+    names = []
+    for fam in registry.FAMILIES:
+        name = f"{__package__}.kernels.{fam}"
+        mod = sys.modules.get(name)
+        if mod is None:
+            continue
+        for attr, obj in vars(mod).items():
+            if isinstance(obj, JITFunction) and getattr(obj, "module", None) == name:
+                make_cooperative(obj)
+                names.append(f"{fam}.{attr}")
+    return names
 
 
 class _HostComm:
@@ -90,6 +140,12 @@ class TritonBackend(Backend):
                                       timeout=timeout)
         self.device = self.heap.device
         self.ctx = KernelContext(self.heap, self.host, interpret=interpreted())
+        #: kernels launched cooperatively (CUDA; NOTE [co-residency])
+        self.cooperative: list[str] = []
+        if self.device.type == "cuda" and not interpreted() and cooperative_supported():
+            registry.load()
+            self.cooperative = cooperative_launches()
+            self.ctx.launch_options = {"launch_cooperative_grid": True}
 
     # ---- what the Communicator asks before a call ------------------------------------------
     def algorithms(self, collective: str) -> list[str]:

@@ -26,7 +26,7 @@ class KernelContext:
         self.interpret = interpret
         #: elements per block, and the most programs a launch uses (persistent programs loop
         #: over blocks): small in the interpreter (each program costs a signal exchange and
-        #: every op ~0.2 ms), one or two waves of SMs on a GPU
+        #: every op ~0.2 ms), one CTA per SM on a GPU (NOTE [co-residency])
         self.block = 128 if interpret else 1024
         #: ranks sharing this rank's device (the most on any device); > 1 caps the grid
         self.sharing = 1
@@ -39,6 +39,9 @@ class KernelContext:
                                                  _device_key(heap.device)], dtype=torch.int64))
             rows = rows.reshape(self.world_size, 2).tolist()
             self.max_programs, self.sharing = grid_limits(rows)
+        #: keyword options every kernel launch of this context takes (cooperative on CUDA, see
+        #: :func:`tilecomm.backends.triton.cooperative_launches`)
+        self.launch_options: dict = {}
         self.epoch = 0
         self.zero_copy = False
         self._sym_offset = -1
@@ -64,11 +67,11 @@ class KernelContext:
     # ---- launch geometry ------------------------------------------------------------------
     def programs(self, n: int, block: int | None = None, width: int = 1) -> int:
         """Programs for ``n`` elements (at least 1, at most ``max_programs``). ``width``: CTAs
-        the launch makes per program (a ``(P, W)`` grid has ``width=W``); when ranks share a
-        device the whole grid stays within ``max_programs`` (see :func:`grid_limits`)."""
+        the launch makes per program (a ``(P, W)`` grid has ``width=W``); the whole grid
+        (``P * width`` CTAs) stays within ``max_programs``, so it is co-resident (see
+        :func:`grid_limits`; on CUDA it is launched cooperatively, which checks that)."""
         b = block or self.block
-        limit = self.max_programs if self.sharing == 1 else \
-            max(1, self.max_programs // max(1, int(width)))
+        limit = max(1, self.max_programs // max(1, int(width)))
         return max(1, min(limit, -(-int(n) // b)))
 
     # ---- symmetric memory -----------------------------------------------------------------
@@ -162,21 +165,23 @@ def grid_limits(rows) -> tuple[int, int]:
     """``(max_programs, sharing)`` from every rank's ``[sm_count, device key]``.
 
     Every rank gets the same answer (program ``i`` of a launch meets program ``i`` of its
-    peers: unequal grids leave programs waiting for peers' programs that never run). One GPU
-    per rank: two waves of the smallest SM count. Ranks sharing a GPU: with MPS their kernels
-    run *concurrently*, and a program spinning on a peer's program that cannot become
-    resident (the SMs are full of other ranks' spinning programs) deadlocks; so the grids of
-    all ``sharing`` ranks together stay within one CTA per SM (``sms // sharing`` each),
-    which is always co-resident. Without MPS the contexts time-slice and this only costs
-    bandwidth on a GPU that is shared anyway."""
+    peers: unequal grids leave programs waiting for peers' programs that never run).
+
+    NOTE [co-residency]: a program may spin on a peer's program of the same id, so every
+    program of every rank's launch must be resident at once; a grid larger than what fits
+    relied on CUDA dispatching CTAs in order (done in practice, never promised). So a launch
+    has at most one CTA per SM: ``sms`` (the smallest SM count of all ranks) with one GPU per
+    rank, ``sms // sharing`` when ``sharing`` ranks share a GPU (with MPS their kernels run
+    concurrently; without it their contexts time-slice and the cap only costs bandwidth on a
+    GPU that is shared anyway). The launches are cooperative on CUDA
+    (``launch_cooperative_grid``), so a grid that cannot be co-resident fails at launch
+    instead of hanging (another process's kernels occupying SMs are not accounted for)."""
     sms = min(int(r[0]) for r in rows)
     counts: dict = {}
     for r in rows:
         counts[int(r[1])] = counts.get(int(r[1]), 0) + 1
     sharing = max(counts.values())
-    if sharing > 1:
-        return max(1, sms // sharing), sharing
-    return 2 * sms, 1
+    return max(1, sms // sharing), sharing
 
 
 def _device_key(device: torch.device) -> int:
