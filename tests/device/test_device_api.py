@@ -49,6 +49,20 @@ def test_one_shot_all_reduce(device_ranks):
     assert device_ranks(2).run(run_tutorial, "04_one_shot_all_reduce", 200, 64, 3) == [3, 3]
 
 
+def _bases(comm):
+    from tilecomm.device import DeviceHeap
+
+    return DeviceHeap.create(comm).bases.tolist()
+
+
+def test_heap_bases_are_256_byte_aligned(device_ranks):
+    # lang.peer_ptr and lang.barrier hint the rebasing delta bases[peer] - bases[rank] as a
+    # multiple of lang.HEAP_ALIGN (256) for 128-bit peer accesses: a base off that would make
+    # the compiled vector accesses misaligned
+    for bases in device_ranks(2).run(_bases):
+        assert len(bases) == 2 and all(b % 256 == 0 for b in bases), bases
+
+
 def _silent_peer(comm, timeout):
     """Rank 1 waits for rank 0 in ping_pong; rank 0 never launches it."""
     from tilecomm.device import DeviceHeap

@@ -18,16 +18,38 @@ A module lists its kernels as ``COMPILE = [(kernel, signature, constexprs), ...]
 signature types are Triton's: ``*fp32``, ``*i64`` (pointers), ``i32``, ``i64``, ``fp32``
 (scalars) and ``constexpr``. The kernels must be JIT functions, not interpreted ones, so this
 refuses to run under ``TRITON_INTERPRET=1``.
+
+What a real launch compiles (``offline_target``, ``record_launches``, ``compile_launch``)
+---------------------------------------------------------------------------------------
+A ``COMPILE`` entry fixes the signature by hand and gives no argument attributes, so it shows
+neither Triton's *specialization* of a launch (integer arguments equal to 1 become constants,
+integers and pointers divisible by 16 get ``tt.divisibility``) nor the code a launch with
+16-byte aligned tensors gets. :func:`offline_target` makes Triton's own launch path
+(``JITFunction.run``: the argument binder, ``specialize_impl``, the cache key, the attributes)
+believe it runs on ``cuda:sm_<arch>``: a stand-in for ``triton.runtime.driver.active`` reports
+that target, a device name of its own and stream 0. Inside it:
+
+* ``kernel.warmup(*args, grid=...)`` / ``kernel.run(*args, grid=..., warmup=True)`` compiles
+  what ``kernel[grid](*args)`` would and caches it under the key a launch computes, so
+  :func:`compiled_variants` counts the variants a sequence of launches produced;
+* :func:`record_launches` lets the launchers themselves run (``kernel[grid](...)``): Triton's
+  ``jit_cache_hook`` records each launch's cache key, signature, constants and attributes and
+  tells Triton to skip compiling (so nothing is launched); :func:`compile_launch` compiles a
+  recorded launch for sm_<arch> exactly as Triton would have.
+
+Nothing runs on a device: the compiled kernels are for reading (``.asm["ptx"]``), not launching.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
 import re
 import sys
 import time
+from dataclasses import dataclass, field
 
 
 def cuda_backend_available() -> str | None:
@@ -59,6 +81,128 @@ def compile_for(kernel, signature: dict, constexprs: dict | None = None, *, arch
     return triton.compile(src, target=GPUTarget("cuda", arch, warp_size), options=options)
 
 
+class _OfflineDriver:
+    """Stands in for ``triton.runtime.driver.active`` on a machine without a GPU: reports
+    ``target`` and a device of its own (its kernel cache is separate from any real device's).
+    Launching is impossible: ``CompiledKernel.run`` would need the real driver."""
+
+    def __init__(self, target):
+        self.target = target
+        self.device = f"offline-{target.backend}-sm{target.arch}"
+
+    def get_current_target(self):
+        return self.target
+
+    def get_current_device(self):
+        return self.device
+
+    def get_current_stream(self, device=None):
+        return 0
+
+
+@contextlib.contextmanager
+def offline_target(arch: int = 90, warp_size: int = 32):
+    """Within: Triton's launch path (``JITFunction.run``) binds, specializes and compiles for
+    ``cuda:sm_<arch>`` (see the module docstring). Yields the device name its kernel caches
+    use (``kernel.device_caches[name]``)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime.driver import driver
+
+    stub = _OfflineDriver(GPUTarget("cuda", arch, warp_size))
+    prev = driver._active
+    driver.set_active(stub)
+    try:
+        yield stub.device
+    finally:
+        driver._active = prev
+
+
+def compiled_variants(kernel, arch: int = 90, warp_size: int = 32) -> list[str]:
+    """Cache keys of the variants of ``kernel`` compiled under :func:`offline_target`."""
+    from triton.backends.compiler import GPUTarget
+
+    dev = _OfflineDriver(GPUTarget("cuda", arch, warp_size)).device
+    if dev not in kernel.device_caches:
+        return []
+    return list(kernel.device_caches[dev][0])
+
+
+@dataclass
+class Launch:
+    """One launch seen by :func:`record_launches`: what Triton would compile for it."""
+    kernel: object                 # the JITFunction
+    key: str                       # Triton's cache key of the launch (its specialization)
+    signature: dict
+    constants: dict
+    attrs: dict
+    options: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.kernel.__name__
+
+
+@contextlib.contextmanager
+def record_launches(arch: int = 90, warp_size: int = 32):
+    """Run launchers (``kernel[grid](...)``) without a GPU: within, every launch goes through
+    Triton's binder and specialization for ``cuda:sm_<arch>``, is appended to the yielded
+    list as a :class:`Launch` and is *not* compiled nor run (``jit_cache_hook`` says so).
+    Outputs stay unwritten; use it on launchers only for what they pass to the kernel."""
+    from triton import knobs
+
+    seen: list[Launch] = []
+
+    def hook(*, key, fn, compile, **_):
+        seen.append(Launch(fn.jit_function, key, dict(compile["signature"]),
+                           dict(compile["constants"]), dict(compile["configs"][0]),
+                           {k: compile[k] for k in ("num_warps", "num_ctas", "num_stages")}))
+        return True                                  # skip the compile: launch nothing
+
+    prev = knobs.runtime.jit_cache_hook
+    knobs.runtime.jit_cache_hook = hook
+    try:
+        with offline_target(arch, warp_size):
+            yield seen
+    finally:
+        knobs.runtime.jit_cache_hook = prev
+
+
+def compile_launch(launch: Launch, arch: int = 90, warp_size: int = 32):
+    """Compile a recorded launch for ``cuda:sm_<arch>`` as Triton would have (same signature,
+    constants and argument attributes); returns the CompiledKernel."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    src = ASTSource(launch.kernel, launch.signature, launch.constants, launch.attrs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, warp_size),
+                          options={k: v for k, v in launch.options.items() if v is not None})
+
+
+_ACCESS = re.compile(r"^\s*(?:@!?%p\d+\s+)?(ld|st)\.global((?:\.[\w:]+)*)\s", re.M)
+
+
+def global_accesses(ptx: str) -> "dict[tuple[str, int], int]":
+    """Plain (non-atomic) global loads and stores of a PTX listing by width:
+    ``{("ld", 128): count, ("st", 16): count, ...}``. Width = vector length x type bits
+    (``ld.global.v4.b32`` and ``ld.global.nc.v2.b64`` are 128-bit). Strong accesses (``.relaxed``,
+    ``.acquire``, ``.volatile``: atomic loads of signals) are left out."""
+    out: dict = {}
+    for m in _ACCESS.finditer(ptx):
+        quals = m.group(2).split(".")[1:]
+        if any(q in ("relaxed", "acquire", "release", "volatile") for q in quals):
+            continue
+        vec, bits = 1, 0
+        for q in quals:
+            if q in ("v2", "v4", "v8"):
+                vec = int(q[1:])
+            elif re.fullmatch(r"[busf]\d+", q):
+                bits = int(q[1:])
+        key = (m.group(1), vec * bits)
+        out[key] = out.get(key, 0) + 1
+    return out
+
+
 _INSTR = re.compile(r"^\s*(?:@!?%p\d+\s+)?([a-z][\w.]*)")
 _LABEL = re.compile(r"^\s*\$?[\w.$]+:")
 
@@ -66,21 +210,34 @@ _LABEL = re.compile(r"^\s*\$?[\w.$]+:")
 def ordering_problems(ptx: str) -> list[str]:
     """Memory-ordering checks on a kernel's PTX that the interpreter cannot make.
 
-    * Every release atomic (``signal_set``/``signal_add``) must follow a ``bar.sync`` in the
-      same basic block with no global store or atomic in between: the atomic is issued by one
-      thread, and only the CTA barrier before it makes the *other* threads' data stores part
-      of what the release publishes (PTX cumulativity).
-    * Every ``fence.acquire`` (the acquire half of a wait) must be followed by a ``bar.sync``
-      before the next global load or store in its block: the other threads' data loads must
-      be ordered after the one thread's acquire.
+    * Every release atomic (``signal_set``/``signal_add``, the vector signal of
+      ``lang.barrier``) must follow a ``bar.sync`` in the same basic block with no global
+      store or atomic in between: the atomic is issued by one thread (or, in a barrier, by
+      one lane per peer), and only the CTA barrier before it makes the *other* threads' data
+      stores part of what the release publishes (PTX cumulativity). Loads in between (the
+      peers' heap bases) are fine.
+    * Every ``fence.acquire`` (the acquire half of a wait: one thread's scalar acquire load,
+      or the lanes of ``lang.barrier``'s vector load) must be followed by a ``bar.sync``
+      *in its own block*, before any global load or store and before the block ends (a
+      label, branch or ``ret``): the other threads' data loads must be ordered after the
+      acquiring threads' fence, and a block that leaves the fence unsynchronized could reach
+      data loads on another path. (Triton broadcasts the loaded value through shared memory
+      with a ``bar.sync``; ``lang.barrier`` adds one after its wait.)
 
-    Returns one line per violation (empty: fine). Triton emits both barriers today; this
+    Returns one line per violation (empty: fine). Triton emits these barriers today; this
     catches a compiler change or a primitive written without them."""
     out = []
     bar_ok = False          # a bar.sync since the last label / global access
     pending_acquire = None  # line of a fence.acquire not yet followed by bar.sync
+
+    def unsynced(i, what):
+        out.append(f"line {i}: {what} after fence.acquire (line {pending_acquire}) without a "
+                   f"bar.sync between")
+
     for i, line in enumerate(ptx.splitlines(), 1):
         if _LABEL.match(line) and not line.lstrip().startswith("//"):
+            if pending_acquire is not None:
+                unsynced(i, "end of block")
             bar_ok = False
             pending_acquire = None
             continue
@@ -97,13 +254,38 @@ def ordering_problems(ptx: str) -> list[str]:
         elif op.startswith("fence.acquire") or op.startswith("fence.acq_rel"):
             pending_acquire = i
         elif op.startswith(("st.global", "atom.", "red.", "ld.global", "bra", "ret")):
-            if pending_acquire is not None and op.startswith(("ld.global", "st.global")):
-                out.append(f"line {i}: {op} after fence.acquire (line {pending_acquire}) "
-                           f"without a bar.sync between")
+            if pending_acquire is not None and not op.startswith(("atom.", "red.")):
+                unsynced(i, op)
                 pending_acquire = None
             if not op.startswith("ld."):
                 bar_ok = False
     return out
+
+
+_SYNC_OP = re.compile(r"^\s*(?:@!?%p\d+\s+)?((?:atom|red|fence|membar|ld)\.[\w.:]*)", re.M)
+
+
+def sync_counts(ptx: str) -> dict[str, int]:
+    """Synchronizing instructions of a PTX listing (static count, one per line):
+
+    ``release``: release atomics (``atom``/``red`` with ``.release`` or ``.acq_rel``) plus
+    standalone release fences (``fence.sc``, ``fence.acq_rel``, ``fence.release``,
+    ``membar``), each costs a fence at its scope; ``acquire``: ``fence.acquire`` (the
+    acquire half of an acquire load, as Triton lowers it); ``strong_loads``: ``ld.relaxed`` /
+    ``ld.acquire`` loads (signal polls)."""
+    c = {"release": 0, "acquire": 0, "strong_loads": 0}
+    for m in _SYNC_OP.finditer(ptx):
+        op = m.group(1)
+        if op.startswith(("atom.", "red.")) and (".release" in op or ".acq_rel" in op):
+            c["release"] += 1
+        elif op.startswith(("fence.sc", "fence.acq_rel", "fence.release", "membar")):
+            c["release"] += 1
+        elif op.startswith("fence.acquire"):
+            c["acquire"] += 1
+        elif op.startswith("ld.") and (".relaxed" in op or ".acquire" in op) and \
+                ".global" in op:
+            c["strong_loads"] += 1
+    return c
 
 
 def load_module(spec: str):

@@ -84,6 +84,10 @@ ERR_CODE = tl.constexpr(_e.CODE)
 WAIT_TIMEOUT = tl.constexpr(_e.WAIT_TIMEOUT)
 BARRIER_TIMEOUT = tl.constexpr(_e.BARRIER_TIMEOUT)
 
+#: every heap base (``DeviceHeap.bases``) is a multiple of this many bytes (CUDA allocations
+#: and mmap'd shared-memory segments are); ``peer_ptr`` relies on it for alignment hints
+HEAP_ALIGN = tl.constexpr(256)
+
 #: ``op`` of put_signal
 SIGNAL_SET = tl.constexpr(0)
 SIGNAL_ADD = tl.constexpr(1)
@@ -97,8 +101,15 @@ def peer_ptr(ptr, peer, bases, rank):
     offset of ``peer``'s heap, as mapped in this process. ``peer == rank`` gives ``ptr``.
     Translate the scalar base once and add offsets afterwards (``peer_ptr(x, ...) + offs``):
     that costs two scalar loads from ``bases`` instead of a block of them.
+
+    Alignment: heap bases are ``HEAP_ALIGN`` (256) byte aligned (CUDA allocations and IPC
+    mappings are, mmap'd shared-memory segments are page aligned; tests/device checks the
+    CPU heap's), so the rebasing delta is hinted a multiple of 256 and the result keeps the
+    alignment the compiler knows for ``ptr``: a 16-byte aligned ``ptr`` (Triton's pointer
+    specialization, or a ``tl.multiple_of`` offset) gives 128-bit peer accesses. Without the
+    hint every peer access was scalar.
     """
-    delta = tl.load(bases + peer) - tl.load(bases + rank)
+    delta = tl.multiple_of(tl.load(bases + peer) - tl.load(bases + rank), HEAP_ALIGN)
     raw = tl.cast(ptr, tl.pointer_type(tl.int8)) + delta     # byte arithmetic keeps provenance
     return tl.cast(raw, ptr.dtype)
 
@@ -206,17 +217,61 @@ def barrier(pad, slot0, epoch, bases, rank, err, timeout_ns, WORLD: tl.constexpr
     stored before the barrier is visible to every member after it. Each call needs a larger
     ``epoch`` than the previous call on the same slots. It synchronizes *this program* with
     the program of the same id on the other ranks: programs of one grid that call barrier
-    concurrently need distinct ``slot0`` ranges. ``WORLD`` is a constexpr (loops are
-    unrolled); subsets are limited to ranks 0..63.
+    concurrently need distinct ``slot0`` ranges. ``WORLD`` is a constexpr; subsets are limited
+    to ranks 0..63.
+
+    One lane per rank (a ``WP2 = next_pow2(WORLD)`` vector), not a loop over peers:
+
+    * **signal**: a CTA barrier (``bar.sync``: every thread's earlier stores happen before
+      it), then *one* vector ``atomic_xchg(release, sys)`` whose lane ``p`` writes peer ``p``'s
+      slot (masked to the other members). In the PTX this is a single predicated
+      ``atom.global.release.sys.exch.b64`` executed by the first ``WP2`` threads of warp 0:
+      one release (one ``MEMBAR.SYS`` for the warp), all remote writes in flight together,
+      instead of ``WORLD - 1`` scalar release atomics one after another (each its own fence
+      and remote round trip).
+    * **wait**: one vector acquire load of all members' slots in this rank's pad per round;
+      while some member is short it sleeps on the first late one (``tl.atomic_poll`` on that
+      slot, ``SLICE_NS`` per slice, bounded by ``timeout_ns`` as :func:`wait_ge`) and loads
+      them all again; then a ``bar.sync`` so every thread's later loads follow the acquire.
+    * A barrier that gives up records one failure (``BARRIER_TIMEOUT``): the lowest late
+      member as the peer, its slot and the value it held.
     """
-    ok = tl.cast(1, tl.int1)
-    for p in tl.static_range(WORLD):
-        if ((group >> p) & 1) != 0:
-            if p != rank:
-                signal_set(pad, slot0 + rank, epoch, p, bases, rank)
-    for p in tl.static_range(WORLD):
-        if ((group >> p) & 1) != 0:
-            if p != rank:
-                ok = ok & _wait(pad, slot0 + p, epoch, p, err, rank, timeout_ns,
-                                BARRIER_TIMEOUT, site)
-    return ok
+    WP2: tl.constexpr = triton.next_power_of_2(WORLD)
+    lane = tl.arange(0, WP2)
+    lane64 = tl.cast(lane, tl.int64)
+    g = tl.cast(group, tl.int64)
+    peers = (lane < WORLD) & (((g >> lane64) & 1) != 0) & (lane != rank)
+    target = tl.cast(epoch, pad.dtype.element_ty)
+    # signal: pad rebased into every member's heap (one lane each), slot slot0 + rank
+    delta = tl.load(bases + lane, mask=lane < WORLD, other=0) - tl.load(bases + rank)
+    delta = tl.multiple_of(delta, HEAP_ALIGN)
+    remote = tl.cast(tl.cast(pad, tl.pointer_type(tl.int8)) + delta, pad.dtype) + slot0 + rank
+    tl.debug_barrier()              # every thread's stores are ordered before the release
+    tl.atomic_xchg(remote, tl.full((WP2,), 0, pad.dtype.element_ty) + target, mask=peers,
+                   sem="release", scope="sys")
+    # wait: all members' slots of this rank's pad at once
+    own = pad + slot0 + lane
+    v = tl.atomic_load(own, mask=peers, sem="acquire", scope="sys")
+    late = peers & (v < target)
+    n_late = tl.sum(late.to(tl.int32), 0)
+    if n_late > 0:
+        slices = tl.cast(timeout_ns, tl.int64) // SLICE_NS + 1
+        i = tl.cast(0, tl.int64)
+        failed = tl.atomic_load(err, sem="relaxed", scope="gpu")
+        while (n_late > 0) & (i < slices) & (failed == 0):
+            first = tl.min(tl.where(late, lane, WP2), 0)
+            # returns early when that slot equals target; one that jumped past it is caught by
+            # the >= test on the acquire load below, one slice later at most
+            tl.atomic_poll(pad + slot0 + first, target, sem="relaxed", scope="sys",
+                           timeout_ns=SLICE_NS)
+            failed = tl.atomic_load(err, sem="relaxed", scope="gpu")
+            v = tl.atomic_load(own, mask=peers, sem="acquire", scope="sys")
+            late = peers & (v < target)
+            n_late = tl.sum(late.to(tl.int32), 0)
+            i += 1
+        if n_late > 0:
+            first = tl.min(tl.where(late, lane, WP2), 0)
+            seen = tl.sum(tl.where(lane == first, v, 0), 0)
+            _record(err, BARRIER_TIMEOUT, rank, first, epoch, slot0 + first, seen, site)
+    tl.debug_barrier()              # every thread's later loads follow the acquire
+    return n_late == 0

@@ -13,8 +13,12 @@ heap tensor is staged too: the call is in place, and reading peers' tensors whil
 overwrite them would need a second barrier, which costs more than a local copy at the sizes
 one_shot is for.
 
-two_shot (``algorithms/two_shot.py``: reduce-scatter then all-gather; rank r owns chunk r of
-``[c*n//W, (c+1)*n//W)``). Program ``pid`` owns blocks ``pid, pid + G, ...`` of every chunk:
+two_shot (``algorithms/two_shot.py``: reduce-scatter then all-gather; rank r owns chunk r,
+``[chunk_start(r), chunk_start(r + 1))``: the boundaries ``c*n//W`` rounded down to a multiple
+of 16 bytes (``16 / itemsize`` elements), the last chunk taking the rest, so that every chunk
+starts 16-byte aligned and is read and written with 128-bit accesses; chunks differ in length
+by less than 16 bytes' worth of elements plus one). Program ``pid`` owns blocks ``pid, pid + G,
+...`` of every chunk:
 
     stage    own blocks of every chunk of x -> src_r (skipped with zero copy: src is x)
     barrier  group pid                       (all sources published)
@@ -22,7 +26,13 @@ two_shot (``algorithms/two_shot.py``: reduce-scatter then all-gather; rank r own
     barrier  group G + pid                   (all reduced chunks published, all reads of src done)
     gather   out[chunk j] = red_j[chunk j]  for every j
 
-Each chunk is reduced once, by its owner, so every rank gets the same bits. Writing ``out``
+Each chunk is reduced once, by its owner, so every rank gets the same bits (each element is
+still ``src_0 (op) src_1 (op) ... src_{W-1}`` in rank order, whichever rank owns it).
+
+Vector accesses (both kernels): full blocks are read and written unmasked, the partial last
+block of a range masked (a mask ``offs < n`` with a runtime ``n`` is scalar); peer pointers
+keep the 16-byte alignment of the symmetric pointer (``lang.peer_ptr``), so peer reads of
+full blocks are 128-bit (``ld.global.v4.b32``), for every dtype. Writing ``out``
 (which may be the caller's heap tensor that peers read) only after the second barrier makes
 zero copy safe; ``red`` is rewritten only after the next call's first barrier.
 """
@@ -35,72 +45,59 @@ import triton.language as tl
 from tilecomm.device import lang
 
 from ..registry import ALL_DTYPES, REDUCE_OPS, check_int32, kernel
-from .common import (COMMON_SIG, OP_SUM, acc_f32, combine, finish, load_acc, op_code,
-                     signature)
+from .common import (COMMON_SIG, OP_SUM, acc_f32, collective_jit, copy_blocks, op_code,
+                     reduce_blocks, signature)
 
 
 @triton.jit
+def chunk_start(c, n, WORLD: tl.constexpr, ALIGN: tl.constexpr):
+    """Start of two_shot's chunk ``c`` of ``[0, n)`` (``c = WORLD``: ``n``): ``c * n // WORLD``
+    rounded down to a multiple of ``ALIGN`` elements (16 bytes), so every chunk starts
+    16-byte aligned and 128-bit accesses work on it; the last chunk takes the rest."""
+    up = (c // WORLD) * (ALIGN - 1)                  # c == WORLD: round up, then clip to n
+    return tl.minimum((c * n // WORLD + up) // ALIGN * ALIGN, n)
+
+
+@collective_jit
 def one_shot_all_reduce_kernel(x, out, stage, pad, n, bases, rank, err, timeout_ns, epoch,
                                WORLD: tl.constexpr, BLOCK: tl.constexpr, OP: tl.constexpr,
                                ACC_F32: tl.constexpr):
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK
-    for start in range(pid * BLOCK, n, step):
-        offs = start + tl.arange(0, BLOCK)
-        m = offs < n
-        tl.store(stage + offs, tl.load(x + offs, mask=m), mask=m)
+    copy_blocks(stage, x, n, pid * BLOCK, step, BLOCK)
     if lang.barrier(pad, pid * WORLD, epoch, bases, rank, err, timeout_ns, WORLD, site=1):
-        for start in range(pid * BLOCK, n, step):
-            offs = start + tl.arange(0, BLOCK)
-            m = offs < n
-            acc = load_acc(lang.peer_ptr(stage, 0, bases, rank) + offs, m, ACC_F32)
-            for q in tl.static_range(1, WORLD):
-                v = load_acc(lang.peer_ptr(stage, q, bases, rank) + offs, m, ACC_F32)
-                acc = combine(acc, v, OP)
-            acc = finish(acc, OP, WORLD)
-            tl.store(out + offs, acc.to(out.dtype.element_ty), mask=m)
+        reduce_blocks(out, stage, n, pid * BLOCK, step, bases, rank, WORLD, BLOCK, OP, ACC_F32)
 
 
-@triton.jit
+@collective_jit
 def two_shot_all_reduce_kernel(x, out, src, red, pad, n, bases, rank, err, timeout_ns, epoch,
                                WORLD: tl.constexpr, BLOCK: tl.constexpr, OP: tl.constexpr,
                                ACC_F32: tl.constexpr, STAGE: tl.constexpr):
+    """Chunk ``c`` is ``[chunk_start(c), chunk_start(c + 1))``: boundaries ``c * n // W``
+    rounded down to 16 bytes (``ALIGN`` elements), the last chunk takes the rest."""
+    ALIGN: tl.constexpr = 128 // x.dtype.element_ty.primitive_bitwidth
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     step = G * BLOCK
-    cmax = (n + WORLD - 1) // WORLD
     if STAGE:
         for c in tl.static_range(WORLD):
-            c0 = c * n // WORLD
-            clen = (c + 1) * n // WORLD - c0
-            for start in range(pid * BLOCK, cmax, step):
-                offs = start + tl.arange(0, BLOCK)
-                m = offs < clen
-                tl.store(src + c0 + offs, tl.load(x + c0 + offs, mask=m), mask=m)
+            c0 = tl.multiple_of(chunk_start(c, n, WORLD, ALIGN), ALIGN)
+            clen = chunk_start(c + 1, n, WORLD, ALIGN) - c0
+            copy_blocks(src + c0, x + c0, clen, pid * BLOCK, step, BLOCK)
     ok = lang.barrier(pad, pid * WORLD, epoch, bases, rank, err, timeout_ns, WORLD, site=1)
     if ok:
-        r0 = rank * n // WORLD
-        rlen = (rank + 1) * n // WORLD - r0
-        for start in range(pid * BLOCK, cmax, step):
-            offs = start + tl.arange(0, BLOCK)
-            m = offs < rlen
-            acc = load_acc(lang.peer_ptr(src, 0, bases, rank) + r0 + offs, m, ACC_F32)
-            for q in tl.static_range(1, WORLD):
-                v = load_acc(lang.peer_ptr(src, q, bases, rank) + r0 + offs, m, ACC_F32)
-                acc = combine(acc, v, OP)
-            acc = finish(acc, OP, WORLD)
-            tl.store(red + r0 + offs, acc.to(red.dtype.element_ty), mask=m)
+        r0 = tl.multiple_of(chunk_start(rank, n, WORLD, ALIGN), ALIGN)
+        rlen = chunk_start(rank + 1, n, WORLD, ALIGN) - r0
+        reduce_blocks(red + r0, src + r0, rlen, pid * BLOCK, step, bases, rank, WORLD, BLOCK,
+                       OP, ACC_F32)
         ok = lang.barrier(pad, (G + pid) * WORLD, epoch, bases, rank, err, timeout_ns, WORLD,
                           site=2)
     if ok:
         for c in tl.static_range(WORLD):
-            c0 = c * n // WORLD
-            clen = (c + 1) * n // WORLD - c0
-            peer_red = lang.peer_ptr(red, c, bases, rank) + c0
-            for start in range(pid * BLOCK, cmax, step):
-                offs = start + tl.arange(0, BLOCK)
-                m = offs < clen
-                tl.store(out + c0 + offs, tl.load(peer_red + offs, mask=m), mask=m)
+            c0 = tl.multiple_of(chunk_start(c, n, WORLD, ALIGN), ALIGN)
+            clen = chunk_start(c + 1, n, WORLD, ALIGN) - c0
+            copy_blocks(out + c0, lang.peer_ptr(red, c, bases, rank) + c0, clen, pid * BLOCK,
+                        step, BLOCK)
 
 
 @kernel("all_reduce", "one_shot", dtypes=ALL_DTYPES, ops=REDUCE_OPS)

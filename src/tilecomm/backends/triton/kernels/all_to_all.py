@@ -51,6 +51,7 @@ from tilecomm.device import lang
 
 from ...base import CollectiveCall  # noqa: F401  (the launcher contract's type)
 from ..registry import ALL_DTYPES, kernel
+from .common import collective_jit, copy_blocks64
 
 #: byte-moving kernels take any dtype the Communicator knows
 DTYPES = ALL_DTYPES + (torch.uint8, torch.int8)
@@ -60,12 +61,16 @@ _WORDS = ((8, torch.int64), (4, torch.int32), (2, torch.int16), (1, torch.uint8)
 BLOCK_GPU = 2048
 
 
-@triton.jit
+@collective_jit
 def pairwise_all_to_all(x, out, staging, pad, meta, cap, half, bases, rank, err, timeout_ns,
-                        epoch, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+                        epoch, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                        ALIGNED: tl.constexpr = 0):
     """``meta`` (int64[4, WORLD], local): send counts, send offsets (into ``x``), receive
     counts, receive offsets (into ``out``), in words. ``staging``: symmetric, 2 halves of
-    ``WORLD x cap`` words; ``half``: 0/1."""
+    ``WORLD x cap`` words; ``half``: 0/1. ``cap`` is a multiple of 16 bytes' worth of words
+    (the launcher makes it so); ``ALIGNED``: every offset in ``meta`` is too, so ``x`` and
+    ``out`` are accessed with 128-bit loads and stores (the staging rows always are)."""
+    WV: tl.constexpr = 128 // x.dtype.element_ty.primitive_bitwidth      # words per 16 bytes
     pid = tl.program_id(0)
     s = tl.program_id(1)
     nprog = tl.num_programs(0)
@@ -75,33 +80,22 @@ def pairwise_all_to_all(x, out, staging, pad, meta, cap, half, bases, rank, err,
     send_off = tl.load(meta + WORLD + dst)
     recv_n = tl.load(meta + 2 * WORLD + src)
     recv_off = tl.load(meta + 3 * WORLD + src)
-    ar = tl.arange(0, BLOCK)
-    cap64 = tl.cast(cap, tl.int64)
+    if ALIGNED:
+        send_off = tl.multiple_of(send_off, WV)
+        recv_off = tl.multiple_of(recv_off, WV)
+    cap64 = tl.multiple_of(tl.cast(cap, tl.int64), WV)
     if s == 0:
-        nblk = tl.cdiv(send_n, BLOCK).to(tl.int32)
-        for b in range(pid, nblk, nprog):
-            offs = tl.cast(b, tl.int64) * BLOCK + ar
-            m = offs < send_n
-            tl.store(out + recv_off + offs, tl.load(x + send_off + offs, mask=m), mask=m)
+        copy_blocks64(out + recv_off, x + send_off, send_n, pid, nprog, BLOCK)
     else:
         buf = staging + tl.cast(half, tl.int64) * (WORLD * cap64)
         remote = lang.peer_ptr(buf + rank * cap64, dst, bases, rank)
-        nblk = tl.cdiv(send_n, BLOCK).to(tl.int32)
-        for b in range(pid, nblk, nprog):
-            offs = tl.cast(b, tl.int64) * BLOCK + ar
-            m = offs < send_n
-            tl.store(remote + offs, tl.load(x + send_off + offs, mask=m), mask=m)
+        copy_blocks64(remote, x + send_off, send_n, pid, nprog, BLOCK)
         lang.signal_set(pad, pid * WORLD + rank, epoch, dst, bases, rank)
         if lang.wait_ge(pad, pid * WORLD + src, epoch, src, err, rank, timeout_ns, site=1):
-            row = buf + src * cap64
-            rblk = tl.cdiv(recv_n, BLOCK).to(tl.int32)
-            for b in range(pid, rblk, nprog):
-                offs = tl.cast(b, tl.int64) * BLOCK + ar
-                m = offs < recv_n
-                tl.store(out + recv_off + offs, tl.load(row + offs, mask=m), mask=m)
+            copy_blocks64(out + recv_off, buf + src * cap64, recv_n, pid, nprog, BLOCK)
 
 
-@triton.jit
+@collective_jit
 def all_to_all_v_counts(row_in, table, table_out, pad, bases, rank, err, timeout_ns, epoch,
                         WORLD: tl.constexpr, RPOW: tl.constexpr, TPOW: tl.constexpr):
     """Row ``rank`` of every rank's symmetric ``table`` (int64, 2 halves of ``WORLD x
@@ -135,9 +129,9 @@ def _sig(word: str) -> dict:
 
 
 #: sm_90 compile list (tilecomm.device.compile_check): every word size, 2 and 8 ranks
-COMPILE = [(pairwise_all_to_all, _sig(w), {"WORLD": 8, "BLOCK": BLOCK_GPU})
-           for w in ("i64", "i32", "i16", "u8")] + [
-    (pairwise_all_to_all, _sig("i64"), {"WORLD": 2, "BLOCK": BLOCK_GPU}),
+COMPILE = [(pairwise_all_to_all, _sig(w), {"WORLD": 8, "BLOCK": BLOCK_GPU, "ALIGNED": a})
+           for w in ("i64", "i32", "i16", "u8") for a in (0, 1)] + [
+    (pairwise_all_to_all, _sig("i64"), {"WORLD": 2, "BLOCK": BLOCK_GPU, "ALIGNED": 1}),
     (all_to_all_v_counts,
      {"row_in": "*i64", "table": "*i64", "table_out": "*i64", "pad": "*i64", "bases": "*i64",
       "rank": "i32", "err": "*i64", "timeout_ns": "i64", "epoch": "i64"},
@@ -207,15 +201,19 @@ def _pairwise(ctx, epoch: int, xw, outw, send, recv, cap: int, wsize: int, word,
     w = ctx.world_size
     block = _block(ctx)
     nprog = ctx.programs(max(most, 1), block, width=w)
-    raw, half_bytes = halves(ctx, "pairwise.staging", w * max(cap, 1) * wsize)
+    # staging rows start at multiples of 16 bytes (128-bit accesses; the kernel hints it)
+    row_bytes = -(-max(cap, 1) * wsize // 16) * 16
+    raw, half_bytes = halves(ctx, "pairwise.staging", w * row_bytes)
     staging = raw.view(word)
-    row_cap = half_bytes // wsize // w
+    row_cap = (half_bytes // w) // 16 * 16 // wsize
     pad = ctx.signals(nprog)
-    meta = torch.tensor([list(send), _prefix(send), list(recv), _prefix(recv)],
-                        dtype=torch.int64).to(ctx.device)
+    rows = [list(send), _prefix(send), list(recv), _prefix(recv)]
+    aligned = all(o * wsize % 16 == 0 for o in rows[1] + rows[3])
+    meta = torch.tensor(rows, dtype=torch.int64).to(ctx.device)
     bases, rank, errors, timeout_ns = ctx.kernel_args()
     pairwise_all_to_all[(nprog, w)](xw, outw, staging, pad, meta, row_cap, epoch % 2, bases,
-                                    rank, errors, timeout_ns, epoch, WORLD=w, BLOCK=block)
+                                    rank, errors, timeout_ns, epoch, WORLD=w, BLOCK=block,
+                                    ALIGNED=int(aligned))
 
 
 def _prefix(counts) -> list[int]:

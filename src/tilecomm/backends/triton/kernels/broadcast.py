@@ -44,9 +44,10 @@ from tilecomm.device import lang
 
 from ..registry import kernel
 from .all_to_all import BLOCK_GPU, DTYPES, as_words, halves, word_for
+from .common import collective_jit, copy_blocks64
 
 
-@triton.jit
+@collective_jit
 def direct_broadcast(buf, src, pad, n, root, arrive_group, bases, rank, err, timeout_ns, epoch,
                      WORLD: tl.constexpr, BLOCK: tl.constexpr, STAGE: tl.constexpr):
     """``buf``: local, ``n`` words (the root's input, every other rank's output). ``src``:
@@ -58,14 +59,9 @@ def direct_broadcast(buf, src, pad, n, root, arrive_group, bases, rank, err, tim
         for p in tl.static_range(WORLD):
             if p != rank:
                 lang.signal_set(pad, arrive_group * WORLD + rank, epoch, p, bases, rank)
-    ar = tl.arange(0, BLOCK)
-    nblk = tl.cdiv(n, BLOCK).to(tl.int32)
     if rank == root:
         if STAGE:
-            for b in range(pid, nblk, nprog):
-                offs = tl.cast(b, tl.int64) * BLOCK + ar
-                m = offs < n
-                tl.store(src + offs, tl.load(buf + offs, mask=m), mask=m)
+            copy_blocks64(src, buf, n, pid, nprog, BLOCK)
         for p in tl.static_range(WORLD):
             if p != rank:
                 lang.signal_set(pad, pid * WORLD + rank, epoch, p, bases, rank)
@@ -75,11 +71,7 @@ def direct_broadcast(buf, src, pad, n, root, arrive_group, bases, rank, err, tim
                     lang.wait_ge(pad, pid * WORLD + p, epoch, p, err, rank, timeout_ns, site=3)
     else:
         if lang.wait_ge(pad, pid * WORLD + root, epoch, root, err, rank, timeout_ns, site=1):
-            remote = lang.peer_ptr(src, root, bases, rank)
-            for b in range(pid, nblk, nprog):
-                offs = tl.cast(b, tl.int64) * BLOCK + ar
-                m = offs < n
-                tl.store(buf + offs, tl.load(remote + offs, mask=m), mask=m)
+            copy_blocks64(buf, lang.peer_ptr(src, root, bases, rank), n, pid, nprog, BLOCK)
             if not STAGE:
                 lang.signal_set(pad, pid * WORLD + rank, epoch, root, bases, rank)
     if pid == 0:

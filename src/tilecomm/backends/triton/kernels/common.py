@@ -6,12 +6,29 @@ import torch
 import triton
 import triton.language as tl
 
+from tilecomm.device import lang
+
 OP_SUM, OP_AVG, OP_MIN, OP_MAX, OP_PROD = 0, 1, 2, 3, 4
 OP_CODE = {"sum": OP_SUM, "avg": OP_AVG, "min": OP_MIN, "max": OP_MAX, "prod": OP_PROD}
 
 #: Triton signature names of the torch dtypes the kernels take
 TL_NAME = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
            torch.float64: "fp64", torch.int32: "i32", torch.int64: "i64"}
+
+
+#: Runtime integer arguments of the collective kernels, none of them specialized
+#: (``triton.jit(do_not_specialize=...)``). Triton otherwise turns an integer argument equal
+#: to 1 into a constant and tags one divisible by 16, so epochs (1, 16, 32, ...), ranks (1),
+#: sizes, roots and parities would each compile another variant mid-run. Sizes need no
+#: divisibility for vector accesses: the kernels copy full blocks unmasked and alignment
+#: comes from the pointers (Triton's 16-byte pointer specialization, heap-base hints in
+#: ``lang.peer_ptr``, ``tl.multiple_of`` on offsets). Names a kernel lacks are ignored.
+RUNTIME_INTS = ("n", "m", "cap", "half", "root", "arrive_group", "rank", "timeout_ns", "epoch")
+
+
+def collective_jit(fn):
+    """``triton.jit`` for collective kernels: no specialization of :data:`RUNTIME_INTS`."""
+    return triton.jit(fn, do_not_specialize=RUNTIME_INTS)
 
 
 def op_code(call) -> int:
@@ -24,12 +41,49 @@ def acc_f32(dtype: torch.dtype) -> int:
 
 
 @triton.jit
-def load_acc(ptr, mask, ACC_F32: tl.constexpr):
-    """Load a block, widened to fp32 when ACC_F32."""
-    v = tl.load(ptr, mask=mask, other=0)
+def load_acc(ptr, mask, ACC_F32: tl.constexpr, FULL: tl.constexpr = False):
+    """Load a block, widened to fp32 when ACC_F32. ``FULL``: the whole block is in range, load
+    it unmasked (``mask`` unused), which lets Triton vectorize it whatever the size."""
+    if FULL:
+        v = tl.load(ptr)
+    else:
+        v = tl.load(ptr, mask=mask, other=0)
     if ACC_F32:
         v = v.to(tl.float32)
     return v
+
+
+@triton.jit
+def store_block(ptr, value, mask, FULL: tl.constexpr = False):
+    """``tl.store``, unmasked when ``FULL`` (the whole block is in range)."""
+    if FULL:
+        tl.store(ptr, value)
+    else:
+        tl.store(ptr, value, mask=mask)
+
+
+@triton.jit
+def copy_block(dst, src, offs, n, FULL: tl.constexpr):
+    """``dst[offs] = src[offs]`` where ``offs < n`` (all of the block when ``FULL``)."""
+    if FULL:
+        tl.store(dst + offs, tl.load(src + offs))
+    else:
+        m = offs < n
+        tl.store(dst + offs, tl.load(src + offs, mask=m), mask=m)
+
+
+@triton.jit
+def copy_blocks(dst, src, n, first, step, BLOCK: tl.constexpr):
+    """``dst[i] = src[i]`` for ``i < n``, blocks ``first, first + step, ...`` (``first`` and
+    ``step`` multiples of ``BLOCK``). Full blocks are copied unmasked: a mask ``offs < n``
+    with a runtime ``n`` keeps Triton from vectorizing (its alignment is unknown), so only the
+    last, partial block takes the masked, scalar path."""
+    for start in range(first, n, step):
+        offs = start + tl.arange(0, BLOCK)
+        if start + BLOCK <= n:
+            copy_block(dst, src, offs, n, True)
+        else:
+            copy_block(dst, src, offs, n, False)
 
 
 @triton.jit
@@ -52,6 +106,47 @@ def finish(acc, OP: tl.constexpr, WORLD: tl.constexpr):
     if OP == 1:
         acc = acc / WORLD
     return acc
+
+
+@triton.jit
+def copy_blocks64(dst, src, n, pid, nprog, BLOCK: tl.constexpr):
+    """:func:`copy_blocks` with int64 offsets: blocks ``pid, pid + nprog, ...`` of ``[0, n)``
+    (``n`` may exceed 2^31); full blocks unmasked, the partial last one masked."""
+    ar = tl.arange(0, BLOCK)
+    nblk = tl.cdiv(n, BLOCK).to(tl.int32)
+    for b in range(pid, nblk, nprog):
+        start = tl.cast(b, tl.int64) * BLOCK
+        offs = start + ar
+        if start + BLOCK <= n:
+            copy_block(dst, src, offs, n, True)
+        else:
+            copy_block(dst, src, offs, n, False)
+
+
+@triton.jit
+def reduce_block(out, src, offs, m, bases, rank, WORLD: tl.constexpr, OP: tl.constexpr,
+                  ACC_F32: tl.constexpr, FULL: tl.constexpr):
+    """``out[offs] = src_0[offs] (op) src_1[offs] (op) ...`` in rank order, ``src`` a
+    symmetric pointer (the peers' copies are read), fp32 accumulation when ``ACC_F32``."""
+    acc = load_acc(lang.peer_ptr(src, 0, bases, rank) + offs, m, ACC_F32, FULL)
+    for q in tl.static_range(1, WORLD):
+        v = load_acc(lang.peer_ptr(src, q, bases, rank) + offs, m, ACC_F32, FULL)
+        acc = combine(acc, v, OP)
+    acc = finish(acc, OP, WORLD)
+    store_block(out + offs, acc.to(out.dtype.element_ty), m, FULL)
+
+
+@triton.jit
+def reduce_blocks(out, src, n, first, step, bases, rank, WORLD: tl.constexpr,
+                   BLOCK: tl.constexpr, OP: tl.constexpr, ACC_F32: tl.constexpr):
+    """:func:`reduce_block` over blocks ``first, first + step, ...`` of ``[0, n)``: full
+    blocks unmasked (vectorized), the partial last one masked."""
+    for start in range(first, n, step):
+        offs = start + tl.arange(0, BLOCK)
+        if start + BLOCK <= n:
+            reduce_block(out, src, offs, offs < n, bases, rank, WORLD, OP, ACC_F32, True)
+        else:
+            reduce_block(out, src, offs, offs < n, bases, rank, WORLD, OP, ACC_F32, False)
 
 
 def signature(names_types: dict, dtype: torch.dtype, acc_dtype: torch.dtype | None = None) -> dict:

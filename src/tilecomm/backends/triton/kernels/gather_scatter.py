@@ -46,36 +46,37 @@ import triton.language as tl
 from tilecomm.device import lang
 
 from ..registry import ALL_DTYPES, REDUCE_OPS, check_int32, kernel
-from .common import (COMMON_SIG, OP_SUM, acc_f32, combine, finish, load_acc, op_code,
-                     signature)
+from .common import (COMMON_SIG, OP_SUM, acc_f32, collective_jit, combine, copy_blocks,
+                     finish, load_acc, op_code, reduce_blocks, signature, store_block)
 
 
-@triton.jit
-def _copy_blocks(dst, src, n, pid, step, BLOCK: tl.constexpr):
-    for start in range(pid * BLOCK, n, step):
-        offs = start + tl.arange(0, BLOCK)
-        m = offs < n
-        tl.store(dst + offs, tl.load(src + offs, mask=m), mask=m)
-
-
-@triton.jit
+@collective_jit
 def all_gather_direct_kernel(x, out, src, pad, n, bases, rank, err, timeout_ns, epoch,
                              WORLD: tl.constexpr, BLOCK: tl.constexpr, STAGE: tl.constexpr):
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     step = G * BLOCK
     if STAGE:
-        _copy_blocks(src, x, n, pid, step, BLOCK)
+        copy_blocks(src, x, n, pid * BLOCK, step, BLOCK)
     ok = lang.barrier(pad, pid * WORLD, epoch, bases, rank, err, timeout_ns, WORLD, site=1)
     if ok:
         for j in tl.static_range(WORLD):
-            _copy_blocks(out + j * n, lang.peer_ptr(src, j, bases, rank), n, pid, step, BLOCK)
+            copy_blocks(out + j * n, lang.peer_ptr(src, j, bases, rank), n, pid * BLOCK, step,
+                        BLOCK)
         if not STAGE:       # peers read our heap tensor: keep it until they are done
             lang.barrier(pad, (G + pid) * WORLD, epoch, bases, rank, err, timeout_ns, WORLD,
                          site=2)
 
 
 @triton.jit
+def _ring_copy_block(ring, out, lsrc, offs, n, FULL: tl.constexpr):
+    m = offs < n
+    v = load_acc(lsrc + offs, m, False, FULL)
+    store_block(ring + offs, v, m, FULL)
+    store_block(out + offs, v, m, FULL)
+
+
+@collective_jit
 def all_gather_ring_kernel(x, out, ring, pad, n, bases, rank, err, timeout_ns, epoch,
                            WORLD: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
@@ -83,8 +84,8 @@ def all_gather_ring_kernel(x, out, ring, pad, n, bases, rank, err, timeout_ns, e
     right = (rank + 1) % WORLD
     left = (rank + WORLD - 1) % WORLD
     g0 = pid * WORLD
-    _copy_blocks(ring + rank * n, x, n, pid, step, BLOCK)
-    _copy_blocks(out + rank * n, x, n, pid, step, BLOCK)
+    copy_blocks(ring + rank * n, x, n, pid * BLOCK, step, BLOCK)
+    copy_blocks(out + rank * n, x, n, pid * BLOCK, step, BLOCK)
     ok = tl.cast(1, tl.int1)
     if WORLD > 1:
         lang.signal_set(pad, g0 * WORLD + rank, epoch, right, bases, rank)
@@ -97,15 +98,15 @@ def all_gather_ring_kernel(x, out, ring, pad, n, bases, rank, err, timeout_ns, e
             lsrc = lang.peer_ptr(ring, left, bases, rank) + c * n
             for start in range(pid * BLOCK, n, step):
                 offs = start + tl.arange(0, BLOCK)
-                m = offs < n
-                v = tl.load(lsrc + offs, mask=m)
-                tl.store(ring + c * n + offs, v, mask=m)
-                tl.store(out + c * n + offs, v, mask=m)
+                if start + BLOCK <= n:
+                    _ring_copy_block(ring + c * n, out + c * n, lsrc, offs, n, True)
+                else:
+                    _ring_copy_block(ring + c * n, out + c * n, lsrc, offs, n, False)
             if s < WORLD - 1:
                 lang.signal_set(pad, (g0 + s) * WORLD + rank, epoch, right, bases, rank)
 
 
-@triton.jit
+@collective_jit
 def reduce_scatter_direct_kernel(x, out, src, pad, m, bases, rank, err, timeout_ns, epoch,
                                  WORLD: tl.constexpr, BLOCK: tl.constexpr, OP: tl.constexpr,
                                  ACC_F32: tl.constexpr, STAGE: tl.constexpr):
@@ -114,24 +115,36 @@ def reduce_scatter_direct_kernel(x, out, src, pad, m, bases, rank, err, timeout_
     step = G * BLOCK
     if STAGE:
         for c in tl.static_range(WORLD):
-            _copy_blocks(src + c * m, x + c * m, m, pid, step, BLOCK)
+            copy_blocks(src + c * m, x + c * m, m, pid * BLOCK, step, BLOCK)
     ok = lang.barrier(pad, pid * WORLD, epoch, bases, rank, err, timeout_ns, WORLD, site=1)
     if ok:
-        for start in range(pid * BLOCK, m, step):
-            offs = start + tl.arange(0, BLOCK)
-            mk = offs < m
-            acc = load_acc(lang.peer_ptr(src, 0, bases, rank) + rank * m + offs, mk, ACC_F32)
-            for q in tl.static_range(1, WORLD):
-                v = load_acc(lang.peer_ptr(src, q, bases, rank) + rank * m + offs, mk, ACC_F32)
-                acc = combine(acc, v, OP)
-            acc = finish(acc, OP, WORLD)
-            tl.store(out + offs, acc.to(out.dtype.element_ty), mask=mk)
+        reduce_blocks(out, src + rank * m, m, pid * BLOCK, step, bases, rank, WORLD, BLOCK, OP,
+                      ACC_F32)
         if not STAGE:
             lang.barrier(pad, (G + pid) * WORLD, epoch, bases, rank, err, timeout_ns, WORLD,
                          site=2)
 
 
 @triton.jit
+def _ring_reduce_block(out, tmp, mine_p, lsrc, offs, m, s: tl.constexpr, OP: tl.constexpr,
+                       ACC_F32: tl.constexpr, WORLD: tl.constexpr, FULL: tl.constexpr):
+    """One block of reduce_scatter ring's step ``s`` (constexpr): ``mine (op) left's``,
+    stored into ``tmp`` (``s < WORLD - 2``) or, finished, into ``out``."""
+    mk = offs < m
+    mine = load_acc(mine_p + offs, mk, ACC_F32, FULL)
+    if s == 0:
+        theirs = load_acc(lsrc + offs, mk, ACC_F32, FULL)
+    else:
+        theirs = load_acc(lsrc + offs, mk, False, FULL)
+    p = combine(mine, theirs, OP)
+    if s == WORLD - 2:
+        p = finish(p, OP, WORLD)
+        store_block(out + offs, p.to(out.dtype.element_ty), mk, FULL)
+    else:
+        store_block(tmp + offs, p.to(tmp.dtype.element_ty), mk, FULL)
+
+
+@collective_jit
 def reduce_scatter_ring_kernel(x, out, src, tmp, pad, m, bases, rank, err, timeout_ns, epoch,
                                WORLD: tl.constexpr, BLOCK: tl.constexpr, OP: tl.constexpr,
                                ACC_F32: tl.constexpr, STAGE: tl.constexpr):
@@ -145,7 +158,7 @@ def reduce_scatter_ring_kernel(x, out, src, tmp, pad, m, bases, rank, err, timeo
         # not ``c``: a constexpr loop variable that the ring steps below redefine as a
         # runtime int fails to compile on a GPU (the interpreter does not notice)
         for sc in tl.static_range(WORLD):
-            _copy_blocks(src + sc * m, x + sc * m, m, pid, step, BLOCK)
+            copy_blocks(src + sc * m, x + sc * m, m, pid * BLOCK, step, BLOCK)
     ok = tl.cast(1, tl.int1)
     if WORLD == 1:
         for start in range(pid * BLOCK, m, step):
@@ -167,18 +180,12 @@ def reduce_scatter_ring_kernel(x, out, src, tmp, pad, m, bases, rank, err, timeo
                     lsrc = lang.peer_ptr(tmp, left, bases, rank) + c * m
                 for start in range(pid * BLOCK, m, step):
                     offs = start + tl.arange(0, BLOCK)
-                    mk = offs < m
-                    mine = load_acc(src + c * m + offs, mk, ACC_F32)
-                    if s == 0:
-                        theirs = load_acc(lsrc + offs, mk, ACC_F32)
+                    if start + BLOCK <= m:
+                        _ring_reduce_block(out, tmp + c * m, src + c * m, lsrc, offs, m, s, OP,
+                                           ACC_F32, WORLD, True)
                     else:
-                        theirs = tl.load(lsrc + offs, mask=mk, other=0)
-                    p = combine(mine, theirs, OP)
-                    if s == WORLD - 2:
-                        p = finish(p, OP, WORLD)
-                        tl.store(out + offs, p.to(out.dtype.element_ty), mask=mk)
-                    else:
-                        tl.store(tmp + c * m + offs, p.to(tmp.dtype.element_ty), mask=mk)
+                        _ring_reduce_block(out, tmp + c * m, src + c * m, lsrc, offs, m, s, OP,
+                                           ACC_F32, WORLD, False)
                 if s < WORLD - 2:
                     lang.signal_set(pad, (g0 + s + 1) * WORLD + rank, epoch, right, bases, rank)
         if not STAGE:

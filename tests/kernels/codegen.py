@@ -1,0 +1,140 @@
+"""Code-generation checks of the collective kernels, run in a subprocess without
+TRITON_INTERPRET (``python tests/kernels/codegen.py CHECK [ARGS...]`` prints JSON): the kernels
+must be JIT functions, and the pytest process must not import them (its forked rank processes
+set TRITON_INTERPRET themselves). See test_kernel_codegen.py for what each check proves.
+
+Every check goes through Triton's own launch machinery for ``cuda:sm_90`` with
+``tilecomm.device.compile_check.offline_target`` / ``record_launches``: the real launchers
+(``kernel[grid](...)`` with a real KernelContext on 256-byte aligned CPU tensors) and Triton's
+real argument binder (``specialize_impl``: constants for 1, ``D`` for multiples of 16), so the
+cache keys and argument attributes are the ones a GPU launch computes. Nothing is launched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import offline  # noqa: E402
+
+from tilecomm.device import compile_check as cc  # noqa: E402
+from tilecomm.device import lang  # noqa: E402
+
+KERNELS = [("all_reduce", "one_shot"), ("all_reduce", "two_shot"), ("all_gather", "direct"),
+           ("all_gather", "ring"), ("reduce_scatter", "direct"), ("reduce_scatter", "ring"),
+           ("all_to_all", "pairwise"), ("broadcast", "direct")]
+DT = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+#: element counts per call (all divisible by 4 ranks; for all_to_all every chunk is a
+#: multiple of 16 bytes, so the word size and the ALIGNED flag stay the same)
+SIZES = [4096, 1000, 112, 1056, 28, 4100]
+A2A_SIZES = [4096, 1056, 160, 128, 4 * 8 * 7]
+#: epochs of the 20+ calls: 1 (Triton's "== 1" constant) and multiples of 16 included
+EPOCHS = list(range(1, 21)) + [32, 48]
+
+
+def launch_keys(world: int = 4) -> dict:
+    """``{kernel[dtype]: sorted distinct cache keys}`` over calls with every epoch of
+    EPOCHS, ranks 0..world-1, changing sizes and broadcast roots."""
+    from tilecomm.backends.triton.kernels.all_to_all import exchange_counts
+
+    keys: dict = {}
+    with cc.record_launches() as seen:
+        for dname, dt in DT.items():
+            for coll, algo in KERNELS:
+                sizes = A2A_SIZES if coll == "all_to_all" else SIZES
+                for i, ep in enumerate(EPOCHS):
+                    for r in range(world):
+                        n = sizes[(i + r) % len(sizes)]
+                        c = offline.call(coll, algo, dt, n, world, root=(i + 1) % world)
+                        start = len(seen)
+                        offline.launch(coll, algo, offline.context(r, world, ep), c)
+                        for ln in seen[start:]:
+                            keys.setdefault(f"{ln.name}[{dname}]", set()).add(ln.key)
+        for i, ep in enumerate(EPOCHS):                       # all_to_all_v's counts kernel
+            for r in range(world):
+                start = len(seen)
+                exchange_counts(offline.context(r, world, ep), [i + r] * world)
+                for ln in seen[start:]:
+                    keys.setdefault(f"{ln.name}", set()).add(ln.key)
+    return {k: sorted(v) for k, v in keys.items()}
+
+
+def warmup_variants() -> list[int]:
+    """Compile one_shot (bf16, 4 ranks) for sm_90 through ``JITFunction.run(warmup=True)``
+    20 times with changing epochs, ranks and sizes; the number of cached variants after
+    each call."""
+    from tilecomm.backends.triton.kernels.all_reduce import one_shot_all_reduce_kernel as k
+
+    counts = []
+    x = offline.aligned(8192, torch.bfloat16)
+    stage = offline.aligned(8192, torch.bfloat16)
+    pad, bases = offline.aligned(64, torch.int64), offline.aligned(4, torch.int64)
+    err = offline.aligned(8, torch.int64)
+    with cc.offline_target():
+        for i in range(20):
+            ep, r, n = i + 1, i % 4, [8192, 1000, 16, 1, 4097][i % 5]
+            k.warmup(x, x, stage, pad, n, bases, r, err, 10**10, ep, WORLD=4, BLOCK=1024,
+                     OP=0, ACC_F32=1, grid=(1,))
+            counts.append(len(cc.compiled_variants(k)))
+    return counts
+
+
+def widths(coll: str, algo: str, dname: str, world: int = 8, n: int = 8192) -> dict:
+    """Global load/store widths of what ``coll/algo`` compiles for a launch at ``world`` ranks
+    (rank 1) with 16-byte aligned tensors, and the 128-bit accesses one full block needs per
+    thread (``vectors``)."""
+    ctx = offline.context(1, world, 5)
+    with cc.record_launches() as seen:
+        offline.launch(coll, algo, ctx, offline.call(coll, algo, DT[dname], n, world))
+    out = {}
+    for ln in seen:
+        k = cc.compile_launch(ln)
+        ptx = k.asm["ptx"]
+        block = ln.constants[(ln.kernel.arg_names.index("BLOCK"),)]
+        ptr = ln.signature[ln.kernel.arg_names[0]]                 # "*bf16", "*i64", ...
+        bits = {"*fp32": 32, "*bf16": 16, "*fp16": 16, "*i64": 64, "*i32": 32}[ptr]
+        threads = 32 * k.metadata.num_warps
+        acc = cc.global_accesses(ptx)
+        out[ln.name] = {"ld": {str(b): c for (o, b), c in acc.items() if o == "ld"},
+                        "st": {str(b): c for (o, b), c in acc.items() if o == "st"},
+                        "vectors": block * bits // 128 // threads,
+                        "ordering": cc.ordering_problems(ptx)}
+    return out
+
+
+@triton.jit
+def one_barrier(pad, bases, rank, err, timeout_ns, epoch, WORLD: tl.constexpr):
+    lang.barrier(pad, 0, epoch, bases, rank, err, timeout_ns, WORLD)
+
+
+def barrier_syncs(world: int = 8) -> dict:
+    """Synchronizing instructions of a kernel that calls ``lang.barrier`` once at ``world``
+    ranks (compiled for sm_90), and its ordering problems."""
+    k = cc.compile_for(one_barrier, {"pad": "*i64", "bases": "*i64", "rank": "i32",
+                                     "err": "*i64", "timeout_ns": "i64", "epoch": "i64"},
+                       {"WORLD": world})
+    ptx = k.asm["ptx"]
+    return {**cc.sync_counts(ptx), "ordering": cc.ordering_problems(ptx)}
+
+
+def main(argv) -> int:
+    why = cc.cuda_backend_available()
+    if why is not None:
+        print(why, file=sys.stderr)
+        return 3
+    fn = globals()[argv[0]]
+    args = [int(a) if a.isdigit() else a for a in argv[1:]]
+    print("RESULT " + json.dumps(fn(*args)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
