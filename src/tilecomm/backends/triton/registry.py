@@ -88,7 +88,7 @@ from typing import Callable
 import torch
 
 #: kernel families, imported by :func:`load` if their module exists
-FAMILIES = ("all_reduce", "gather_scatter", "all_to_all", "broadcast")
+FAMILIES = ("all_reduce", "gather_scatter", "all_to_all", "broadcast", "plan")
 
 FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 ALL_DTYPES = FLOATS + (torch.float64, torch.int32, torch.int64)
@@ -149,27 +149,96 @@ def load() -> dict[tuple[str, str], KernelSpec]:
     return KERNELS
 
 
+#: the generic plan kernel (``kernels/plan.py``), filled by :func:`register_plan` on
+#: :func:`load`: ``launch``, ``dtypes`` (reducing collectives), ``move_dtypes`` (the others),
+#: ``ops``
+PLAN: dict = {}
+
+#: process-wide override of ``TILECOMM_GPU_FUSED`` (None: the setting). False runs every call
+#: through the plan kernel, True prefers the fused kernels (tests switch it per rank process)
+FUSED: bool | None = None
+
+_PLAN_SPECS: dict[tuple[str, str], KernelSpec] = {}
+
+
+def register_plan(launch: Launcher, *, dtypes, move_dtypes, ops) -> None:
+    """Register the generic plan kernel's launcher, which runs every registered schedule."""
+    PLAN.update(launch=launch, dtypes=tuple(dtypes), move_dtypes=tuple(move_dtypes),
+                ops=tuple(ops))
+    _PLAN_SPECS.clear()
+
+
+def plan_spec(collective: str, algo: str) -> KernelSpec | None:
+    """The plan kernel as the kernel of ``collective/algo`` (None: no such schedule, or the
+    plan family is not loaded)."""
+    from ...algorithms.collectives import COLLECTIVES
+    from ...algorithms.registry import algorithms
+
+    load()
+    if not PLAN or algo not in algorithms(collective):
+        return None
+    key = (collective, algo)
+    spec = _PLAN_SPECS.get(key)
+    if spec is None:
+        reduces = COLLECTIVES[collective].reduces
+        spec = _PLAN_SPECS[key] = KernelSpec(
+            collective, algo, PLAN["launch"],
+            PLAN["dtypes"] if reduces else PLAN["move_dtypes"], PLAN["ops"])
+    return spec
+
+
+def fused_enabled() -> bool:
+    """Whether the hand-fused kernels are preferred (:data:`FUSED`, else TILECOMM_GPU_FUSED)."""
+    if FUSED is not None:
+        return bool(FUSED)
+    from ...settings import settings
+
+    return bool(settings().gpu_fused)
+
+
 def supported(collective: str) -> list[str]:
-    """Algorithms with a GPU kernel for ``collective`` (loads the families)."""
-    return [a for (c, a) in load() if c == collective]
+    """Algorithms with a GPU kernel for ``collective`` (loads the families): every registered
+    schedule once the plan kernel is loaded (registry order), else the fused kernels'."""
+    from ...algorithms.registry import algorithms
 
-
-def lookup(collective: str, algo: str, dtype: torch.dtype, op: str | None) -> KernelSpec:
-    """The kernel for a call, or ``ValueError``/``TypeError`` naming what is supported."""
     table = load()
-    spec = table.get((collective, algo))
+    if PLAN:
+        return list(algorithms(collective))
+    return [a for (c, a) in table if c == collective]
+
+
+def _accepts(spec: KernelSpec | None, dtype: torch.dtype, op: str | None) -> bool:
+    return spec is not None and dtype in spec.dtypes and (op is None or op in spec.ops)
+
+
+def lookup(collective: str, algo: str, dtype: torch.dtype, op: str | None,
+           fused: bool | None = None) -> KernelSpec:
+    """The kernel for a call, or ``ValueError``/``TypeError`` naming what is supported.
+
+    The fused kernel of ``collective/algo`` when fused kernels are enabled (``fused``, else
+    :func:`fused_enabled`) and it takes ``dtype`` and ``op``; otherwise the plan kernel, which
+    runs every registered schedule."""
+    table = load()
+    fast = table.get((collective, algo))
+    if fused is None:
+        fused = fused_enabled()
+    if fused and _accepts(fast, dtype, op):
+        return fast
+    plan = plan_spec(collective, algo)
+    if _accepts(plan, dtype, op):
+        return plan
+    spec = plan or fast
     if spec is None:
         have = supported(collective)
         raise ValueError(f"{collective}: no GPU kernel for algorithm {algo!r}; GPU kernels: "
                          f"{', '.join(have) or 'none'} (or algo='auto')")
-    if dtype not in spec.dtypes:
+    dtypes = set(spec.dtypes) | (set(fast.dtypes) if fused and fast is not None else set())
+    if dtype not in dtypes:
         names = ", ".join(str(d).removeprefix("torch.") for d in spec.dtypes)
         raise TypeError(f"{collective}/{algo}: GPU kernel does not support "
                         f"{str(dtype).removeprefix('torch.')}; supported: {names}")
-    if op is not None and op not in spec.ops:
-        raise ValueError(f"{collective}/{algo}: GPU kernel does not support op {op!r}; "
-                         f"supported: {', '.join(spec.ops)}")
-    return spec
+    raise ValueError(f"{collective}/{algo}: GPU kernel does not support op {op!r}; "
+                     f"supported: {', '.join(spec.ops)}")
 
 
 #: the all_reduce / all_gather / reduce_scatter kernels index with int32 (``n: i32``, offsets
