@@ -37,6 +37,11 @@ from .schedule import Loc, Schedule
 #: buffers the caller passes (the rest are scratch the engine provides)
 USER_BUFFERS = ("buf", "in", "out")
 
+#: calls moving up to this many bytes (all their buffers together) keep ready-made callables
+#: in the CPU executor (no plan work per call): a runtime constant the CPU cost model
+#: (``sim/cpu_loop.py``) counts with too, kept here so the model needs nothing from backends/
+SMALL_CALL_BYTES = 1 << 20
+
 
 @dataclass(frozen=True)
 class PlanOp:

@@ -12,9 +12,11 @@ NOTE [what one CPU collective costs]
         each numpy call (copyto / add over a chunk slice)              op_us
         each byte copied / reduced                                     1/rate
 
-    Counts come from the *same* programs the runtime executes (``plan.program``/``make_layout``):
-    number of pieces, which phases wait, which buffers are staged (user memory) or read in place
-    (heap memory), the numpy calls of every fused move. A byte moves at the cache rate with
+    Counts come from the *same* lowered plans the runtime executes (``algorithms/lower.py``:
+    :func:`~tilecomm.algorithms.lower.lower`, ``piece_elems``/``piece_len``, the plan's chunk
+    lengths; nothing from ``backends/``): number of pieces, which phases wait, which buffers
+    are staged (user memory) or read in place (heap memory), the numpy calls of every
+    reduction (NOTE [reduction order]). A byte moves at the cache rate with
     rate when the working set fits the cache (``h = 1``) and at the DRAM rate otherwise
     (``h = 0``: a cyclic sweep larger than an LRU cache never hits); the working
     set of an operation that touches only scratch is the ranks' scratch pieces (cache-sized by
@@ -39,8 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tilecomm.backends.cpu.executor import CACHED_PLAN_BYTES
-from tilecomm.backends.cpu.plan import USER_BUFFERS
+from tilecomm.algorithms.lower import (SMALL_CALL_BYTES, USER_BUFFERS, PlanOp, lower, piece_elems,
+                                       piece_len)
 from tilecomm.topology.spec import ShmCost
 
 # Calibration subset: two algorithms, every other size of the committed sweeps (16 B x4 steps).
@@ -102,17 +104,11 @@ class Work:
     ws_user: float      # bytes all ranks' buffers and scratch span
 
 
-class _Item:
-    def __init__(self, itemsize: int):
-        self.itemsize = itemsize
-
-
 def work(collective: str, algo: str, world_size: int, nbytes: int, mem: str = "user",
          itemsize: int = 4, piece_bytes: int = 1 << 20, ranks=None) -> Work:
     """Counts of syncs, numpy calls and bytes per rank (mean over ``ranks``, default all), from
-    the runtime's own programs."""
+    the lowered plans the runtime executes (``algorithms/lower.py``)."""
     from tilecomm.algorithms.collectives import COLLECTIVES
-    from tilecomm.backends.cpu.plan import make_layout, piece_len, program
 
     spec = COLLECTIVES[collective]
     count = max(1, nbytes // itemsize)
@@ -121,86 +117,94 @@ def work(collective: str, algo: str, world_size: int, nbytes: int, mem: str = "u
     ws_scr = 0.0
     ranks = list(range(world_size)) if ranks is None else list(ranks)
     for me in ranks:
-        prog = program(collective, algo, world_size, 0, me)
-        lay = make_layout(prog, world_size, count, _Item(itemsize), piece_bytes)
-        pieces = lay.pieces
-        # Place of each buffer, as Executor._place decides it: scratch (staged, or scratch by
+        plan = lower(collective, algo, world_size, 0, me)
+        piece = piece_elems(plan, itemsize, piece_bytes)
+        lens = {b: plan.chunk_lengths(b, count) for b in plan.names}
+        # Pieces as the executor's layout cuts them (chunk lengths are the same on every rank
+        # for the collectives modelled here, so the longest chunk is this rank's).
+        longest = max((x for v in lens.values() for x in v), default=0)
+        pieces = 1 if not piece or not longest else max(1, -(-longest // piece))
+        # Place of each buffer, as the executor decides it: scratch (staged, or scratch by
         # nature) or the caller's memory (a heap tensor read in place, or never read by peers).
         # A scratch buffer marked ``alias`` shares its ``like`` buffer's storage in heap memory.
         alias = {}
         in_scratch = {}
-        for b in prog.names:
+        for b in plan.names:
             if b in USER_BUFFERS:
-                in_scratch[b] = b in prog.scratch_bufs and mem == "user"
+                in_scratch[b] = b in plan.symmetric and mem == "user"
             else:
-                bs = prog.sched.buffer(b)
-                if getattr(bs, "alias", False) and mem == "heap" and bs.like in USER_BUFFERS:
+                bs = plan.sched.buffer(b)
+                if bs.alias and mem == "heap" and bs.like in USER_BUFFERS:
                     alias[b] = bs.like
                 in_scratch[b] = b not in alias
-        skip_last = all(in_scratch[prog.names[i]] for i in prog.last_read_bufs)
-        nph = len(prog.sched.phases)
+        skip_last = all(in_scratch[plan.names[i]] for i in plan.last_read_bufs)
+        nph = len(plan.phases)
         syncs = ops = 0
         byt = np.zeros(4)   # copy_scratch, add_scratch, copy_user, add_user
-        lens = lay.lens[me]
         # Bytes of slices do not depend on the piece (only their split), so sum whole chunks;
         # numpy calls do: count non-empty slices per piece.
         # Every piece but the first and last looks like piece 1: count three, scale the middle.
-        last = lay.pieces - 1
+        last = pieces - 1
         reps = {0: 1} if last == 0 else ({0: 1, last: 1} if last == 1 else
                                           {0: 1, 1: last - 1, last: 1})
         for k, times in reps.items():
             s_k = o_k = 0
             if k == 0:
                 s_k += 1                                    # handshake
-            for b in prog.names:                            # staging in and out
+            for b in plan.names:                            # staging in and out
                 if in_scratch[b] and b in USER_BUFFERS:
                     n_io = (b in spec.inputs) + (b in ("buf", "out"))
-                    o_k += n_io * sum(1 for n in lens[b] if piece_len(n, k, lay.piece))
+                    o_k += n_io * sum(1 for n in lens[b] if piece_len(n, k, piece))
             for p in range(nph):
-                if p >= prog.lead and prog.waits[p]:
+                if p >= plan.lead and plan.phases[p].waits:
                     s_k += 1
-                for dst, srcs in prog.ops[p]:
-                    if piece_len(lens[dst.buf][dst.chunk], k, lay.piece) and \
-                            not _self_copy(me, dst, srcs, alias):
-                        first = srcs[0][2]
-                        o_k += len(srcs) if first else max(1, len(srcs) - 1)
-            if prog.end_waits and not (k == last and skip_last):
+                for op in plan.phases[p].ops:
+                    if piece_len(lens[op.dst.buf][op.dst.chunk], k, piece) and \
+                            not _self_copy(me, op, alias):
+                        o_k += _calls(op)
+            if plan.end_waits and not (k == last and skip_last):
                 s_k += 1
             syncs += times * s_k
             ops += times * o_k
-        for b in prog.names:
+        for b in plan.names:
             if in_scratch[b] and b in USER_BUFFERS:
                 nb = sum(lens[b]) * itemsize
                 n_io = (b in spec.inputs) + (b in ("buf", "out"))
                 byt[2] += n_io * nb                         # user <-> scratch copies
         for p in range(nph):
-            for dst, srcs in prog.ops[p]:
-                if _self_copy(me, dst, srcs, alias):
+            for op in plan.phases[p].ops:
+                if _self_copy(me, op, alias):
                     continue
-                nb = lens[dst.buf][dst.chunk] * itemsize
-                user = not all(in_scratch[x.buf] for x in [dst] + [s[1] for s in srcs])
-                first = srcs[0][2]
-                if not first and len(srcs) == 1:
+                nb = lens[op.dst.buf][op.dst.chunk] * itemsize
+                user = not all(in_scratch[x.buf] for x in [op.dst] + [s[1] for s in op.srcs])
+                if op.is_copy:
                     byt[2 if user else 0] += nb
                 else:
-                    byt[3 if user else 1] += nb * (len(srcs) if first else len(srcs) - 1)
+                    byt[3 if user else 1] += nb * _calls(op)
         tot += np.array([syncs, ops, *byt])
-        ws_scr += itemsize * sum(min(n, lay.piece) if lay.piece else n
-                                 for b in prog.names if in_scratch[b] for n in lens[b])
+        ws_scr += itemsize * sum(min(n, piece) if piece else n
+                                 for b in plan.names if in_scratch[b] for n in lens[b])
     tot /= len(ranks)
     ws_scr *= world_size / len(ranks)
     buffers = nbytes * (2 if collective not in ("all_reduce", "broadcast", "reduce") else 1)
     total_io = buffers  # in-place all_reduce: one buffer per rank
-    return Work(float(tot[0]), float(tot[1]), pieces, total_io <= CACHED_PLAN_BYTES,
+    return Work(float(tot[0]), float(tot[1]), pieces, total_io <= SMALL_CALL_BYTES,
                 *map(float, tot[2:]), ws_scratch=max(ws_scr, 1.0),
                 ws_user=ws_scr + world_size * float(buffers))
 
 
-def _self_copy(me, dst, srcs, alias) -> bool:
+def _calls(op: PlanOp) -> int:
+    """numpy calls of one op over one slice: a copy is one; a reduction of ``n`` operands
+    (``dst`` counted when it ``accumulate``s) is ``n - 1`` binary steps."""
+    n = len(op.srcs) + op.accumulate
+    return max(1, n - 1)
+
+
+def _self_copy(me: int, op: PlanOp, alias: dict) -> bool:
     """A copy onto itself once an aliased buffer is folded into its ``like`` (skipped)."""
-    if len(srcs) != 1 or srcs[0][2] or srcs[0][0] != me:
+    if not op.is_copy or op.srcs[0][0] != me:
         return False
-    src = srcs[0][1]
+    src, dst = op.srcs[0][1], op.dst
     return src.chunk == dst.chunk and alias.get(src.buf, src.buf) == alias.get(dst.buf, dst.buf)
 
 

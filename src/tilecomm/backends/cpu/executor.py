@@ -40,7 +40,7 @@ from .channel import (COLL_IDS, COLL_NAMES, D_ALGO, D_COLL, D_COUNT, D_DTYPE, D_
 from .plan import (PLACE_LOCAL, PLACE_SCRATCH, USER_BUFFERS, Addresser, Program, Runner,
                    make_layout, phase_template, piece_elems, program, stage_template)
 
-CACHED_PLAN_BYTES = 1 << 20   # calls up to this size also keep ready-made callables
+from ...algorithms.lower import SMALL_CALL_BYTES as CACHED_PLAN_BYTES
 _CACHE_ENTRIES = 64
 
 
