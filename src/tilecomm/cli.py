@@ -34,7 +34,14 @@ def add_bench_parser(sub) -> None:
                    help="float32 float64 float16 bfloat16 int32 int64 (uint8 int8: no reduction)")
     p.add_argument("--algo", default="auto", help="algorithm, 'auto' (tuner) or 'all'")
     p.add_argument("--mem", choices=["user", "heap"], default="user",
-                   help="user: ordinary tensors (staged through scratch); heap: comm.alloc")
+                   help="user: ordinary tensors (staged through scratch); heap: comm.alloc "
+                        "(with --device cuda: comm.alloc(..., device='cuda'), zero copy)")
+    p.add_argument("--device", default="cpu",
+                   help="cpu, cuda (rank r on cuda:{r %% device_count}; one visible GPU: all "
+                        "ranks share it) or cuda:N (every rank on GPU N); CUDA tensors run "
+                        "the Triton kernels")
+    p.add_argument("--redop", default="sum", choices=["sum", "prod", "min", "max", "avg"],
+                   help="reduction of all_reduce, reduce_scatter and reduce")
     p.add_argument("--iters", type=int, default=None, help="calls per timed round")
     p.add_argument("--warmup", type=int, default=None, help="untimed calls per size")
     p.add_argument("--rounds", type=int, default=5, help="timed rounds (median reported)")
@@ -59,7 +66,7 @@ def run_bench(args) -> int:
                                   args.stepfactor),
                       dtype=args.dtype, algos=algos, mem=args.mem, iters=args.iters,
                       warmup=args.warmup, rounds=args.rounds, check=args.check, vs=args.vs,
-                      bound=not args.no_bound)
+                      bound=not args.no_bound, device=args.device, redop=args.redop)
     console = _console()
     with Progress(console=Console(stderr=True), transient=True) as prog:
         task = prog.add_task(f"{args.op} on {args.nranks} ranks", total=None)
@@ -69,7 +76,7 @@ def run_bench(args) -> int:
 
         rows = run(cfg, progress)
     console.print(table(rows, f"tilecomm {args.op}: {args.nranks} ranks, {args.dtype}, "
-                              f"{args.mem} memory"))
+                              f"{args.mem} memory, {args.device}"))
     if args.json:
         write_json(rows, args.json)
         console.print(f"wrote {len(rows)} rows to {args.json}")

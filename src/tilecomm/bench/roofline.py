@@ -92,3 +92,35 @@ def bound_seconds(collective: str, algo: str, world_size: int, count: int, items
     """Time of the slowest rank's copies and reductions at the measured rates."""
     per_rank = schedule_bytes(collective, algo, world_size, count, itemsize, staged)
     return max(c / rates["copy"] + a / rates["add"] for c, a in per_rank)
+
+
+def measure_device_rates(comm, device: str = "cuda", nbytes: int = 256 << 20,
+                         reps: int = 5) -> dict:
+    """Device copy and add rates (bytes of output per second) with every rank running at once
+    (ranks sharing a GPU share its memory bandwidth), timed with CUDA events."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    n = nbytes // 4
+    g = torch.Generator(device=dev).manual_seed(comm.rank)
+    a = torch.rand(n, device=dev, generator=g)
+    b = torch.rand(n, device=dev, generator=g)
+    c = torch.empty_like(a)
+    out = {}
+    for name, fn in (("copy", lambda: c.copy_(a)), ("add", lambda: torch.add(a, b, out=c))):
+        fn()
+        torch.cuda.synchronize(dev)
+        samples = []
+        for _ in range(reps):
+            comm.barrier()
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            e.synchronize()
+            samples.append(s.elapsed_time(e) / 1e3)
+        out[name] = nbytes / min(samples)
+    del a, b, c
+    return out

@@ -1,13 +1,25 @@
-"""The benchmark harness: sizes x algorithms on a live rank group, with baselines and checks.
+"""The benchmark harness: a case table (sizes x algorithms) on a live rank group, with
+baselines and checks. ``scripts/gpu_check.py`` runs its table through the same rank-side
+functions (:func:`make_buffers`, :func:`check_case`, :func:`time_case`).
 
-Per size and algorithm every rank runs ``warmup`` calls, then ``rounds`` timed rounds of
-``iters`` back-to-back calls (each round starts after a barrier). A round's time is the slowest
-rank's mean time per call, as nccl-tests reports; the row gives the median round. Baselines run
-the same operation through torch.distributed in the same processes, interleaved per size.
+Per case every rank runs ``warmup`` calls, then ``rounds`` timed rounds of ``iters``
+back-to-back calls (each round starts after a barrier). A round's time is the slowest rank's
+mean time per call, as nccl-tests reports; the row gives the median round. Baselines run the
+same operation through torch.distributed in the same processes, interleaved per size.
+
+In-place sums grow the data by ``world`` per call; the timed loop re-fills the input (untimed)
+every :func:`safe_chunk` calls, so magnitudes stay finite (no overflow, no inf arithmetic).
+
+``device="cuda"``: rank ``r`` works on ``cuda:{r % device_count}`` (all ranks share the GPU when
+one is visible; ``cuda:N`` puts every rank on GPU N), its tensors are CUDA tensors (``mem=heap``:
+``comm.alloc(..., device="cuda")``, zero copy), the collectives run the Triton kernels, and time
+is read with CUDA events.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import socket
 import statistics
 import time
@@ -19,8 +31,8 @@ from .. import tuner
 from ..algorithms.registry import algorithms
 from ..launch import RankGroup
 from ..types import DTYPE_BY_NAME
-from .cases import CASES, Buffers, exact_data, round_count
-from .roofline import bound_seconds, measure_rates
+from .cases import CASES, POISON, BenchCase, Buffers, bench_table, exact_data, round_count
+from .roofline import bound_seconds, measure_device_rates, measure_rates
 
 
 @dataclass
@@ -38,6 +50,12 @@ class BenchConfig:
     vs: list[str] = field(default_factory=list)   # baselines: "gloo"
     bound: bool = True              # measure copy/add rates and report the memory bound
     timeout: float = 120.0
+    device: str = "cpu"             # cpu | cuda | cuda:N
+    redop: str = "sum"
+
+    def table(self) -> list[BenchCase]:
+        return bench_table(self.op, resolve_algos(self), self.sizes, self.dtype, self.mem,
+                           self.redop, self.world_size)
 
 
 def auto_iters(nbytes: int) -> int:
@@ -58,56 +76,220 @@ def _rank_init_gloo(comm, port: int) -> bool:
     return True
 
 
-def _time_rounds(comm_barrier, fn, warmup: int, iters: int, rounds: int) -> list[float]:
+def rank_device(comm, device: str = "cpu") -> torch.device:
+    """This rank's device: ``cuda`` -> ``cuda:{rank % device_count}`` (made current: the kernel
+    backend and ``comm.alloc(device="cuda")`` use the current device); ``cuda:N`` -> GPU N."""
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("--device cuda: torch sees no CUDA device here")
+        idx = dev.index if dev.index is not None else comm.rank % torch.cuda.device_count()
+        dev = torch.device("cuda", idx)
+        torch.cuda.set_device(dev)
+    return dev
+
+
+def _rank_setup(comm, device: str, device_heap_bytes: int | None) -> str:
+    """Before the first collective on the device: the device heap's size, then the device."""
+    if device_heap_bytes and "cuda" not in comm._backends:
+        from ..settings import settings
+        os.environ["TILECOMM_DEVICE_HEAP_BYTES"] = str(int(device_heap_bytes))
+        settings.cache_clear()
+    return str(rank_device(comm, device))
+
+
+def heap_alloc(comm, count: int, dtype: torch.dtype, dev: torch.device) -> torch.Tensor:
+    """A symmetric (zero-copy) tensor for the collectives on ``dev``: ``comm.alloc(...,
+    device="cuda")``; on the CPU the kernel backend's heap when the CPU collectives run the
+    Triton kernels (TILECOMM_CPU_KERNELS=triton), else ``comm.alloc``."""
+    if dev.type == "cuda":
+        return comm.alloc((count,), dtype, device="cuda")
+    be = comm._backend_for_device("cpu")
+    if be is not comm._backend and hasattr(be, "alloc"):
+        return be.alloc((count,), dtype)
+    return comm.alloc((count,), dtype)
+
+
+def case_counts(case: BenchCase) -> tuple[int, int, int | None]:
+    """(elements of the largest buffer, of this rank's input, of its output or None)."""
+    c = CASES[case.op]
+    n = round_count(case.op, case.nbytes, DTYPE_BY_NAME[case.dtype].itemsize, case.world)
+    return n, c.in_count(n, case.world), (c.out_count(n, case.world) if c.out_count else None)
+
+
+def make_buffers(comm, case: BenchCase, dev: torch.device) -> Buffers:
+    dt = DTYPE_BY_NAME[case.dtype].torch
+    _, in_n, out_n = case_counts(case)
+    if case.mem == "heap":
+        make = lambda k: heap_alloc(comm, k, dt, dev)  # noqa: E731
+    else:
+        make = lambda k: torch.zeros(k, dtype=dt, device=dev)  # noqa: E731
+    return Buffers(make(in_n), make(out_n) if out_n is not None else None, redop=case.redop)
+
+
+def result_of(case: BenchCase, bufs: Buffers) -> torch.Tensor:
+    return bufs.out if (bufs.out is not None and not CASES[case.op].in_place) else bufs.inp
+
+
+def prepare_call(comm, case: BenchCase, bufs: Buffers, seed: int) -> torch.Tensor:
+    """Fresh exact data for one checked call (seeded: every rank knows every rank's input),
+    outputs poisoned, root and all_to_all_v's split drawn from the seed; returns what this
+    rank must hold afterwards."""
+    r, w = comm.rank, comm.world_size
+    c = CASES[case.op]
+    dt = DTYPE_BY_NAME[case.dtype].torch
+    n_in = bufs.inp.numel()
+    bufs.root = seed % w
+    bufs.redop = case.redop
+    if case.op == "all_to_all_v":
+        bufs.split_seed = seed
+    inputs = [exact_data(seed, j, n_in, dt, case.redop) for j in range(w)]
+    bufs.inp.copy_(inputs[r])
+    if case.op == "broadcast" and r != bufs.root:
+        bufs.inp.fill_(POISON)
+    if bufs.out is not None:
+        bufs.out.fill_(POISON)
+    return c.expected(inputs, r, w, bufs).reshape(-1)
+
+
+def count_wrong(got: torch.Tensor, want: torch.Tensor) -> int:
+    """Elements of ``got`` that differ from ``want`` (all of them on a shape mismatch)."""
+    got = got.detach().reshape(-1).cpu()
+    if got.shape != want.shape or got.dtype != want.dtype:
+        return int(want.numel())
+    return int((got != want).sum())
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def check_case(comm, case: BenchCase, bufs: Buffers, dev: torch.device, seed: int = 1,
+               calls: int = 2) -> int:
+    """``calls`` consecutive checked calls (fresh data, poisoned outputs, each verified);
+    returns the number of wrong elements over all of them. Afterwards the buffers are back
+    in the timing set-up (root 0, the even all_to_all_v split)."""
+    wrong = 0
+    c = CASES[case.op]
+    for k in range(calls):
+        want = prepare_call(comm, case, bufs, seed * 16 + k)
+        c.run(comm, bufs, case.algo)
+        _sync(dev)
+        wrong += count_wrong(result_of(case, bufs), want)
+    bufs.root, bufs.split_seed = 0, 0
+    return wrong
+
+
+class Clock:
+    """Accumulates the time of timed sections: CUDA events on a CUDA device (read once per
+    round), else perf_counter."""
+
+    def __init__(self, dev: torch.device):
+        self.cuda = dev.type == "cuda"
+        self.reset()
+
+    def reset(self):
+        self.pairs, self.total = [], 0.0
+
+    def start(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self.pairs.append([e, None])
+        else:
+            self.t0 = time.perf_counter()
+
+    def stop(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self.pairs[-1][1] = e
+        else:
+            self.total += time.perf_counter() - self.t0
+
+    def seconds(self) -> float:
+        if self.cuda and self.pairs:
+            self.pairs[-1][1].synchronize()
+            return sum(s.elapsed_time(e) for s, e in self.pairs) / 1e3
+        return self.total
+
+
+def safe_chunk(op: str, dtype: torch.dtype, world: int, redop: str = "sum") -> int | None:
+    """Calls after which an in-place sum of ones over ``world`` ranks (``world**k``) would
+    still be finite (float) or below the integer limit; None when the data does not grow."""
+    if world < 2 or redop != "sum" or op not in ("all_reduce", "reduce"):
+        return None
+    top = torch.finfo(dtype).max if dtype.is_floating_point else torch.iinfo(dtype).max
+    return max(1, int(math.log(top) / math.log(world)) - 1)
+
+
+def time_rounds(barrier, fn, warmup: int, iters: int, rounds: int, *, refill=None,
+                chunk: int | None = None, clock: Clock | None = None) -> list[float]:
+    """Seconds per call of each round. ``refill`` (untimed) runs before the first call and
+    then every ``chunk`` calls, warm-up included."""
+    clock = clock or Clock(torch.device("cpu"))
+    step = chunk or max(iters, warmup, 1)
+    done = 0
     for _ in range(warmup):
+        if refill and done % step == 0:
+            refill()
         fn()
+        done += 1
     out = []
     for _ in range(rounds):
-        comm_barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        out.append((time.perf_counter() - t0) / iters)
+        barrier()
+        clock.reset()
+        left = iters
+        while left > 0:
+            k = min(step, left)
+            if refill:
+                refill()
+            clock.start()
+            for _ in range(k):
+                fn()
+            clock.stop()
+            left -= k
+        out.append(clock.seconds() / iters)
     return out
 
 
-def _check(comm, case, bufs, algo, d, in_n) -> int:
-    """Run once on exact data and count the elements that differ from the definition."""
-    r, w = comm.rank, comm.world_size
-    bufs.inp.copy_(exact_data(1, r, in_n, d.torch))
-    case.run(comm, bufs, algo)
-    inputs = [exact_data(1, j, in_n, d.torch) for j in range(w)]
-    want = case.expected(inputs, r, w).reshape(-1)
-    got = (bufs.out if bufs.out is not None else bufs.inp).reshape(-1)
-    return int((got != want).sum()) if got.shape == want.shape else int(want.numel())
-
-
-def _rank_bench(comm, cfg: BenchConfig, nbytes: int, algo: str) -> dict:
-    case = CASES[cfg.op]
-    w = comm.world_size
-    d = DTYPE_BY_NAME[cfg.dtype]
-    n = round_count(cfg.op, nbytes, d.itemsize, w)
-    in_n = case.in_count(n, w)
-    out_n = case.out_count(n, w) if case.out_count else None
-    make = (lambda k: comm.alloc(k, d.torch)) if cfg.mem == "heap" else \
-        (lambda k: torch.zeros(k, dtype=d.torch))
-    bufs = Buffers(make(in_n), make(out_n) if out_n is not None else None)
-    wrong = _check(comm, case, bufs, algo, d, in_n) if cfg.check else None
+def time_case(comm, case: BenchCase, bufs: Buffers, dev: torch.device, warmup: int,
+              iters: int, rounds: int) -> list[float]:
+    """Timed rounds of back-to-back calls on ones (re-filled, untimed, before they could
+    overflow)."""
+    c = CASES[case.op]
+    dt = DTYPE_BY_NAME[case.dtype].torch
+    bufs.root, bufs.split_seed, bufs.redop = 0, 0, case.redop
+    chunk = safe_chunk(case.op, dt, comm.world_size, case.redop)
     bufs.inp.fill_(1)
-    iters = cfg.iters or auto_iters(nbytes)
+    refill = (lambda: bufs.inp.fill_(1)) if chunk else None
+    return time_rounds(comm.barrier, lambda: c.run(comm, bufs, case.algo), warmup, iters,
+                       rounds, refill=refill, chunk=chunk, clock=Clock(dev))
+
+
+def _rank_bench(comm, cfg: BenchConfig, case: BenchCase) -> dict:
+    c = CASES[case.op]
+    dev = rank_device(comm, cfg.device)
+    n, in_n, out_n = case_counts(case)
+    bufs = make_buffers(comm, case, dev)
+    wrong = check_case(comm, case, bufs, dev) if cfg.check else None
+    iters = cfg.iters or auto_iters(case.nbytes)
     warmup = cfg.warmup if cfg.warmup is not None else max(1, iters // 5)
-    res = {"times": _time_rounds(comm.barrier, lambda: case.run(comm, bufs, algo),
-                                 warmup, iters, cfg.rounds),
+    res = {"times": time_case(comm, case, bufs, dev, warmup, iters, cfg.rounds),
            "wrong": wrong, "count": n, "iters": iters}
     if cfg.check:   # once more after timing: the warm path (cached plans, memo) must be right too
-        res["wrong"] += _check(comm, case, bufs, algo, d, in_n)
+        res["wrong"] += check_case(comm, case, bufs, dev, seed=2)
     if "gloo" in cfg.vs:
         import torch.distributed as dist
-        gb = Buffers(torch.ones(in_n, dtype=d.torch),
-                     torch.zeros(out_n, dtype=d.torch) if out_n is not None else None)
+        d = DTYPE_BY_NAME[case.dtype].torch
+        gb = Buffers(torch.ones(in_n, dtype=d),
+                     torch.zeros(out_n, dtype=d) if out_n is not None else None)
+        chunk = safe_chunk(case.op, d, comm.world_size)
         try:
-            res["gloo"] = _time_rounds(dist.barrier, lambda: case.baseline(dist, gb),
-                                       warmup, iters, cfg.rounds)
+            res["gloo"] = time_rounds(dist.barrier, lambda: c.baseline(dist, gb),
+                                      warmup, iters, cfg.rounds, chunk=chunk,
+                                      refill=(lambda: gb.inp.fill_(1)) if chunk else None)
         except (RuntimeError, NotImplementedError, ValueError) as e:
             res["gloo_error"] = str(e).splitlines()[0][:80]
     return res
@@ -120,9 +302,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _slowest_median(per_rank: list[list[float]]) -> float:
+def slowest_median(per_rank: list[list[float]]) -> float:
     rounds = len(per_rank[0])
     return statistics.median(max(rk[i] for rk in per_rank) for i in range(rounds))
+
+
+_slowest_median = slowest_median
 
 
 def heap_bytes_for(cfg: BenchConfig) -> int:
@@ -130,12 +315,30 @@ def heap_bytes_for(cfg: BenchConfig) -> int:
     return 2 * biggest + (8 << 20)
 
 
+def device_heap_bytes_for(sizes: list[int], mem: str) -> int:
+    """Device heap per rank: the heap tensors (input and output) plus both halves of staging
+    scratch for each, and room for signal pads."""
+    biggest = max(sizes)
+    return max(256 << 20, (6 if mem == "heap" else 4) * biggest + (32 << 20))
+
+
 def resolve_algos(cfg: BenchConfig) -> list[str]:
     if cfg.op == "send_recv":
         return ["p2p"]
     if cfg.algos == ["all"]:
+        if _kernel_path(cfg):
+            if cfg.device == "cpu":     # the kernels run in the interpreter (ranks fork)
+                os.environ.setdefault("TRITON_INTERPRET", "1")
+            from ..backends.triton import registry
+            return registry.supported(cfg.op) or algorithms(cfg.op)
         return algorithms(cfg.op)
     return cfg.algos
+
+
+def _kernel_path(cfg: BenchConfig) -> bool:
+    """The collectives run the Triton kernels (CUDA tensors, or TILECOMM_CPU_KERNELS=triton)."""
+    from ..settings import settings
+    return cfg.device != "cpu" or settings().cpu_kernels == "triton"
 
 
 def run(cfg: BenchConfig, progress=None) -> list[dict]:
@@ -147,6 +350,17 @@ def run(cfg: BenchConfig, progress=None) -> list[dict]:
     if CASES[cfg.op].reduces and not DTYPE_BY_NAME[cfg.dtype].reducible:
         raise ValueError(f"{cfg.op} reduces, and {cfg.dtype} supports data movement only; "
                          f"pick a float or int32/int64 dtype")
+    dev = torch.device(cfg.device)
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {cfg.device!r}: use cpu, cuda or cuda:N")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("--device cuda: torch sees no CUDA device on this machine")
+        if cfg.op == "send_recv":
+            raise ValueError("send_recv on CUDA tensors is not implemented (device send/recv); "
+                             "use --device cpu")
+    if cfg.mem == "heap" and cfg.op == "all_to_all_v" and dev.type == "cuda":
+        pass    # its output is sized by the call: an ordinary tensor; the input is on the heap
     algos = resolve_algos(cfg)
     for a in algos:
         if a not in ("auto", "p2p") and a not in algorithms(cfg.op):
@@ -155,53 +369,75 @@ def run(cfg: BenchConfig, progress=None) -> list[dict]:
     heap = heap_bytes_for(cfg) if cfg.mem == "heap" else (8 << 20)
     rows = []
     itemsize = DTYPE_BY_NAME[cfg.dtype].itemsize
+    table = cfg.table()
     with RankGroup(cfg.world_size, timeout=cfg.timeout, heap_bytes=heap) as group:
+        group.run(_rank_setup, cfg.device,
+                  device_heap_bytes_for(cfg.sizes, cfg.mem) if dev.type == "cuda" else None)
         if "gloo" in cfg.vs:
             group.run(_rank_init_gloo, _free_port())
         rates = None
         if cfg.bound and cfg.op not in ("send_recv", "all_to_all_v"):
-            per = group.run(measure_rates)
+            per = group.run(measure_rates) if dev.type == "cpu" else \
+                group.run(measure_device_rates, cfg.device)
             # the fastest rank's rates: the bound must not be made easier to meet
             rates = {k: max(p[k] for p in per) for k in ("copy", "add")}
-        total, done = len(cfg.sizes) * len(algos), 0
-        for nbytes in cfg.sizes:
-            for algo in algos:
-                if progress:
-                    progress(done, total, f"{cfg.op} {nbytes} B {algo}")
-                res = group.run(_rank_bench, cfg, nbytes, algo)
-                rows.append(_row(cfg, nbytes, algo, res, rates, itemsize))
-                done += 1
+        total, done = len(table), 0
+        for case in table:
+            if progress:
+                progress(done, total, f"{cfg.op} {case.nbytes} B {case.algo}")
+            res = group.run(_rank_bench, cfg, case)
+            rows.append(_row(cfg, case, res, rates, itemsize))
+            done += 1
         if progress:
             progress(done, total, "done")
     return rows
 
 
-def _row(cfg, nbytes, algo, res, rates, itemsize) -> dict:
+def _row(cfg, case: BenchCase, res, rates, itemsize) -> dict:
     w = cfg.world_size
-    case = CASES[cfg.op]
+    c = CASES[cfg.op]
     count = res[0]["count"]
     size = count * itemsize
-    used = algo if algo != "auto" else (tuner.choose(cfg.op, size, w) if cfg.op != "send_recv"
-                                        else "p2p")
-    t = _slowest_median([r["times"] for r in res])
+    algo = case.algo
+    kind = "gpu" if _kernel_path(cfg) else "cpu"
+    if algo == "auto":
+        used = "p2p" if cfg.op == "send_recv" else _auto(cfg.op, size, w, kind)
+    else:
+        used = algo
+    t = slowest_median([r["times"] for r in res])
     algbw = size / t / 1e9
-    row = {"collective": cfg.op, "algo": used, "requested": algo, "world_size": w,
-           "bytes": size, "count": count, "dtype": cfg.dtype, "mem": cfg.mem,
-           "time_us": t * 1e6, "algbw_gbs": algbw, "busbw_gbs": algbw * case.factor(w),
+    row = {"case": case.id, "collective": cfg.op, "algo": used, "requested": algo,
+           "world_size": w, "bytes": size, "count": count, "dtype": cfg.dtype, "mem": cfg.mem,
+           "device": cfg.device, "redop": cfg.redop,
+           "time_us": t * 1e6, "algbw_gbs": algbw, "busbw_gbs": algbw * c.factor(w),
            "iters": res[0]["iters"], "rounds": cfg.rounds}
     if cfg.check:
         row["wrong"] = sum(r["wrong"] for r in res)
     if "gloo" in cfg.vs:
         if "gloo" in res[0]:
-            gt = _slowest_median([r["gloo"] for r in res])
-            row.update(gloo_time_us=gt * 1e6, gloo_busbw_gbs=size / gt / 1e9 * case.factor(w),
+            gt = slowest_median([r["gloo"] for r in res])
+            row.update(gloo_time_us=gt * 1e6, gloo_busbw_gbs=size / gt / 1e9 * c.factor(w),
                        vs_gloo=gt / t)
         else:
             row["gloo_error"] = res[0].get("gloo_error", "unsupported")
     if rates is not None and cfg.op not in ("send_recv", "all_to_all_v"):
-        in_count = case.in_count(count, w)
-        b = bound_seconds(cfg.op, used, w, in_count, itemsize, cfg.mem != "heap", rates)
-        # memcpy: one copy of the caller's largest buffer, the floor of any staged collective
-        row.update(bound_us=b * 1e6, frac_of_bound=b / t, copy_gbs=rates["copy"] / 1e9,
-                   add_gbs=rates["add"] / 1e9, memcpy_us=size / rates["copy"] * 1e6)
+        in_count = c.in_count(count, w)
+        try:
+            b = bound_seconds(cfg.op, used, w, in_count, itemsize, cfg.mem != "heap", rates)
+        except (KeyError, ValueError):
+            b = None
+        if b is not None:
+            # memcpy: one copy of the caller's largest buffer, the floor of any staged collective
+            row.update(bound_us=b * 1e6, frac_of_bound=b / t, copy_gbs=rates["copy"] / 1e9,
+                       add_gbs=rates["add"] / 1e9, memcpy_us=size / rates["copy"] * 1e6)
     return row
+
+
+def _auto(op, size, w, kind):
+    if kind == "gpu":
+        try:
+            from ..backends.triton import registry
+            return tuner.choose(op, size, w, kind="gpu", available=registry.supported(op))
+        except Exception:  # noqa: BLE001 - the name is informative only
+            pass
+    return tuner.choose(op, size, w)
