@@ -148,6 +148,25 @@ def _dtypes(comm, n):
     return True
 
 
+def _two_shot_sizes(comm, sizes):
+    """two_shot at sizes whose 16-byte-aligned chunks are uneven or empty (n < W * 16 B), in
+    fp32 and bf16 (8 elements per 16 bytes), and one_shot / all_gather / reduce_scatter direct
+    across a full block plus a tail; exact (integer data)."""
+    w, r = comm.world_size, comm.rank
+    checked = 0
+    for dt in (torch.float32, torch.bfloat16):
+        for n in sizes:
+            for coll, algo in (("all_reduce", "two_shot"), ("all_reduce", "one_shot"),
+                               ("all_gather", "direct"), ("reduce_scatter", "direct")):
+                x = _input(coll, w, r, n, 1, dt)
+                got = _run_one(comm, coll, algo, x, "sum")
+                np.testing.assert_array_equal(got.to(torch.float64).numpy(),
+                                              _reference(coll, w, r, n, 1),
+                                              err_msg=f"{coll}/{algo} {dt} n={n}")
+                checked += 1
+    return checked
+
+
 def _mixed(comm, n, rounds):
     """Different kernels back to back on the shared pad and scratch (contract rules 1-3)."""
     w, r = comm.world_size, comm.rank
@@ -269,6 +288,14 @@ def test_every_kernel_exact_vs_numpy_and_executor(w):
     ops = ("sum", "max") if w == 3 else ("sum", "avg")
     res = _run(w, _exact, 157, 2, ops)
     assert res == [2 * (4 * 2 + 2)] * w   # (4 reducing kernels x 2 ops + 2 all_gathers) x 2 rounds
+
+
+def test_aligned_chunks_and_full_block_paths_small_and_odd_sizes():
+    # two_shot's chunk starts are rounded down to 16 bytes (the last chunk takes the rest):
+    # n = 1, 5 leave most chunks empty; 37 and 300 (> one 128-element block) uneven ones;
+    # 256 is two full blocks (the unmasked path only), 300 full blocks and a tail
+    sizes = [1, 5, 37, 256, 300]
+    assert _run(3, _two_shot_sizes, sizes) == [2 * len(sizes) * 4] * 3
 
 
 def test_four_ranks_mixed_sequence():

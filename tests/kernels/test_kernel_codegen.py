@@ -90,6 +90,9 @@ def test_peer_reads_are_128_bit(dtype):
     assert _st128(two) >= 2 * W * two["vectors"], two     # chunk starts are 16-byte aligned
     ag = _codegen("widths", "all_gather", "direct", dtype)["all_gather_direct_kernel"]
     assert _ld128(ag) >= W * ag["vectors"] + ag["vectors"], ag
+    assert _st128(ag) >= W * ag["vectors"], ag     # n % (16 B) == 0: out + j*n is aligned
+    rs = _codegen("widths", "reduce_scatter", "direct", dtype)["reduce_scatter_direct_kernel"]
+    assert _ld128(rs) >= W * rs["vectors"], rs     # m % (16 B) == 0: src_q + r*m is aligned
     # all_to_all moves int64 words: the put into the peer's staging row (peer stores), the
     # local copy and the read of the own staging row are 128-bit (ld/st.global.v2.b64)
     a2a = _codegen("widths", "all_to_all", "pairwise", dtype)["pairwise_all_to_all"]

@@ -50,9 +50,17 @@ from .common import (COMMON_SIG, OP_SUM, acc_f32, collective_jit, combine, copy_
                      finish, load_acc, op_code, reduce_blocks, signature, store_block)
 
 
+@triton.jit
+def _gather_peers(out, src, n, first, step, bases, rank, WORLD: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    for j in tl.static_range(WORLD):
+        copy_blocks(out + j * n, lang.peer_ptr(src, j, bases, rank), n, first, step, BLOCK)
+
+
 @collective_jit
 def all_gather_direct_kernel(x, out, src, pad, n, bases, rank, err, timeout_ns, epoch,
                              WORLD: tl.constexpr, BLOCK: tl.constexpr, STAGE: tl.constexpr):
+    ALIGN: tl.constexpr = 128 // x.dtype.element_ty.primitive_bitwidth   # elements / 16 B
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     step = G * BLOCK
@@ -60,9 +68,11 @@ def all_gather_direct_kernel(x, out, src, pad, n, bases, rank, err, timeout_ns, 
         copy_blocks(src, x, n, pid * BLOCK, step, BLOCK)
     ok = lang.barrier(pad, pid * WORLD, epoch, bases, rank, err, timeout_ns, WORLD, site=1)
     if ok:
-        for j in tl.static_range(WORLD):
-            copy_blocks(out + j * n, lang.peer_ptr(src, j, bases, rank), n, pid * BLOCK, step,
-                        BLOCK)
+        if n % ALIGN == 0:      # out + j * n is 16-byte aligned: say so (128-bit stores)
+            _gather_peers(out, src, n // ALIGN * ALIGN, pid * BLOCK, step, bases, rank, WORLD,
+                          BLOCK)
+        else:
+            _gather_peers(out, src, n, pid * BLOCK, step, bases, rank, WORLD, BLOCK)
         if not STAGE:       # peers read our heap tensor: keep it until they are done
             lang.barrier(pad, (G + pid) * WORLD, epoch, bases, rank, err, timeout_ns, WORLD,
                          site=2)
@@ -106,20 +116,36 @@ def all_gather_ring_kernel(x, out, ring, pad, n, bases, rank, err, timeout_ns, e
                 lang.signal_set(pad, (g0 + s) * WORLD + rank, epoch, right, bases, rank)
 
 
+@triton.jit
+def _stage_chunks(src, x, m, first, step, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+    for c in tl.static_range(WORLD):
+        copy_blocks(src + c * m, x + c * m, m, first, step, BLOCK)
+
+
 @collective_jit
 def reduce_scatter_direct_kernel(x, out, src, pad, m, bases, rank, err, timeout_ns, epoch,
                                  WORLD: tl.constexpr, BLOCK: tl.constexpr, OP: tl.constexpr,
                                  ACC_F32: tl.constexpr, STAGE: tl.constexpr):
+    ALIGN: tl.constexpr = 128 // x.dtype.element_ty.primitive_bitwidth   # elements / 16 B
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     step = G * BLOCK
+    # chunk c starts at c * m: 16-byte aligned when m is a multiple of ALIGN, which the
+    # compiler learns from m // ALIGN * ALIGN (128-bit peer loads); else scalar
     if STAGE:
-        for c in tl.static_range(WORLD):
-            copy_blocks(src + c * m, x + c * m, m, pid * BLOCK, step, BLOCK)
+        if m % ALIGN == 0:
+            _stage_chunks(src, x, m // ALIGN * ALIGN, pid * BLOCK, step, WORLD, BLOCK)
+        else:
+            _stage_chunks(src, x, m, pid * BLOCK, step, WORLD, BLOCK)
     ok = lang.barrier(pad, pid * WORLD, epoch, bases, rank, err, timeout_ns, WORLD, site=1)
     if ok:
-        reduce_blocks(out, src + rank * m, m, pid * BLOCK, step, bases, rank, WORLD, BLOCK, OP,
-                      ACC_F32)
+        if m % ALIGN == 0:
+            mA = m // ALIGN * ALIGN
+            reduce_blocks(out, src + rank * mA, mA, pid * BLOCK, step, bases, rank, WORLD,
+                          BLOCK, OP, ACC_F32)
+        else:
+            reduce_blocks(out, src + rank * m, m, pid * BLOCK, step, bases, rank, WORLD, BLOCK,
+                          OP, ACC_F32)
         if not STAGE:
             lang.barrier(pad, (G + pid) * WORLD, epoch, bases, rank, err, timeout_ns, WORLD,
                          site=2)
