@@ -80,6 +80,11 @@ class Communicator:
     def close(self) -> None:
         """Release this rank's mappings. Tensors from :meth:`alloc` must not be used after."""
         if not self._closed:
+            pending = None
+            try:
+                self.synchronize()      # the device error word, read lazily (GPU kernels)
+            except CommError as e:
+                pending = e             # raised once everything is released
             self._closed = True
             self._memos.clear()
             for be in self._backends.values():
@@ -87,6 +92,19 @@ class Communicator:
                     be.close()
             self._backends.clear()
             self._backend.close()
+            if pending is not None:
+                raise pending
+
+    def synchronize(self) -> None:
+        """Wait for the collectives this rank queued on a device (GPU kernels run
+        asynchronously) and raise what the device recorded since the last check: a device
+        wait that gave up raises ``CommTimeout`` naming the call (collective/algorithm, rank,
+        peer, epoch). Local: the other ranks do not take part."""
+        self._check_open()
+        for be in list(self._backends.values()):
+            sync = getattr(be, "synchronize", None)
+            if be is not self._backend and sync is not None:
+                sync()
 
     def _cancel_waits(self, reason: str) -> None:
         """End every wait in progress (in any thread) with a CommError saying ``reason``;

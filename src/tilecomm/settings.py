@@ -62,13 +62,17 @@ class Settings:
     #: exists; 0 runs every algorithm through the generic plan kernel (which executes any
     #: lowered schedule; the fused kernels must give its bits).
     gpu_fused: bool = True
-    #: TILECOMM_DEVICE_DEBUG: 1 makes every GPU collective check the call digest on the host
-    #: and read the device error word right after its kernels (a host handshake and a stream
-    #: synchronization per call); 0 (default) keeps calls asynchronous and reads the error
-    #: word lazily (see TILECOMM_DEVICE_CHECK_EVERY).
+    #: TILECOMM_DEVICE_DEBUG: 1 makes every GPU collective synchronous: a host handshake
+    #: before its kernels compares the call (collective, algorithm, dtype, count, op, root,
+    #: input placement; CommMismatch on every rank) and the device error word is read right
+    #: after them (a stream synchronization). 0 (default): calls only launch kernels (no host
+    #: synchronization); mismatches and device timeouts are found at the next check point
+    #: (see TILECOMM_DEVICE_CHECK_EVERY).
     device_debug: bool = False
-    #: TILECOMM_DEVICE_CHECK_EVERY: in the asynchronous GPU mode, read the device error word
-    #: (a synchronization) every this many calls, and at comm.synchronize() / close.
+    #: TILECOMM_DEVICE_CHECK_EVERY: in the asynchronous GPU mode, every this many calls the
+    #: ranks compare a digest of the calls since the last check point (one host handshake)
+    #: and the device error word is polled without blocking; comm.synchronize() and close
+    #: wait for the device and read it.
     device_check_every: int = 64
 
 

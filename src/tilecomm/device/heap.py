@@ -107,6 +107,22 @@ class DeviceHeap(abc.ABC):
         synchronizes with them."""
         _errors.check(self.errors, kernel, timeout=self.timeout)
 
+    def error_words(self) -> list[int]:
+        """The error record as it is once the kernels queued so far have finished (on CUDA a
+        synchronization of the device; the interpreter's kernels are finished already)."""
+        return [int(x) for x in self.errors.detach().cpu().tolist()]
+
+    def poll_error_words(self) -> list[int] | None:
+        """The error record without waiting for the device: on CUDA the words of the previous
+        poll's asynchronous copy if it has landed (None otherwise), then a new copy is queued
+        behind the kernels launched so far. So a record is seen at the second poll after the
+        kernel that wrote it, never by blocking."""
+        return self.error_words()
+
+    def clear_errors(self) -> None:
+        """Zero the error record (after it was reported)."""
+        self.errors.zero_()
+
     @abc.abstractmethod
     def barrier(self) -> None:
         """Host-side barrier of all ranks (after the device work launched so far completed)."""
@@ -189,6 +205,27 @@ class CudaDeviceHeap(DeviceHeap):
     def barrier(self) -> None:
         torch.cuda.synchronize(self.device)
         self.comm.barrier()
+
+    def error_words(self) -> list[int]:
+        torch.cuda.synchronize(self.device)
+        self._polling = False
+        return [int(x) for x in self.errors.cpu().tolist()]
+
+    def poll_error_words(self) -> list[int] | None:
+        words = None
+        if getattr(self, "_polling", False):
+            if not self._poll_event.query():
+                return None                     # the last copy has not landed: ask later
+            words = [int(x) for x in self._poll_host.tolist()]
+        else:
+            if not hasattr(self, "_poll_host"):
+                self._poll_host = torch.zeros(_errors.ERR_WORDS, dtype=torch.int64,
+                                              pin_memory=True)
+                self._poll_event = torch.cuda.Event()
+        self._poll_host.copy_(self.errors, non_blocking=True)  # queued behind the kernels
+        self._poll_event.record()
+        self._polling = True
+        return words
 
     def close(self) -> None:
         self.heap.close()

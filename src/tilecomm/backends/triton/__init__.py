@@ -4,16 +4,23 @@
 buffers are flat torch tensors on ``device`` by looking its ``(collective, algo)`` up in
 :data:`registry.KERNELS` and calling the launcher (contract: :mod:`.registry`).
 
-Per call, on every rank:
+Per call, on every rank (NOTE [asynchronous calls] below):
 
-1. host handshake through the CPU communicator (``rendezvous``): the ranks compare a digest of
-   (collective, algo, dtype, count, op, root, rows) -- a mismatch raises ``CommMismatch`` on
-   every rank, a rank that rejected its call makes the others raise -- and exchange the heap
-   offset of the input, so zero copy is used only when every rank's input is a heap tensor at
-   the same offset (``comm.alloc``);
-2. a new epoch (``DeviceHeap.next_epoch``), then the launcher (kernels on the current stream);
-3. ``DeviceHeap.check``: a device wait that gave up raises ``CommTimeout`` (on CUDA this
-   synchronizes with the kernels).
+1. the zero-copy decision: the source is read in place when it is a heap tensor (every rank
+   must then pass one at the same offset, or none), and the call's digest (collective, algo,
+   dtype, count, op, root, input offset) is folded into a rolling digest;
+2. a new epoch (``DeviceHeap.next_epoch``), then the launcher (kernels on the current
+   stream, cooperative on CUDA); the call returns without waiting for them;
+3. every ``TILECOMM_DEVICE_CHECK_EVERY`` calls, a check point: the ranks compare their
+   rolling digests (one host handshake; a mismatch raises ``CommMismatch``) and the error
+   word is polled without blocking; :meth:`TritonBackend.synchronize` (``comm.synchronize()``,
+   also at close) waits and reads it. A device wait that gave up raises ``CommTimeout``
+   (``DeviceTimeout``) naming the call that failed (collective/algo, rank, peer, epoch).
+
+``TILECOMM_DEVICE_DEBUG=1`` (``backend.debug``) makes every call synchronous as before: a host
+handshake that compares the call's digest and the input placements before launching
+(``CommMismatch`` on every rank; a rank that rejected its call makes the others raise), and
+``DeviceHeap.check`` after it.
 
 ``device="cpu"`` runs the same kernels in the Triton interpreter on the shared-memory heap
 (``TILECOMM_CPU_KERNELS=triton``; the tests use it). Importing this module does not import
@@ -24,15 +31,20 @@ from __future__ import annotations
 
 import sys
 import zlib
+from collections import deque
 
 import numpy as np
 import torch
 
+from ...device import errors as _errors
 from ...errors import CommError, CommMismatch
 from ...types import lookup_dtype
 from ..base import Backend, CollectiveCall
 from . import registry
 from .context import KernelContext, np_of
+
+#: calls whose epochs are kept to name the call a device error belongs to
+RING_CALLS = 4096
 
 #: which buffer peers read for each collective (its heap offset travels in the handshake)
 SOURCE = {"all_reduce": "buf", "broadcast": "buf", "reduce": "buf"}
@@ -146,6 +158,21 @@ class TritonBackend(Backend):
             registry.load()
             self.cooperative = cooperative_launches()
             self.ctx.launch_options = {"launch_cooperative_grid": True}
+        s = settings()
+        #: NOTE [asynchronous calls]: False (default): no host handshake and no error read per
+        #: call; True (TILECOMM_DEVICE_DEBUG=1): both after every call. Per backend, may be
+        #: changed between calls (on every rank alike).
+        self.debug = bool(s.device_debug)
+        #: calls between two check points in the asynchronous mode (TILECOMM_DEVICE_CHECK_EVERY)
+        self.check_every = max(1, int(s.device_check_every))
+        self.calls = 0                    # GPU collectives run by this backend
+        #: (first epoch, last epoch, collective, algo, call number) of the recent calls, to
+        #: name the call a device error record (which holds an epoch) belongs to
+        self._ring: deque = deque(maxlen=RING_CALLS)
+        self._specs: dict = {}            # (collective, algo, dtype, op) -> KernelSpec
+        self._digests: dict = {}          # call signature -> crc32
+        self._digest = 0                  # rolling digest of the calls since the last compare
+        self._digest_from = 1             # first call number the rolling digest covers
 
     # ---- what the Communicator asks before a call ------------------------------------------
     def algorithms(self, collective: str) -> list[str]:
@@ -161,24 +188,134 @@ class TritonBackend(Backend):
         return self.heap.alloc(n, dtype).reshape(shape)
 
     # ---- a call -----------------------------------------------------------------------------
+    # NOTE [asynchronous calls]: by default a call only launches its kernels: no host
+    # handshake, no synchronization, no host allocation once scratch has grown, nothing a
+    # CUDA graph capture forbids. What the per-call handshake did is done otherwise:
+    #
+    # * zero copy: a source that is a heap tensor is read in place. Every rank must then pass
+    #   a heap tensor at the same offset (what comm.alloc gives when every rank allocates the
+    #   same way) or every rank a tensor outside the heap: a rank cannot see its peers'
+    #   choice without a handshake. Checked in debug mode (CommMismatch naming each rank's
+    #   placement) and by the rolling digest below.
+    # * mismatched calls (collective, algorithm, dtype, count, op, root, input placement): a
+    #   digest of every call is folded into a rolling digest that the ranks compare, with one
+    #   host handshake, every ``check_every`` calls: a mismatch raises CommMismatch on every
+    #   rank naming the range of calls; TILECOMM_DEVICE_DEBUG=1 compares each call before it
+    #   launches (as before) to find it. Until the check point a mismatched call gives wrong
+    #   results or a device timeout, as with NCCL.
+    # * device timeouts: the error word is read without blocking every ``check_every`` calls
+    #   (an asynchronous copy examined at the next check point), and with a synchronization
+    #   at :meth:`synchronize` (comm.synchronize()) and at close. A record names the call that
+    #   failed by its epoch (``_ring``). After a failure the later waits of this rank give up
+    #   at once until the record is read, so a dead peer costs one timeout.
     def run(self, call: CollectiveCall) -> None:
-        spec = registry.lookup(call.collective, call.algo, call.dtype.torch,
-                               None if call.op is None else call.op.value)
+        opv = None if call.op is None else call.op.value
+        skey = (call.collective, call.algo, call.dtype.torch, opv)
+        spec = self._specs.get(skey)
+        if spec is None:
+            spec = self._specs[skey] = registry.lookup(call.collective, call.algo,
+                                                       call.dtype.torch, opv)
         src = call.buffers.get(SOURCE.get(call.collective, "in"))
         off = self.ctx.heap_offset(src) if src is not None else -1
-        desc = (f"{call.collective}|{call.algo}|{call.dtype.name}|{call.count}|"
-                f"{call.op.value if call.op else ''}|{call.root}|"
-                # all_to_all_v: send_rows legitimately differ between ranks (not in the digest)
-                f"{'v' if call.send_rows is not None else ''}")
+        if self.debug:
+            self._handshake(call, opv, off)
+        else:
+            dkey = (skey, call.count, call.root, call.send_rows is not None, off)
+            d = self._digests.get(dkey)
+            if d is None:
+                if len(self._digests) >= 1024:
+                    self._digests.clear()
+                d = self._digests[dkey] = zlib.crc32(
+                    (self._describe(call, opv) + f"|{off}").encode())
+            self._digest = (self._digest * 1000003 + d) & 0x3FFFFFFF
+        ctx = self.ctx
+        ctx.begin(off >= 0)
+        first = ctx.epoch
+        self.calls += 1
+        try:
+            spec.launch(ctx, call)
+        finally:
+            self._ring.append((first, ctx.epoch, call.collective, call.algo, self.calls))
+        if self.debug:
+            self.heap.check(f"{call.collective}/{call.algo}")
+            self._digest, self._digest_from = 0, self.calls + 1
+        elif self.calls % self.check_every == 0:
+            self._check_point()
+
+    @staticmethod
+    def _describe(call: CollectiveCall, opv) -> str:
+        return (f"{call.collective}|{call.algo}|{call.dtype.name}|{call.count}|{opv or ''}|"
+                # all_to_all_v: send_rows legitimately differ between ranks (not compared)
+                f"{call.root}|{'v' if call.send_rows is not None else ''}")
+
+    def _handshake(self, call: CollectiveCall, opv, off: int) -> None:
+        """Debug mode: compare this call with the peers' before launching (host handshake)."""
+        desc = self._describe(call, opv)
         digest = zlib.crc32(desc.encode()) & 0x3FFFFFFF
         try:
             offs = self.host._backend.rendezvous(call.collective, digest, off)
         except CommMismatch as e:
             raise CommMismatch(f"{e} (the digest of the call; this rank called {desc})") from None
-        zero_copy = off >= 0 and all(o == off for o in offs)
-        self.ctx.begin(zero_copy)
-        spec.launch(self.ctx, call)
-        self.heap.check(f"{call.collective}/{call.algo}")
+        if len(set(offs)) > 1:
+            where = ", ".join(f"rank {r}: " + (f"heap offset {o}" if o >= 0 else
+                                                "outside the symmetric heap")
+                              for r, o in enumerate(offs))
+            raise CommMismatch(
+                f"{call.collective}/{call.algo}: ranks pass the input from different places "
+                f"({where}). A heap tensor (comm.alloc) is read in place without asking the "
+                f"peers, so every rank must pass heap tensors at the same offset, or none "
+                f"(TILECOMM_DEVICE_DEBUG checks this per call)")
+
+    def _check_point(self) -> None:
+        """Every ``check_every`` calls (asynchronous mode): compare the rolling digest of the
+        calls since the last check point (one host handshake, no device synchronization) and
+        look at the error word without blocking. Skipped while a CUDA graph is captured."""
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return
+        first, last = self._digest_from, self.calls
+        digest, self._digest, self._digest_from = self._digest, 0, last + 1
+        try:
+            self.host._backend.rendezvous("barrier", digest, 0)
+        except CommMismatch as e:
+            raise CommMismatch(
+                f"GPU collectives #{first}..#{last} differ between ranks: their digests "
+                f"(collective, algorithm, dtype, count, op, root, heap offset of the input; "
+                f"compared every {self.check_every} calls) disagree ({e}). Rerun with "
+                f"TILECOMM_DEVICE_DEBUG=1 to find the call") from None
+        words = self.heap.poll_error_words()
+        if words is not None and words[_errors.CODE] != 0:
+            self._raise_device_error(f"at the check point after call #{last}")
+
+    def synchronize(self) -> None:
+        """Wait for this rank's queued kernels and raise the device error they recorded, if
+        any (``DeviceTimeout``, a ``CommTimeout``, naming the call that failed). Local."""
+        words = self.heap.error_words()
+        if words[_errors.CODE] != 0:
+            self._raise_device_error("at comm.synchronize()", words)
+
+    def _raise_device_error(self, where: str, words=None) -> None:
+        if words is None:
+            words = self.heap.error_words()      # all the waits that gave up, counted
+        epoch = words[_errors.EPOCH]
+        name, seq = f"GPU collective of epoch {epoch} (older than the last {len(self._ring)} " \
+                    f"calls)", -1
+        for first, last, coll, algo, n in reversed(self._ring):
+            if first <= epoch <= last:
+                name, seq = f"{coll}/{algo}", n
+                break
+        err = _errors.decode(words, name, timeout=self.heap.timeout)
+        self.heap.clear_errors()
+        if err is None:
+            return
+        mode = ("TILECOMM_DEVICE_DEBUG=1 checks after every call" if not self.debug else
+                "debug mode")
+        msg = (f"{err} [GPU call #{seq} of this rank; found {where}: the device error word "
+               f"is read every {self.check_every} calls, at comm.synchronize() and at close "
+               f"({mode}); the calls since did not complete correctly and the ranks' epochs "
+               f"are out of step: create a new communicator]")
+        err.args = (msg,)
+        err.seq = seq
+        raise err
 
     # ---- the rest goes to the host backend ---------------------------------------------------
     def reject(self, collective: str, message: str) -> None:
@@ -197,6 +334,7 @@ class TritonBackend(Backend):
         return self.host._backend.probe(peer)
 
     def close(self) -> None:
+        """Release the device heap. ``Communicator.close`` calls :meth:`synchronize` first."""
         self.heap.close()
 
 

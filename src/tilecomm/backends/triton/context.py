@@ -47,6 +47,9 @@ class KernelContext:
         self._sym_offset = -1
         self._pad = None
         self._scratch: dict[str, torch.Tensor] = {}
+        self._args = None
+        self._args_timeout = None
+        self._range: tuple[int, int] | None = None
 
     # ---- per call -------------------------------------------------------------------------
     def begin(self, zero_copy: bool) -> None:
@@ -60,9 +63,14 @@ class KernelContext:
         return self.epoch
 
     def kernel_args(self) -> tuple:
-        """``(bases, rank, errors, timeout_ns)`` for the device-API functions."""
+        """``(bases, rank, errors, timeout_ns)`` for the device-API functions (cached; rebuilt
+        when the heap's timeout changes)."""
         h = self.heap
-        return h.bases, h.rank, h.errors, h.timeout_ns
+        args, t = self._args, getattr(h, "timeout", None)
+        if args is None or t is None or self._args_timeout != t:
+            self._args_timeout = t
+            args = self._args = (h.bases, h.rank, h.errors, h.timeout_ns)
+        return args
 
     # ---- launch geometry ------------------------------------------------------------------
     def programs(self, n: int, block: int | None = None, width: int = 1) -> int:
@@ -90,7 +98,7 @@ class KernelContext:
         """A persistent symmetric 1-D tensor of at least ``numel`` elements of ``dtype`` for
         ``name`` (contents undefined). Growing it is collective: every rank reaches the same
         size in the same call, as calls match."""
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = _itemsize(dtype)
         nbytes = max(int(numel), 1) * itemsize
         buf = self._scratch.get(name)
         if buf is None or buf.numel() < nbytes:
@@ -120,7 +128,7 @@ class KernelContext:
         this call's size: a peer may still be reading the other half from the previous call,
         which had another size. The buffer only grows (with a barrier) when a call needs more.
         """
-        itemsize = torch.empty((), dtype=dtype).element_size()
+        itemsize = _itemsize(dtype)
         nbytes = max(int(numel), 1) * itemsize
         self.scratch(name, 2 * nbytes + 256, torch.uint8)
         full = self._scratch[name]
@@ -145,7 +153,12 @@ class KernelContext:
         return ptr - lo if lo <= ptr and end <= hi else -1
 
     def heap_range(self) -> tuple[int, int]:
-        """``[lo, hi)`` addresses of this rank's symmetric memory."""
+        """``[lo, hi)`` addresses of this rank's symmetric memory (fixed for the heap's life)."""
+        if self._range is None:
+            self._range = self._heap_range()
+        return self._range
+
+    def _heap_range(self) -> tuple[int, int]:
         h = self.heap
         if self.device.type == "cpu":                               # ShmDeviceHeap
             return h.comm._heap_lo, h.comm._heap_hi
@@ -182,6 +195,17 @@ def grid_limits(rows) -> tuple[int, int]:
         counts[int(r[1])] = counts.get(int(r[1]), 0) + 1
     sharing = max(counts.values())
     return max(1, sms // sharing), sharing
+
+
+_ITEMSIZE: dict = {}
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    """Bytes per element of ``dtype`` (cached: no tensor made per call)."""
+    n = _ITEMSIZE.get(dtype)
+    if n is None:
+        n = _ITEMSIZE[dtype] = torch.empty((), dtype=dtype).element_size()
+    return n
 
 
 def _device_key(device: torch.device) -> int:
