@@ -2,8 +2,8 @@
 
 from .api import Prediction, best, candidates, flow_schedule, predict, why
 from .engine import SimResult, simulate, simulate_events, simulate_phases
-from .flowsched import FlowPhase, FlowSchedule, from_schedule
+from .flowsched import FlowPhase, FlowSchedule, from_plans, from_registered, from_schedule
 
 __all__ = ["FlowPhase", "FlowSchedule", "Prediction", "SimResult", "best", "candidates",
-           "flow_schedule", "from_schedule", "predict", "simulate", "simulate_events",
-           "simulate_phases", "why"]
+           "flow_schedule", "from_plans", "from_registered", "from_schedule", "predict",
+           "simulate", "simulate_events", "simulate_phases", "why"]

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from tilecomm.algorithms import BUSBW_FACTOR, algorithms, get_schedule
+from tilecomm.algorithms import BUSBW_FACTOR, algorithms
 from tilecomm.topology import SystemSpec, Topology, build
 
 from . import builders
 from .analytic import alpha_beta, dbtree_time, nvls_time
 from .engine import simulate
-from .flowsched import FlowSchedule, from_schedule
+from .flowsched import FlowSchedule, from_registered
 
 GB = 1e3
-# Registered schedules materialize every move; above this many we use builders or skip.
+# Registered schedules materialize every move (and are lowered per rank); above this many
+# we use builders or skip.
 MAX_REGISTERED_MOVES = 300_000
 
 
@@ -65,7 +66,7 @@ def flow_schedule(collective: str, algo: str, topo: Topology) -> FlowSchedule | 
     if algo in algorithms(collective):
         if _moves_estimate(collective, algo, w) > MAX_REGISTERED_MOVES:
             return None
-        return from_schedule(get_schedule(collective, algo, w))
+        return from_registered(collective, algo, w)
     return None
 
 

@@ -120,6 +120,8 @@ def simulate_events(fs: FlowSchedule, topo: Topology, proto: Protocol,
             cache[id(ph)] = _prepare(ph, topo, proto, nbytes)
         prep.append(cache[id(ph)])
     nph = len(phases)
+    if not nph:   # nothing moves (a barrier's schedule): the fixed overhead, as simulate_phases
+        return SimResult(_overhead(topo, proto), "none", {}, "events", 0, 0)
     # Waits of (rank, phase) on phase - 1, per the synchronization rule.
     need = np.zeros((nph, w), dtype=np.int64)
     dependents: list[list[list[int]]] = [[[] for _ in range(w)] for _ in range(nph)]

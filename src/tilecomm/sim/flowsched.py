@@ -1,9 +1,17 @@
 """Flow schedules: a :class:`~tilecomm.algorithms.Schedule` reduced to what costs time.
 
-A phase keeps, per executing rank, one *flow* per source rank (its moves from that source
-merged), with its size as a fraction of the message (``frac * nbytes`` bytes) and whether it
-reduces. ``repeat`` says the same phase occurs that many times in a row (a ring's 2(W-1) steps
-are one phase repeated), which keeps an 8,192-rank ring at a few arrays instead of 10^8 moves.
+Built from the schedule's lowered plans (``algorithms/lower.py``), the same
+:class:`~tilecomm.algorithms.lower.RankPlan` s the executors run: a phase keeps, per executing
+rank, one *flow* per source rank (the chunks its plan ops read from that source merged), with
+its size as a fraction of the message (``frac * nbytes`` bytes) and whether it reduces. The
+engines release a rank's phase by the synchronization rule applied to the flows, which gives
+exactly the plan's ``waits`` (tested for every registered algorithm). ``repeat`` says the same
+phase occurs that many times in a row (a ring's 2(W-1) steps are one phase repeated), which
+keeps an 8,192-rank ring at a few arrays instead of 10^8 moves.
+
+Lowering costs a symbolic run of the schedule per rank (``lower.py`` derives each op's
+``completes``), so registered schedules are lowered once per process
+(:func:`from_registered`).
 
 Message size follows nccl-tests: ``nbytes`` is the buffer for all_reduce/broadcast/reduce, the
 *output* of all_gather, the *input* of reduce_scatter and all_to_all.
@@ -12,11 +20,15 @@ Message size follows nccl-tests: ``nbytes`` is the buffer for all_reduce/broadca
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Sequence
 
 import numpy as np
 
 from tilecomm.algorithms import Schedule
 from tilecomm.algorithms.collectives import buffer_totals
+from tilecomm.algorithms.lower import RankPlan, lower_schedule
+from tilecomm.algorithms.registry import get_schedule
 
 
 @dataclass
@@ -60,11 +72,38 @@ def _count_per_nbyte(collective: str, w: int) -> float:
 
 
 def from_schedule(sched: Schedule) -> FlowSchedule:
-    """Aggregate a registered schedule's moves into flows (one per (phase, rank, source))."""
-    # The model assumes buffers in symmetric memory (registered, as on the GPU heap): a scratch
-    # buffer that may alias its user buffer does, so staging copies are not data movement.
+    """Flows of a schedule (one per (phase, rank, source)), from its lowered plans."""
+    return from_plans(model_plans(sched))
+
+
+def from_registered(collective: str, algo: str, world_size: int, root: int = 0) -> FlowSchedule:
+    """Flows of the registered ``collective/algo`` (its plans are lowered once per process)."""
+    return from_plans(_registered_plans(collective, algo, world_size, root))
+
+
+def model_plans(sched: Schedule) -> tuple[RankPlan, ...]:
+    """Every rank's plan of ``sched`` as the model runs it. The model assumes buffers in
+    symmetric memory (registered, as on the GPU heap): a scratch buffer that may alias its
+    user buffer does, so staging copies are not data movement."""
     sched = sched.aliased()
+    return tuple(lower_schedule(sched, r) for r in range(sched.world_size))
+
+
+@lru_cache(maxsize=64)
+def _registered_plans(collective: str, algo: str, world_size: int, root: int
+                      ) -> tuple[RankPlan, ...]:
+    return model_plans(get_schedule(collective, algo, world_size, root))
+
+
+def from_plans(plans: Sequence[RankPlan]) -> FlowSchedule:
+    """Aggregate every rank's plan (``plans[r]`` is rank ``r``'s, all of one schedule) into
+    flows: per phase and rank, each source ``(src_rank, chunk)`` of each :class:`PlanOp` adds
+    that chunk's bytes to the flow ``src_rank -> rank`` (a local source: a local copy); the
+    flow reduces if any of its operands is combined into the destination."""
+    sched = plans[0].sched
     w = sched.world_size
+    assert len(plans) == w and all(pl.rank == r and pl.sched is sched
+                                   for r, pl in enumerate(plans)), "one plan per rank"
     coll = sched.collective
     if coll == "barrier":
         frac_of = {}
@@ -76,16 +115,20 @@ def from_schedule(sched: Schedule) -> FlowSchedule:
         frac_of = {b.name: totals[b.like or b.name] / big / sched.buffer(b.like or b.name).nchunks
                    for b in sched.buffers}
     phases = []
-    for moves in sched.phases:
+    for p in range(len(sched.phases)):
         agg: dict[tuple[int, int], list] = {}
-        for m in moves:
-            key = (m.rank, m.src_rank)
-            f = frac_of.get(m.src.buf, 0.0)
-            if key in agg:
-                agg[key][0] += f
-                agg[key][1] |= m.reduce
-            else:
-                agg[key] = [f, m.reduce]
+        for r, plan in enumerate(plans):
+            for op in plan.phases[p].ops:
+                for i, (src_rank, loc) in enumerate(op.srcs):
+                    # The operand is combined into dst unless it is a fresh reduction's first.
+                    red = op.accumulate if i == 0 else True
+                    key = (r, src_rank)
+                    f = frac_of.get(loc.buf, 0.0)
+                    if key in agg:
+                        agg[key][0] += f
+                        agg[key][1] |= red
+                    else:
+                        agg[key] = [f, red]
         keys = list(agg)
         ph = FlowPhase([k[0] for k in keys], [k[1] for k in keys],
                        [agg[k][0] for k in keys], [agg[k][1] for k in keys])
