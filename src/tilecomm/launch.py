@@ -31,25 +31,26 @@ def _layout(world_size: int, heap_bytes: int | None, scratch_bytes: int | None) 
     return SegmentLayout(world_size, scratch_bytes or s.scratch_bytes, heap_bytes or s.heap_bytes)
 
 
-def _make_comm(rank: int, layout: SegmentLayout, paths: list[str], timeout: float) -> Communicator:
+def _make_comm(rank: int, layout: SegmentLayout, paths: list[str], timeout: float,
+               deterministic: bool | None = None) -> Communicator:
     heap = ShmHeap(rank, layout, paths)
     backend = CpuBackend(heap, timeout=timeout, spin=settings().spin,
                          scratch_bytes=layout.scratch_bytes)
-    comm = Communicator(backend, heap, timeout=timeout)
+    comm = Communicator(backend, heap, timeout=timeout, deterministic=deterministic)
     comm._backend.rendezvous("init", layout.total_bytes, 0)  # every rank has mapped every file
     heap.unlink()
     return comm
 
 
 def _rank_main(rank: int, layout: SegmentLayout, paths: list[str], timeout: float, conn,
-               first_task) -> None:
+               first_task, deterministic: bool | None = None) -> None:
     """Body of a rank process: build the communicator, then run tasks from the launcher."""
     code = 0
     try:
         import torch
         torch.set_num_threads(1)  # one core per rank: ranks, not threads, share the machine
         _bind(rank, layout.world_size)
-        comm = _make_comm(rank, layout, paths, timeout)
+        comm = _make_comm(rank, layout, paths, timeout, deterministic)
         task = first_task
         while True:
             if task is None:
@@ -120,12 +121,13 @@ class RankGroup:
 
     def __init__(self, world_size: int, *, timeout: float | None = None,
                  heap_bytes: int | None = None, scratch_bytes: int | None = None,
-                 start_method: str | None = None):
+                 start_method: str | None = None, deterministic: bool | None = None):
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive int, got {world_size!r}")
         self.world_size = world_size
         self.timeout = settings().timeout if timeout is None else float(timeout)
         self.layout = _layout(world_size, heap_bytes, scratch_bytes)
+        self.deterministic = deterministic
         self.ctx = mp.get_context(start_method or settings().start_method)
         self.procs: list[mp.process.BaseProcess] = []
         self.conns: list[Any] = []
@@ -141,7 +143,7 @@ class RankGroup:
                 parent, child = self.ctx.Pipe()
                 p = self.ctx.Process(target=_rank_main, name=f"tilecomm-rank-{r}", daemon=True,
                                      args=(r, self.layout, self.paths, self.timeout, child,
-                                           first_task))
+                                           first_task, self.deterministic))
                 p.start()
                 child.close()
                 self.procs.append(p)
@@ -241,16 +243,18 @@ class RankGroup:
 
 def launch(fn: Callable, world_size: int, *args, timeout: float | None = None,
            heap_bytes: int | None = None, scratch_bytes: int | None = None,
-           start_method: str | None = None) -> list:
+           start_method: str | None = None, deterministic: bool | None = None) -> list:
     """Run ``fn(comm, *args)`` in ``world_size`` new local processes; return results by rank.
 
     ``timeout`` bounds every wait inside a collective (default ``TILECOMM_TIMEOUT``). If a rank
     raises or dies, the others are stopped and :class:`~tilecomm.RankError` is raised with that
     rank's number and traceback. With the default ``fork`` start method ``fn`` may be any
-    callable; with ``spawn`` it must be importable.
+    callable; with ``spawn`` it must be importable. ``deterministic``: the communicators'
+    deterministic mode (default ``TILECOMM_DETERMINISTIC``; see ``Communicator.deterministic``).
     """
     group = RankGroup(world_size, timeout=timeout, heap_bytes=heap_bytes,
-                      scratch_bytes=scratch_bytes, start_method=start_method)
+                      scratch_bytes=scratch_bytes, start_method=start_method,
+                      deterministic=deterministic)
     group.start(first_task=(fn, args))
     try:
         return group.collect()
@@ -259,7 +263,7 @@ def launch(fn: Callable, world_size: int, *args, timeout: float | None = None,
 
 
 def init(*, timeout: float | None = None, heap_bytes: int | None = None,
-         scratch_bytes: int | None = None) -> Communicator:
+         scratch_bytes: int | None = None, deterministic: bool | None = None) -> Communicator:
     """The communicator of this process under torchrun (``RANK``, ``WORLD_SIZE``,
     ``MASTER_ADDR``, ``MASTER_PORT``), rendezvousing through torch.distributed's store.
 
@@ -276,11 +280,13 @@ def init(*, timeout: float | None = None, heap_bytes: int | None = None,
     from datetime import timedelta
     store, rank, world = next(dist.rendezvous("env://", timeout=timedelta(seconds=tmo)))
     return connect(dist.PrefixStore("tilecomm", store), rank, world, timeout=tmo,
-                   heap_bytes=heap_bytes, scratch_bytes=scratch_bytes)
+                   heap_bytes=heap_bytes, scratch_bytes=scratch_bytes,
+                   deterministic=deterministic)
 
 
 def connect(store, rank: int, world_size: int, *, timeout: float | None = None,
-            heap_bytes: int | None = None, scratch_bytes: int | None = None) -> Communicator:
+            heap_bytes: int | None = None, scratch_bytes: int | None = None,
+            deterministic: bool | None = None) -> Communicator:
     """A communicator for ``rank`` of ``world_size`` local processes that meet through ``store``
     (any ``torch.distributed.Store``; give each group its own prefix).
 
@@ -304,7 +310,7 @@ def connect(store, rank: int, world_size: int, *, timeout: float | None = None,
         if len(sizes) > 1:
             raise CommError(f"tilecomm: ranks use different heap sizes {sorted(sizes)}; set "
                             f"TILECOMM_HEAP_BYTES / TILECOMM_SCRATCH_BYTES alike on every rank")
-        return _make_comm(rank, layout, [p for _, _, p in infos], tmo)
+        return _make_comm(rank, layout, [p for _, _, p in infos], tmo, deterministic)
     finally:
         unlink_quietly(path)
         if previous is not None:

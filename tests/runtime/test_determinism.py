@@ -156,3 +156,14 @@ def test_auto_picks_direct_reduce_beyond_eight_ranks_in_deterministic_mode():
     assert tuner.choose("reduce", 1 << 20, 12) == "tree"
     ok = deterministic_algorithms("reduce", 12, 0)
     assert tuner.choose("reduce", 1 << 20, 12, available=ok) == "direct"
+
+
+def test_launch_passes_deterministic_to_every_rank():
+    import tilecomm
+
+    def modes(comm):
+        return comm.deterministic, _refused(comm, "all_reduce", "ring") is not None
+
+    assert tilecomm.launch(lambda c: c.deterministic, 2, deterministic=True) == [True, True]
+    assert tilecomm.launch(lambda c: c.deterministic, 2) == [False, False]
+    assert tilecomm.launch(modes, 2, deterministic=True) == [(True, True)] * 2
