@@ -188,6 +188,7 @@ def _symbolic(sched: Schedule):
     return events, state
 
 
+@lru_cache(maxsize=256)
 def _completing(sched: Schedule) -> frozenset:
     """``(phase, rank, op index)`` of every reduction whose result holds all ranks' data."""
     if not COLLECTIVES[sched.collective].reduces or sched.world_size < 2:
