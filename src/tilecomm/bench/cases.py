@@ -226,14 +226,29 @@ def _dtype_name(dt: torch.dtype) -> str:
     return str(dt).removeprefix("torch.")
 
 
+def _callable(dt: str, red: str) -> bool:
+    """The Communicator accepts this dtype with this reduction (avg needs a float dtype)."""
+    from ..types import ReduceOp, lookup_dtype
+    try:
+        lookup_dtype(getattr(torch, dt), op=ReduceOp.parse(red), what="case table")
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
 def kernel_table(kernels: dict, world: int, sizes: list[int], *, mems=("user", "heap"),
                  dtypes: list[str] | None = None, redops: list[str] | None = None,
-                 full_sizes: list[int] | None = None) -> list[BenchCase]:
+                 full_sizes: list[int] | None = None, mix_mems: bool = False,
+                 cover: bool = False) -> list[BenchCase]:
     """Rows for every registered GPU kernel (``registry.KERNELS``: ``(op, algo) -> spec``),
-    every dtype and reduction it registers (or those of ``dtypes``/``redops`` it registers),
-    both memory kinds. float32 sum runs at every size of ``sizes``; the other dtype/reduction
-    pairs at ``full_sizes`` (default: ``sizes``), so the matrix stays affordable."""
+    every dtype and reduction it registers (or those of ``dtypes``/``redops`` it registers)
+    that the Communicator accepts, both memory kinds. float32 sum runs at every size of
+    ``sizes`` in every memory kind; the other dtype/reduction pairs at ``full_sizes``
+    (default: ``sizes``), in every memory kind, or (``mix_mems``) in one, alternating.
+    ``cover``: instead of every dtype x reduction, every dtype with sum and every reduction
+    with float32 and with bfloat16 (each registered dtype and op still runs)."""
     rows = []
+    turn = 0
     for (op, algo), spec in sorted(kernels.items()):
         if op not in CASES:
             continue
@@ -245,8 +260,15 @@ def kernel_table(kernels: dict, world: int, sizes: list[int], *, mems=("user", "
             ops = [o for o in ops if o in redops]
         for dt in names:
             for red in ops:
+                if CASES[op].reduces and not _callable(dt, red):
+                    continue
+                if cover and red != "sum" and dt not in ("float32", "bfloat16"):
+                    continue
                 base = dt == "float32" and red == "sum"
                 for n in (sizes if base else (full_sizes or sizes)):
-                    for mem in mems:
+                    use = mems
+                    if mix_mems and not base:
+                        use, turn = [mems[turn % len(mems)]], turn + 1
+                    for mem in use:
                         rows.append(BenchCase(op, algo, dt, n, mem, red, world))
     return rows
