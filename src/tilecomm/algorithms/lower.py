@@ -122,19 +122,15 @@ def lower(collective: str, algo: str, world_size: int, root: int, rank: int) -> 
 
 def lower_schedule(sched: Schedule, rank: int) -> RankPlan:
     """The plan of ``rank`` for any (checked) schedule."""
-    w = sched.world_size
-    done = _completing(sched)
-    phases = []
-    nph = len(sched.phases)
-    for p in range(nph):
-        ops = tuple(PlanOp(red.dst, red.srcs, red.accumulate, (p, rank, i) in done)
-                    for i, red in enumerate(sched.reductions_of(rank, p)))
-        if p + 1 < nph:
-            notify = tuple(q for q in range(w) if q != rank and rank in sched.waits_before(q, p + 1))
-        else:
-            notify = tuple(q for q in range(w) if q != rank and rank in sched.waits_at_end(q))
-        phases.append(PlanPhase(tuple(sorted(sched.waits_before(rank, p))), ops, notify))
-    remote = sched.remote_read_buffers()
+    done = _memo(sched, "completing", _completing)
+    waits, notify = _memo(sched, "waits", _wait_tables)
+    phases = tuple(
+        PlanPhase(waits[p][rank],
+                  tuple(PlanOp(red.dst, red.srcs, red.accumulate, (p, rank, i) in done)
+                        for i, red in enumerate(sched.reductions_of(rank, p))),
+                  notify[p][rank])
+        for p in range(len(sched.phases)))
+    remote = _memo(sched, "remote", Schedule.remote_read_buffers)
     names = tuple(b.name for b in sched.buffers)
     symmetric = tuple(b for b in names if sched.buffer(b).like is not None or b in remote)
     base, slot = {}, 0
@@ -143,9 +139,37 @@ def lower_schedule(sched: Schedule, rank: int) -> RankPlan:
         slot += sched.buffer(b).nchunks
     last = {m.src.buf for m in (sched.phases[-1] if sched.phases else ())
             if m.src_rank == rank and m.rank != rank}
-    return RankPlan(sched, rank, tuple(phases), tuple(sorted(sched.waits_at_end(rank))), names,
+    return RankPlan(sched, rank, phases, tuple(sorted(sched.waits_at_end(rank))), names,
                     symmetric, base, slot, tuple(names.index(b) for b in sorted(last)),
                     sched.leading_local_phases)
+
+
+def _memo(sched: Schedule, key: str, fn):
+    """``fn(sched)`` computed once per schedule object (kept in its ``__dict__``, as the
+    schedule's own cached properties are: hashing a large schedule for an lru_cache costs
+    more than lowering one rank)."""
+    d = sched.__dict__.setdefault("_lowering", {})
+    if key not in d:
+        d[key] = fn(sched)
+    return d[key]
+
+
+def _wait_tables(sched: Schedule):
+    """``waits[p][r]`` (sorted ranks ``r`` waits for before phase ``p``) and ``notify[p][r]``
+    (ranks that wait for ``r`` after its phase ``p``: before their phase ``p + 1``, or at
+    their end after the last phase), for every rank at once."""
+    w, nph = sched.world_size, len(sched.phases)
+    waits = [[tuple(sorted(sched.waits_before(r, p))) for r in range(w)] for p in range(nph)]
+    ends = [sched.waits_at_end(r) for r in range(w)]
+    notify = []
+    for p in range(nph):
+        told = [[] for _ in range(w)]
+        for q in range(w):
+            for r in (waits[p + 1][q] if p + 1 < nph else sorted(ends[q])):
+                if r != q:
+                    told[r].append(q)
+        notify.append([tuple(sorted(t)) for t in told])
+    return waits, notify
 
 
 def first_notify(sched: Schedule, rank: int) -> tuple[int, ...]:
@@ -188,7 +212,6 @@ def _symbolic(sched: Schedule):
     return events, state
 
 
-@lru_cache(maxsize=256)
 def _completing(sched: Schedule) -> frozenset:
     """``(phase, rank, op index)`` of every reduction whose result holds all ranks' data."""
     if not COLLECTIVES[sched.collective].reduces or sched.world_size < 2:
