@@ -35,8 +35,14 @@ def setup(comm):
 
 
 def set_fused(comm, fused):
+    """Fused kernels on (True), off (False: every call takes the plan kernel) or as the
+    setting says (None), for this rank process."""
     from tilecomm.backends.triton import registry
     registry.FUSED = fused
+    be = comm._backends.get("cpu")
+    specs = getattr(be, "_specs", None)      # the backend caches its lookups
+    if isinstance(specs, dict):
+        specs.clear()
 
 
 def _call(comm, fn, *args):
@@ -143,9 +149,11 @@ def uses_plan(coll, algo, dtype, op):
     return registry.lookup(coll, algo, dtype, op).launch is launch_plan
 
 
-def check_cases(comm, cases):
+def check_cases(comm, cases, with_executor=True):
     """Run ``cases`` [(coll, algo, n, dtype, op, root), ...] back to back (round k = index)
-    through the plan kernel; returns the failures (empty: all exact)."""
+    through the plan kernel; returns the failures (empty: all exact). ``with_executor``: also
+    compare with the CPU executor (switching to it and back makes a fresh kernel backend, so
+    without it the calls share one pad, scratch and epoch sequence)."""
     w, r = comm.world_size, comm.rank
     bad = []
     for k, (coll, algo, n, dtype, op, root) in enumerate(cases):
@@ -159,7 +167,8 @@ def check_cases(comm, cases):
         want = reference(coll, w, r, n, k, dtype, op, root)
         if dtype.is_floating_point:        # avg: the exact quotient rounded once
             want = torch.from_numpy(want).to(dtype).double().numpy()
-        ref = executor(comm, run_one, comm, coll, algo, x, op, root)   # every rank, always
+        ref = executor(comm, run_one, comm, coll, algo, x, op, root) if with_executor \
+            else got                                                   # every rank, always
         if got.shape != (len(want),) or not np.array_equal(got.double().numpy(), want):
             bad.append(f"{tag}: {got.tolist()[:8]} != {want.tolist()[:8]}")
         elif not torch.equal(got, ref):
@@ -192,7 +201,7 @@ def check_v_zero(comm, algo):
     return tuple(got.shape) == (0, 2)
 
 
-def every_schedule(w):
+def every_schedule(w, shift=0):
     """Every registered (collective, algo) but barrier, once, with ops, dtypes and roots
     varied across them (the index picks them), odd sizes."""
     from tilecomm.algorithms.registry import all_algorithms
@@ -205,13 +214,13 @@ def every_schedule(w):
         if coll in ("barrier", "all_to_all_v"):
             continue
         n = (157, 37, 9, 130)[i % 4]
-        dt = dtypes[(i + w) % len(dtypes)]
+        dt = dtypes[(i + w + shift) % len(dtypes)]
         if coll in ("all_gather", "all_to_all", "broadcast") and i % 3 == 0:
             dt = (torch.uint8, torch.int8)[i % 2]
-        op = ops[(i + w) % len(ops)] if coll in REDUCING else "sum"
+        op = ops[(i + w + shift) % len(ops)] if coll in REDUCING else "sum"
         if op == "avg" and not dt.is_floating_point:
             op = "sum"
-        root = (w - 1 - i % 2) if coll in ("broadcast", "reduce") else 0
+        root = (w - 1 - (i + shift) % 2) if coll in ("broadcast", "reduce") else 0
         cases.append((coll, algo, n, dt, op, root))
     return cases
 
@@ -238,6 +247,8 @@ def plan_everything(comm):
             [(a, row, given) for a in algorithms("all_to_all_v")
              for row, given in ((1, False), (3, True))])]
         z = [check_v_zero(comm, a) for a in algorithms("all_to_all_v")]
+        # every schedule again, back to back on one backend (one pad, one scratch)
+        bad += check_cases(comm, every_schedule(w, 1), with_executor=False)
         return bad, v, z
     finally:
         set_fused(comm, None)
