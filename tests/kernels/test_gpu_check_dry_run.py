@@ -1,6 +1,7 @@
 """scripts/gpu_check.py --interpret: the GPU check's code path on CPU ranks (Triton interpreter),
-so CI proves the script a lent GPU will run works: one correctness entry per registered kernel,
-all passing, a timing row per kernel, and a failing kernel reported without stopping the rest."""
+so CI proves the script a lent GPU will run works. It runs tilecomm bench's case table (same
+ids) over every registered kernel, dtype, reduction and memory kind, and it FAILS when a
+registered kernel is wrong (a broken variant registered through the registry, not a hook)."""
 
 from __future__ import annotations
 
@@ -8,23 +9,43 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 
-ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(ROOT, "scripts", "gpu_check.py")
 
 
-def _env():
-    return {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "OUT")}
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TRITON_INTERPRET", "OUT", "TILECOMM_CPU_KERNELS")}
+    env.update(extra)
+    return env
 
 
-def _registered() -> set[str]:
-    code = ("import os; os.environ['TRITON_INTERPRET'] = '1'\n"
-            "from tilecomm.backends.triton import registry\n"
-            "print(' '.join(f'{c}/{a}' for c, a in sorted(registry.load())))")
-    r = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True,
-                       text=True, timeout=60)
+def _py(code: str, timeout=60, **env):
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=_env(**env),
+                       capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    return r
+
+
+def _expected_table():
+    """The correctness table gpu_check --interpret must run, built here from the registry."""
+    r = _py(f"""
+        import os, sys, json; os.environ['TRITON_INTERPRET'] = '1'
+        sys.path.insert(0, {os.path.join(ROOT, 'scripts')!r})
+        import gpu_check
+        from tilecomm.backends.triton import registry
+        from tilecomm.bench.cases import kernel_table
+        c = gpu_check._config(True)
+        ks = registry.load()
+        rows = kernel_table(ks, 2, c['check_sizes'], full_sizes=c['full_sizes'],
+                            mix_mems=c['mix_mems'], cover=c['cover'])
+        reg = {{f'{{o}}/{{a}}': [[str(d)[6:] for d in s.dtypes], list(s.ops)]
+               for (o, a), s in ks.items()}}
+        print(json.dumps([[x.id for x in rows], reg]))
+        """)
     assert r.returncode == 0, r.stderr
-    return set(r.stdout.split())
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def _run(out, *extra, timeout=60):
@@ -34,37 +55,100 @@ def _run(out, *extra, timeout=60):
         return r, json.load(f)
 
 
-def test_dry_run_checks_every_registered_kernel(tmp_path):
-    kernels = _registered()
-    assert {"all_to_all/pairwise", "all_to_all_v/pairwise", "broadcast/direct"} <= kernels
+def test_dry_run_passes_and_reports_the_case_table(tmp_path):
+    ids, registered = _expected_table()
     r, res = _run(tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert res["verdict"] == "PASS" and res["all_correct"] and res["skipped_cases"] == 0
     assert res["env"]["mode"] == "interpret" and res["worlds"] == {"2": "ok"}
-    assert set(res["kernels"]) == kernels
-    seen = {c["kernel"] for c in res["correctness"]}
-    assert seen == kernels
+    assert res["preflight"]["summary"] == "no GPU (interpret mode)"
+    assert set(res["kernels"]) == set(registered)
+    assert res["table"] == ids                           # the case table, by its ids
+    by_case = {c["case"]: c for c in res["correctness"]}
+    assert set(ids) <= set(by_case)
     for c in res["correctness"]:
-        assert c["ok"] is True, c
-    for k in kernels:
-        s = res["correctness_summary"][k]
-        assert s["ok"] and s["worlds"]["2"]["run"] >= 2, (k, s)
+        assert c["ok"] is True or c.get("applicable") is False, c
+    # every dtype and reduction each kernel registers, staged and zero-copy memory
+    for k, (dtypes, ops) in registered.items():
+        mine = [c for c in res["correctness"] if c["kernel"] == k]
+        assert {c["dtype"] for c in mine} == set(dtypes), k
+        assert {c["mem"] for c in mine} == {"user", "heap"}, k
+        if k.split("/")[0] in ("all_reduce", "reduce_scatter", "reduce"):
+            assert {c["redop"] for c in mine} == set(ops), k
         rows = [t for t in res["timing"] if t["kernel"] == k]
         assert rows and all(t.get("us", 0) > 0 and not t.get("error") for t in rows), rows
+    seq = [c for c in res["correctness"] if c["case"].startswith("sequence/")]
+    assert seq and seq[0]["ok"] and len(seq[0]["calls"]) >= 6
+    assert len({c.split("/")[0] for c in seq[0]["calls"]}) >= 3     # different operations
     assert res["copy_bandwidth"]["GBps"] > 0
     lat = res["latency_8k"]["us_slowest_rank"]
     assert all(isinstance(v, float) and v > 0 for v in lat.values()), lat
+    assert "n/a" in res["graph_8k"]["error"]           # no CUDA graphs in the interpreter
     with open(os.path.join(tmp_path, "gpu_check.txt")) as f:
         text = f.read()
-    assert "RESULT: all kernels correct" in text and text.strip() in r.stdout
+    assert "RESULT: PASS" in text and text.strip() in r.stdout
+    assert "preflight: no GPU (interpret mode)" in text
 
 
-def test_dry_run_reports_a_broken_kernel_and_goes_on(tmp_path):
-    r, res = _run(tmp_path, "--kernels", "broadcast/direct,all_to_all/pairwise",
-                  "--break", "all_to_all/pairwise")
-    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
-    s = res["correctness_summary"]
-    assert not s["all_to_all/pairwise"]["ok"] and s["broadcast/direct"]["ok"], s
-    bad = [c for c in res["correctness"] if c["kernel"] == "all_to_all/pairwise"]
-    assert bad and all(c["ok"] is False and c["ranks_failed"] == [0] and "wrong" in c["error"]
-                       for c in bad), bad
-    assert not res["all_correct"] and "FAIL all_to_all/pairwise" in r.stdout
+def test_case_ids_are_tilecomm_bench_ids(tmp_path):
+    """The bench on the kernel path names its rows as gpu_check's table does."""
+    _, res = _run(tmp_path, "--kernels", "all_reduce/one_shot")
+    out = tmp_path / "rows.json"
+    r = subprocess.run([sys.executable, "-m", "tilecomm.cli", "bench", "all_reduce", "-n", "2",
+                        "-b", "1K", "-e", "1K", "--algo", "one_shot", "--mem", "heap",
+                        "--check", "--iters", "2", "--rounds", "1", "--no-bound",
+                        "--json", str(out)], env=_env(TILECOMM_CPU_KERNELS="triton"),
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert rows[0]["case"] == "all_reduce/one_shot/sum/float32/heap/1K/w2"
+    assert rows[0]["wrong"] == 0
+    assert rows[0]["case"] in res["timing_table"]
+    assert {t["case"] for t in res["timing"]} == set(res["timing_table"])
+
+
+DRIVER = """
+import dataclasses, os, sys, json
+os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, {scripts!r})
+import gpu_check
+
+
+def register_broken_kernels(comm):
+    # Two plausible launcher bugs, registered through the registry like any kernel:
+    # all_reduce/one_shot reduces with max whatever op was asked; broadcast/direct ignores
+    # the root (always broadcasts rank 0's data).
+    from tilecomm.backends.triton import registry
+    from tilecomm.types import ReduceOp
+    registry.load()
+    for key, bug in [(("all_reduce", "one_shot"), dict(op=ReduceOp.MAX)),
+                     (("broadcast", "direct"), dict(root=0))]:
+        spec = registry.KERNELS[key]
+
+        def launch(ctx, call, spec=spec, bug=bug):
+            spec.launch(ctx, dataclasses.replace(call, **bug))
+        registry.KERNELS[key] = dataclasses.replace(spec, launch=launch)
+
+
+cfg = gpu_check._config(True)
+cfg["kernels"] = ["all_reduce/one_shot", "broadcast/direct", "all_gather/direct"]
+res, code = gpu_check.run_check(cfg, {out!r}, rank_setup=register_broken_kernels,
+                                log=lambda s: None)
+print(json.dumps(dict(code=code, verdict=res["verdict"],
+                      summary=res["correctness_summary"])))
+"""
+
+
+def test_gpu_check_fails_when_a_kernel_is_wrong(tmp_path):
+    r = _py(DRIVER.format(scripts=os.path.join(ROOT, "scripts"), out=str(tmp_path)),
+            timeout=90)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["verdict"] == "FAIL" and got["code"] == 1, got
+    s = got["summary"]
+    assert not s["all_reduce/one_shot"]["ok"] and not s["broadcast/direct"]["ok"], s
+    assert s["all_gather/direct"]["ok"], s
+    assert any("wrong elements" in e for e in s["all_reduce/one_shot"]["errors"]), s
+    with open(os.path.join(tmp_path, "gpu_check.txt")) as f:
+        text = f.read()
+    assert "RESULT: FAIL" in text and "FAIL all_reduce/one_shot" in text
