@@ -129,7 +129,8 @@ def plan_kernel(data, pad, phases, ops, srcs, nphases, bases, rank, err, timeout
                             acc = combine(acc, load_acc(ps + offs, m, ACC_F32), OP)
                         if OP == 1:
                             if comp != 0:
-                                acc = finish(acc, OP, WORLD)
+                                # integers: divided in fp32, truncated (as the fused kernels)
+                                acc = finish(acc, OP, WORLD).to(acc.dtype)
                         tl.store(dptr + offs, acc.to(data.dtype.element_ty), mask=m)
             nmask = tl.load(row + 3)
             nslot = (g0 + p + 1) * WORLD + rank
