@@ -262,7 +262,6 @@ def plan_four(comm):
             ("all_reduce", "ring", 131, torch.float32, "sum", 0),
             ("all_reduce", "recursive_doubling", 131, torch.bfloat16, "max", 0),
             ("all_reduce", "two_shot", 130, torch.int32, "sum", 0),
-            ("all_reduce", "ring", 61, torch.int32, "avg", 0),
             ("reduce", "tree", 70, torch.float32, "sum", 2),
             ("broadcast", "tree", 70, torch.int64, "sum", 3),
             ("reduce_scatter", "ring", 33, torch.float16, "min", 0),
