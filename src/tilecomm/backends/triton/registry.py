@@ -5,6 +5,13 @@ Kernel families live in ``kernels/<family>.py`` and register their launchers wit
 kernels run, after ``TRITON_INTERPRET`` is decided). A family file that does not exist yet is
 skipped, so families can be added independently; one that exists but fails to import raises.
 
+The ``plan`` family (``kernels/plan.py``) registers one generic launcher with
+:func:`register_plan`: it executes any lowered schedule, so :func:`lookup` falls back to it for
+every registered algorithm that has no fused kernel (or whose fused kernel lacks the dtype or
+op), and for every algorithm when fused kernels are off (``TILECOMM_GPU_FUSED=0``, or
+:data:`FUSED` ``= False`` in a process). :func:`supported` then lists every registered
+algorithm.
+
 Names are the algorithm registry's (``tilecomm.algorithms``): a kernel implements the data
 movement of the schedule of the same name (which peer's chunk is read, reduced or written in
 which step), in pull or push form over symmetric memory.
