@@ -455,9 +455,7 @@ def rank_task(comm, cfg, device, partial_path, deadline, flags, bounds, rank_set
         out["copy_bandwidth"] = rk.copy_bandwidth()
         bounds = dict(bounds, copy_GBps=(out["copy_bandwidth"] or {}).get("GBps"))
     rk_bounds = dict(bounds)
-    if rk.r == 0 and not rk_bounds.get("copy_GBps"):
-        pass
-    # copy rate agreed from rank 0
+    # the copy rate rank 0 measured (or the first world's), on every rank
     g = rk.gather([int((rk_bounds.get("copy_GBps") or 0) * 1000)])
     rk_bounds["copy_GBps"] = g[0][0] / 1000 or None
     now = time.time()
