@@ -9,8 +9,10 @@ Per call, on every rank (NOTE [asynchronous calls] below):
 1. the zero-copy decision: the source is read in place when it is a heap tensor (every rank
    must then pass one at the same offset, or none), and the call's digest (collective, algo,
    dtype, count, op, root, input offset) is folded into a rolling digest;
-2. a new epoch (``DeviceHeap.next_epoch``), then the launcher (kernels on the current
-   stream, cooperative on CUDA); the call returns without waiting for them;
+2. a new epoch: ``ctx.epoch_dev += 1`` on the stream, which the kernels load (NOTE [device
+   epochs] in context.py), and the host count (``DeviceHeap.next_epoch``, for naming), then
+   the launcher (kernels on the current stream, cooperative on CUDA); the call returns
+   without waiting for them;
 3. every ``TILECOMM_DEVICE_CHECK_EVERY`` calls, a check point: the ranks compare their
    rolling digests (one host handshake; a mismatch raises ``CommMismatch``) and the error
    word is polled without blocking; :meth:`TritonBackend.synchronize` (``comm.synchronize()``,
@@ -173,6 +175,9 @@ class TritonBackend(Backend):
         self._digests: dict = {}          # call signature -> crc32
         self._digest = 0                  # rolling digest of the calls since the last compare
         self._digest_from = 1             # first call number the rolling digest covers
+        #: (collective, algo, call number) of the calls captured into CUDA graphs (NOTE
+        #: [CUDA graphs]): they have no host epochs, their replays take device epochs
+        self.captured: deque = deque(maxlen=64)
 
     # ---- what the Communicator asks before a call ------------------------------------------
     def algorithms(self, collective: str) -> list[str]:
@@ -235,7 +240,10 @@ class TritonBackend(Backend):
         try:
             spec.launch(ctx, call)
         finally:
-            self._ring.append((first, ctx.epoch, call.collective, call.algo, self.calls))
+            if ctx.capturing():     # NOTE [CUDA graphs]: its epochs are the replays'
+                self.captured.append((call.collective, call.algo, self.calls))
+            else:
+                self._ring.append((first, ctx.epoch, call.collective, call.algo, self.calls))
         if self.debug:
             self.heap.check(f"{call.collective}/{call.algo}")
             self._digest, self._digest_from = 0, self.calls + 1
@@ -288,23 +296,36 @@ class TritonBackend(Backend):
 
     def synchronize(self) -> None:
         """Wait for this rank's queued kernels and raise the device error they recorded, if
-        any (``DeviceTimeout``, a ``CommTimeout``, naming the call that failed). Local."""
+        any (``DeviceTimeout``, a ``CommTimeout``, naming the call that failed). Local.
+        Brings the host epoch count up to the device's after CUDA graph replays."""
         words = self.heap.error_words()
         if words[_errors.CODE] != 0:
             self._raise_device_error("at comm.synchronize()", words)
+        self.ctx.resync()
 
     def _raise_device_error(self, where: str, words=None) -> None:
         if words is None:
             words = self.heap.error_words()      # all the waits that gave up, counted
         epoch = words[_errors.EPOCH]
+        host, dev = self.ctx.epoch, self.ctx.device_epoch()     # synchronized already
         name, seq = f"GPU collective of epoch {epoch} (older than the last {len(self._ring)} " \
                     f"calls)", -1
-        for first, last, coll, algo, n in reversed(self._ring):
-            if first <= epoch <= last:
-                name, seq = f"{coll}/{algo}", n
-                break
+        # host epochs name calls exactly up to the first capture since the last resync
+        exact = host if self.ctx.exact_upto is None else self.ctx.exact_upto
+        if epoch <= exact:
+            for first, last, coll, algo, n in reversed(self._ring):
+                if first <= epoch <= last:
+                    name, seq = f"{coll}/{algo}", n
+                    break
+        else:
+            # NOTE [CUDA graphs]: epochs the host did not count come from graph replays
+            what = ", ".join(dict.fromkeys(f"{c}/{a}" for c, a, _ in self.captured))
+            name = (f"GPU collective of epoch {epoch}, launched by a CUDA graph replay (or "
+                    f"after one; device epoch {dev}, host count {host}"
+                    f"{'; captured: ' + what if what else ''})")
         err = _errors.decode(words, name, timeout=self.heap.timeout)
         self.heap.clear_errors()
+        self.ctx.resync()
         if err is None:
             return
         mode = ("TILECOMM_DEVICE_DEBUG=1 checks after every call" if not self.debug else

@@ -1,5 +1,15 @@
 """What a kernel launcher gets: the device heap, signal pad, scratch, staging, epochs.
 
+NOTE [device epochs]: a kernel does not take its epoch as a host argument: it loads it from
+``epoch_dev`` (int64[1] on the device, one per context), which the call increments on the
+stream before its kernel (``epoch_dev += 1``, a torch in-place add: captured by a CUDA graph
+and executed again by every replay). The parity half of a scratch buffer is chosen by the
+kernel from that epoch too (``(epoch % 2) * half``, :meth:`KernelContext.halves`), never on
+the host. So a replayed graph launches with fresh epochs and alternating halves, as eager
+calls do. ``ctx.epoch`` (the host count, ``heap.next_epoch()``) only names calls in errors;
+it equals the device epoch in eager mode, and is not advanced while a CUDA graph is
+captured (the captured increment does not run then).
+
 See the launcher contract in :mod:`tilecomm.backends.triton.registry`. This module does not
 import triton.
 """
@@ -42,7 +52,13 @@ class KernelContext:
         #: keyword options every kernel launch of this context takes (cooperative on CUDA, see
         #: :func:`tilecomm.backends.triton.cooperative_launches`)
         self.launch_options: dict = {}
+        #: host count of the epochs launched eagerly (names calls in device errors)
         self.epoch = 0
+        #: NOTE [device epochs]: the epoch the kernels load (int64[1], local to this rank)
+        self.epoch_dev = torch.zeros(1, dtype=torch.int64, device=self.device)
+        #: host epoch when a CUDA graph was first captured since the last :meth:`resync`
+        #: (host epochs above it may differ from the device's), or None
+        self.exact_upto: int | None = None
         self.zero_copy = False
         self._sym_offset = -1
         self._pad = None
@@ -53,14 +69,44 @@ class KernelContext:
 
     # ---- per call -------------------------------------------------------------------------
     def begin(self, zero_copy: bool) -> None:
-        """Called by the backend before each launcher: new epoch, zero-copy decision."""
-        self.epoch = self.heap.next_epoch()
+        """Called by the backend before each launcher: new epoch (on the device and, unless
+        a CUDA graph is being captured, on the host), zero-copy decision."""
         self.zero_copy = zero_copy
+        self.advance()
 
     def next_epoch(self) -> int:
-        """A fresh epoch for a second kernel launched by the same call."""
-        self.epoch = self.heap.next_epoch()
+        """A fresh epoch for a second kernel launched by the same call (host count)."""
+        self.advance()
         return self.epoch
+
+    def advance(self) -> None:
+        """One epoch: ``epoch_dev += 1`` queued on the current stream before the kernel that
+        loads it (a CUDA graph captures and replays it), and the host count (not while a
+        graph is captured: the captured add runs only at replay)."""
+        self.epoch_dev.add_(1)
+        if not self.capturing():
+            self.epoch = self.heap.next_epoch()
+        elif self.exact_upto is None:
+            self.exact_upto = self.epoch
+
+    def capturing(self) -> bool:
+        """True while the current CUDA stream is being captured into a graph."""
+        return self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+    def device_epoch(self) -> int:
+        """The device epoch once the queued work is done (a synchronization on CUDA)."""
+        return int(self.epoch_dev.item())
+
+    def resync(self) -> int:
+        """After CUDA graph replays the device epoch is ahead of the host count: bring the
+        host count up to it (call only where the host synchronizes anyway). Returns the
+        device epoch."""
+        dev = self.device_epoch()
+        if dev > self.epoch:
+            self.heap._epoch = dev
+            self.epoch = dev
+        self.exact_upto = None
+        return dev
 
     def kernel_args(self) -> tuple:
         """``(bases, rank, errors, timeout_ns)`` for the device-API functions (cached; rebuilt
@@ -114,15 +160,32 @@ class KernelContext:
     def staged(self, name: str, t: torch.Tensor) -> torch.Tensor:
         """The symmetric tensor peers read ``t`` (flat, local) from in this call: ``t`` itself
         when ``zero_copy`` (every rank passed a heap tensor at the same offset), else a copy
-        into half ``epoch % 2`` of scratch ``name`` (rule 3 of the contract)."""
+        into half ``epoch % 2`` of scratch ``name`` (rule 3 of the contract). The half is
+        chosen on the host: eager calls only; the kernel families stage inside the kernel
+        into :meth:`halves` instead (NOTE [device epochs])."""
         if self.zero_copy:
             return t
         half = self.half(name, t.numel(), t.dtype)
         half.copy_(t)
         return half
 
+    def halves(self, name: str, numel: int, dtype: torch.dtype) -> tuple[torch.Tensor, int]:
+        """Scratch ``name`` as two parity halves of at least ``numel`` elements each:
+        ``(base, half)``, ``base`` a ``dtype`` view of both halves, ``half`` the elements
+        from one half to the next (a multiple of 256 bytes). The kernel uses half
+        ``epoch % 2`` of the epoch it loads: ``base + (epoch % 2) * half`` (NOTE [device
+        epochs]; what :meth:`half` picks on the host, and a CUDA graph replay cannot)."""
+        itemsize = _itemsize(dtype)
+        nbytes = max(int(numel), 1) * itemsize
+        self.scratch(name, 2 * nbytes + 256, torch.uint8)
+        full = self._scratch[name]
+        cap = (full.numel() // 2) // 256 * 256
+        return full[:2 * cap].view(dtype), cap // itemsize
+
     def half(self, name: str, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        """Half ``epoch % 2`` of scratch ``name`` (``numel`` elements).
+        """Half ``epoch % 2`` of scratch ``name`` (``numel`` elements), chosen on the host from
+        the host epoch: eager calls only (a CUDA graph replay would reuse it; kernels take
+        :meth:`halves` and choose on the device).
 
         The halves sit at fixed offsets (0 and half the buffer), not at offsets that depend on
         this call's size: a peer may still be reading the other half from the previous call,

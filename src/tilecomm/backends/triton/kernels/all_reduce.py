@@ -3,7 +3,8 @@
 one_shot (``algorithms/one_shot.py``: ``tmp_r = buf_r``, then ``buf_r = tmp_0 + ... +
 tmp_{W-1}``). Program ``pid`` owns blocks ``pid, pid + G, ...`` of the vector:
 
-    stage   own blocks of x -> stage_r (half epoch % 2 of symmetric scratch "one_shot")
+    stage   own blocks of x -> stage_r (half epoch % 2 of symmetric scratch "one_shot",
+            chosen in the kernel from the epoch it loads: NOTE [device epochs])
     barrier slot group pid (publishes the staging; every rank has started the call)
     reduce  out[blk] = stage_0[blk] + stage_1[blk] + ...   (rank order, fp32 for fp16/bf16)
 
@@ -45,8 +46,8 @@ import triton.language as tl
 from tilecomm.device import lang
 
 from ..registry import ALL_DTYPES, REDUCE_OPS, check_int32, kernel
-from .common import (COMMON_SIG, OP_SUM, acc_f32, collective_jit, copy_blocks, op_code,
-                     reduce_blocks, signature)
+from .common import (COMMON_SIG, OP_SUM, acc_f32, collective_jit, copy_blocks, load_epoch,
+                     op_code, parity_half, reduce_blocks, signature)
 
 
 @triton.jit
@@ -59,9 +60,12 @@ def chunk_start(c, n, WORLD: tl.constexpr, ALIGN: tl.constexpr):
 
 
 @collective_jit
-def one_shot_all_reduce_kernel(x, out, stage, pad, n, bases, rank, err, timeout_ns, epoch,
-                               WORLD: tl.constexpr, BLOCK: tl.constexpr, OP: tl.constexpr,
-                               ACC_F32: tl.constexpr):
+def one_shot_all_reduce_kernel(x, out, stage, half, pad, n, bases, rank, err, timeout_ns,
+                               epoch_ptr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                               OP: tl.constexpr, ACC_F32: tl.constexpr):
+    """``stage``: both parity halves of the staging scratch, ``half`` elements apart."""
+    epoch = load_epoch(epoch_ptr)
+    stage = parity_half(stage, half, epoch)
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK
     copy_blocks(stage, x, n, pid * BLOCK, step, BLOCK)
@@ -70,12 +74,16 @@ def one_shot_all_reduce_kernel(x, out, stage, pad, n, bases, rank, err, timeout_
 
 
 @collective_jit
-def two_shot_all_reduce_kernel(x, out, src, red, pad, n, bases, rank, err, timeout_ns, epoch,
-                               WORLD: tl.constexpr, BLOCK: tl.constexpr, OP: tl.constexpr,
-                               ACC_F32: tl.constexpr, STAGE: tl.constexpr):
+def two_shot_all_reduce_kernel(x, out, src, half, red, pad, n, bases, rank, err, timeout_ns,
+                               epoch_ptr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                               OP: tl.constexpr, ACC_F32: tl.constexpr, STAGE: tl.constexpr):
     """Chunk ``c`` is ``[chunk_start(c), chunk_start(c + 1))``: boundaries ``c * n // W``
-    rounded down to 16 bytes (``ALIGN`` elements), the last chunk takes the rest."""
+    rounded down to 16 bytes (``ALIGN`` elements), the last chunk takes the rest. ``src``:
+    both parity halves of the staging scratch (``half`` elements apart), or ``x`` with
+    ``half = 0`` (zero copy)."""
     ALIGN: tl.constexpr = 128 // x.dtype.element_ty.primitive_bitwidth
+    epoch = load_epoch(epoch_ptr)
+    src = parity_half(src, half, epoch)
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     step = G * BLOCK
@@ -109,9 +117,10 @@ def one_shot(ctx, call) -> None:
     check_int32("all_reduce", "one_shot", n)
     g = ctx.programs(n)
     pad = ctx.signals(g)
-    stage = ctx.half("all_reduce.one_shot", n, x.dtype)
+    stage, half = ctx.halves("all_reduce.one_shot", n, x.dtype)
     bases, rank, err, tmo = ctx.kernel_args()
-    one_shot_all_reduce_kernel[(g,)](x, x, stage, pad, n, bases, rank, err, tmo, ctx.epoch,
+    one_shot_all_reduce_kernel[(g,)](x, x, stage, half, pad, n, bases, rank, err, tmo,
+                                     ctx.epoch_dev,
                                      WORLD=ctx.world_size, BLOCK=ctx.block, OP=op_code(call),
                                      ACC_F32=acc_f32(x.dtype))
 
@@ -126,10 +135,11 @@ def two_shot(ctx, call) -> None:
     check_int32("all_reduce", "two_shot", w * n)     # (c + 1) * n for c < w, in int32
     g = ctx.programs(-(-n // w))
     pad = ctx.signals(2 * g)
-    src = x if ctx.zero_copy else ctx.half("all_reduce.two_shot.src", n, x.dtype)
+    src, half = (x, 0) if ctx.zero_copy else ctx.halves("all_reduce.two_shot.src", n, x.dtype)
     red = ctx.scratch("all_reduce.two_shot.red", n, x.dtype)
     bases, rank, err, tmo = ctx.kernel_args()
-    two_shot_all_reduce_kernel[(g,)](x, x, src, red, pad, n, bases, rank, err, tmo, ctx.epoch,
+    two_shot_all_reduce_kernel[(g,)](x, x, src, half, red, pad, n, bases, rank, err, tmo,
+                                     ctx.epoch_dev,
                                      WORLD=w, BLOCK=ctx.block, OP=op_code(call),
                                      ACC_F32=acc_f32(x.dtype), STAGE=not ctx.zero_copy)
 
@@ -141,9 +151,10 @@ def _compile_entries():
     import torch
 
     def one(dt, world=8, op=OP_SUM, stage=1):
-        sig1 = signature({"x": "*T", "out": "*T", "stage": "*T", "n": "i32", **COMMON_SIG}, dt)
-        sig2 = signature({"x": "*T", "out": "*T", "src": "*T", "red": "*T", "n": "i32",
+        sig1 = signature({"x": "*T", "out": "*T", "stage": "*T", "half": "i32", "n": "i32",
                           **COMMON_SIG}, dt)
+        sig2 = signature({"x": "*T", "out": "*T", "src": "*T", "half": "i32", "red": "*T",
+                          "n": "i32", **COMMON_SIG}, dt)
         return [(one_shot_all_reduce_kernel, sig1,
                  {"WORLD": world, "BLOCK": 1024, "OP": op, "ACC_F32": acc_f32(dt)}),
                 (two_shot_all_reduce_kernel, sig2,

@@ -17,7 +17,9 @@ of step ``s``:
   waits: no deadlock when a grid's programs run one after another (the interpreter).
 * Every program signals and waits, also with zero counts: every rank then hears from every
   peer, so a call completes only after every rank started it (contract rule 2).
-* Staging: a symmetric scratch of two halves, half ``epoch % 2``. A rank writes a peer's half
+* Staging: a symmetric scratch of two halves, half ``epoch % 2`` of the epoch the kernel
+  loads (NOTE [device epochs] in context.py: chosen on the device, so a CUDA graph replay
+  alternates too). A rank writes a peer's half
   ``h`` in call ``c``; the last call that used it is ``c - 2`` at the latest (the kernel takes
   one epoch per call), which every rank finished (rule 2). The half size is fixed per
   context and only grows after a host barrier, so calls of different sizes never lay the
@@ -51,7 +53,7 @@ from tilecomm.device import lang
 
 from ...base import CollectiveCall  # noqa: F401  (the launcher contract's type)
 from ..registry import ALL_DTYPES, kernel
-from .common import collective_jit, copy_blocks64
+from .common import collective_jit, copy_blocks64, load_epoch
 
 #: byte-moving kernels take any dtype the Communicator knows
 DTYPES = ALL_DTYPES + (torch.uint8, torch.int8)
@@ -62,15 +64,17 @@ BLOCK_GPU = 2048
 
 
 @collective_jit
-def pairwise_all_to_all(x, out, staging, pad, meta, cap, half, bases, rank, err, timeout_ns,
-                        epoch, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+def pairwise_all_to_all(x, out, staging, pad, meta, cap, bases, rank, err, timeout_ns,
+                        epoch_ptr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
                         ALIGNED: tl.constexpr = 0):
     """``meta`` (int64[4, WORLD], local): send counts, send offsets (into ``x``), receive
     counts, receive offsets (into ``out``), in words. ``staging``: symmetric, 2 halves of
-    ``WORLD x cap`` words; ``half``: 0/1. ``cap`` is a multiple of 16 bytes' worth of words
+    ``WORLD x cap`` words, half ``epoch % 2`` used. ``cap`` is a multiple of 16 bytes' worth
+    of words
     (the launcher makes it so); ``ALIGNED``: every offset in ``meta`` is too, so ``x`` and
     ``out`` are accessed with 128-bit loads and stores (the staging rows always are)."""
     WV: tl.constexpr = 128 // x.dtype.element_ty.primitive_bitwidth      # words per 16 bytes
+    epoch = load_epoch(epoch_ptr)
     pid = tl.program_id(0)
     s = tl.program_id(1)
     nprog = tl.num_programs(0)
@@ -87,7 +91,7 @@ def pairwise_all_to_all(x, out, staging, pad, meta, cap, half, bases, rank, err,
     if s == 0:
         copy_blocks64(out + recv_off, x + send_off, send_n, pid, nprog, BLOCK)
     else:
-        buf = staging + tl.cast(half, tl.int64) * (WORLD * cap64)
+        buf = staging + tl.multiple_of((epoch % 2) * (WORLD * cap64), WV)
         remote = lang.peer_ptr(buf + rank * cap64, dst, bases, rank)
         copy_blocks64(remote, x + send_off, send_n, pid, nprog, BLOCK)
         lang.signal_set(pad, pid * WORLD + rank, epoch, dst, bases, rank)
@@ -96,12 +100,14 @@ def pairwise_all_to_all(x, out, staging, pad, meta, cap, half, bases, rank, err,
 
 
 @collective_jit
-def all_to_all_v_counts(row_in, table, table_out, pad, bases, rank, err, timeout_ns, epoch,
-                        WORLD: tl.constexpr, RPOW: tl.constexpr, TPOW: tl.constexpr):
+def all_to_all_v_counts(row_in, table, table_out, pad, bases, rank, err, timeout_ns,
+                        epoch_ptr, WORLD: tl.constexpr, RPOW: tl.constexpr,
+                        TPOW: tl.constexpr):
     """Row ``rank`` of every rank's symmetric ``table`` (int64, 2 halves of ``WORLD x
     2 WORLD``, half ``epoch % 2``) <- ``row_in`` (2 WORLD int64); then ``table_out`` (local)
     <- this rank's whole table half. One program; slot ``q`` is raised by rank ``q``."""
     R: tl.constexpr = 2 * WORLD
+    epoch = load_epoch(epoch_ptr)
     idx = tl.arange(0, RPOW)
     m = idx < R
     row = tl.load(row_in + idx, mask=m)
@@ -124,8 +130,8 @@ def all_to_all_v_counts(row_in, table, table_out, pad, bases, rank, err, timeout
 
 def _sig(word: str) -> dict:
     return {"x": f"*{word}", "out": f"*{word}", "staging": f"*{word}", "pad": "*i64",
-            "meta": "*i64", "cap": "i64", "half": "i32", "bases": "*i64", "rank": "i32",
-            "err": "*i64", "timeout_ns": "i64", "epoch": "i64"}
+            "meta": "*i64", "cap": "i64", "bases": "*i64", "rank": "i32",
+            "err": "*i64", "timeout_ns": "i64", "epoch_ptr": "*i64"}
 
 
 #: sm_90 compile list (tilecomm.device.compile_check): every word size, 2 and 8 ranks
@@ -134,7 +140,7 @@ COMPILE = [(pairwise_all_to_all, _sig(w), {"WORLD": 8, "BLOCK": BLOCK_GPU, "ALIG
     (pairwise_all_to_all, _sig("i64"), {"WORLD": 2, "BLOCK": BLOCK_GPU, "ALIGNED": 1}),
     (all_to_all_v_counts,
      {"row_in": "*i64", "table": "*i64", "table_out": "*i64", "pad": "*i64", "bases": "*i64",
-      "rank": "i32", "err": "*i64", "timeout_ns": "i64", "epoch": "i64"},
+      "rank": "i32", "err": "*i64", "timeout_ns": "i64", "epoch_ptr": "*i64"},
      {"WORLD": 8, "RPOW": 16, "TPOW": 128}),
 ]
 
@@ -189,8 +195,7 @@ def _block(ctx) -> int:
     return ctx.block if ctx.interpret else BLOCK_GPU
 
 
-def _pairwise(ctx, epoch: int, xw, outw, send, recv, cap: int, wsize: int, word,
-              most: int) -> None:
+def _pairwise(ctx, xw, outw, send, recv, cap: int, wsize: int, word, most: int) -> None:
     """Launch the data kernel: ``send``/``recv`` word counts per rank, ``cap`` the largest
     off-diagonal count and ``most`` the largest count of the whole matrix, diagonal included
     (both the same on every rank).
@@ -207,13 +212,31 @@ def _pairwise(ctx, epoch: int, xw, outw, send, recv, cap: int, wsize: int, word,
     staging = raw.view(word)
     row_cap = (half_bytes // w) // 16 * 16 // wsize
     pad = ctx.signals(nprog)
-    rows = [list(send), _prefix(send), list(recv), _prefix(recv)]
-    aligned = all(o * wsize % 16 == 0 for o in rows[1] + rows[3])
-    meta = torch.tensor(rows, dtype=torch.int64).to(ctx.device)
+    meta, aligned = _meta(ctx, tuple(send), tuple(recv), wsize)
     bases, rank, errors, timeout_ns = ctx.kernel_args()
-    pairwise_all_to_all[(nprog, w)](xw, outw, staging, pad, meta, row_cap, epoch % 2, bases,
-                                    rank, errors, timeout_ns, epoch, WORLD=w, BLOCK=block,
+    pairwise_all_to_all[(nprog, w)](xw, outw, staging, pad, meta, row_cap, bases, rank, errors,
+                                    timeout_ns, ctx.epoch_dev, WORLD=w, BLOCK=block,
                                     ALIGNED=int(aligned))
+
+
+_META: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_META_MAX = 64
+
+
+def _meta(ctx, send: tuple, recv: tuple, wsize: int) -> tuple[torch.Tensor, bool]:
+    """The kernel's ``meta`` table on the device and whether every offset is 16-byte aligned,
+    cached per context and counts: a repeated call makes no host-to-device copy (none may
+    happen while a CUDA graph is captured, and a replay reuses the captured table)."""
+    cache = _META.setdefault(ctx, {})
+    key = (send, recv, wsize)
+    hit = cache.get(key)
+    if hit is None:
+        rows = [list(send), _prefix(send), list(recv), _prefix(recv)]
+        aligned = all(o * wsize % 16 == 0 for o in rows[1] + rows[3])
+        if len(cache) >= _META_MAX:
+            cache.pop(next(iter(cache)))
+        hit = cache[key] = (torch.tensor(rows, dtype=torch.int64).to(ctx.device), aligned)
+    return hit
 
 
 def _prefix(counts) -> list[int]:
@@ -245,7 +268,7 @@ def launch_all_to_all(ctx, call) -> None:
         xw = as_words(x, word)
         outw = out.view(torch.uint8).view(word) if out.data_ptr() % wsize == 0 else \
             torch.empty(n * w, dtype=word, device=ctx.device)
-    _pairwise(ctx, ctx.epoch, xw, outw, [n] * w, [n] * w, n, wsize, word, n)
+    _pairwise(ctx, xw, outw, [n] * w, [n] * w, n, wsize, word, n)
     if n and outw.data_ptr() != out.data_ptr():
         out.view(torch.uint8).copy_(outw.view(torch.uint8))
 
@@ -262,7 +285,7 @@ def exchange_counts(ctx, send, expect=None) -> list[list[int]]:
     table_out = torch.full((w * 2 * w,), -2, dtype=torch.int64, device=ctx.device)
     bases, rank, errors, timeout_ns = ctx.kernel_args()
     all_to_all_v_counts[(1,)](row_in, table, table_out, pad, bases, rank, errors, timeout_ns,
-                              ctx.epoch, WORLD=w, RPOW=triton.next_power_of_2(2 * w),
+                              ctx.epoch_dev, WORLD=w, RPOW=triton.next_power_of_2(2 * w),
                               TPOW=triton.next_power_of_2(2 * w * w))
     ctx.heap.check("all_to_all_v/pairwise (counts)")
     flat = table_out.cpu().tolist()
@@ -312,6 +335,7 @@ def launch_all_to_all_v(ctx, call) -> None:
     else:
         outw = torch.empty(sum(recv), dtype=word, device=ctx.device)
     most = max(words(c) for mrow in matrix for c in mrow)
-    _pairwise(ctx, ctx.next_epoch(), xw, outw, send, recv, cap, wsize, word, most)
+    ctx.next_epoch()
+    _pairwise(ctx, xw, outw, send, recv, cap, wsize, word, most)
     if sum(recv) and outw.data_ptr() != out.data_ptr():
         out.reshape(-1).view(torch.uint8).copy_(outw.view(torch.uint8))

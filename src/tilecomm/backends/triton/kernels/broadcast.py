@@ -22,7 +22,8 @@ does not even stage: peers read its ``buf`` directly.
 * Contract rule 2 (a call completes only after every rank started it): the final arrival
   wait. It costs the root nothing on its data path (it publishes first) and almost never
   blocks a non-root, which already heard from the root.
-* Buffer reuse: the root writes staging half ``h = epoch % 2`` in call ``c``; its last reader
+* Buffer reuse: the root writes staging half ``h = epoch % 2`` (chosen in the kernel from the
+  epoch it loads) in call ``c``; its last reader
   was call ``c - 2`` at the latest (one epoch per call), finished by every rank (rule 2). The
   half size only grows after a host barrier (``all_to_all.halves``). With zero copy, the
   root returns only after every peer read its ``buf`` (the caller may overwrite it next).
@@ -44,15 +45,18 @@ from tilecomm.device import lang
 
 from ..registry import kernel
 from .all_to_all import BLOCK_GPU, DTYPES, as_words, halves, word_for
-from .common import collective_jit, copy_blocks64
+from .common import collective_jit, copy_blocks64, load_epoch, parity_half
 
 
 @collective_jit
-def direct_broadcast(buf, src, pad, n, root, arrive_group, bases, rank, err, timeout_ns, epoch,
-                     WORLD: tl.constexpr, BLOCK: tl.constexpr, STAGE: tl.constexpr):
+def direct_broadcast(buf, src, half, pad, n, root, arrive_group, bases, rank, err, timeout_ns,
+                     epoch_ptr, WORLD: tl.constexpr, BLOCK: tl.constexpr, STAGE: tl.constexpr):
     """``buf``: local, ``n`` words (the root's input, every other rank's output). ``src``:
-    symmetric, the words peers read: the root's staging half (``STAGE``: the root copies
-    ``buf`` into it first), or ``buf`` itself (zero copy)."""
+    symmetric, the words peers read: the root's staging halves (``half`` words apart, half
+    ``epoch % 2`` used; ``STAGE``: the root copies ``buf`` into it first), or ``buf`` itself
+    (zero copy, ``half = 0``)."""
+    epoch = load_epoch(epoch_ptr)
+    src = parity_half(src, half, epoch)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     if pid == 0:
@@ -82,9 +86,9 @@ def direct_broadcast(buf, src, pad, n, root, arrive_group, bases, rank, err, tim
 
 
 def _sig(word: str) -> dict:
-    return {"buf": f"*{word}", "src": f"*{word}", "pad": "*i64", "n": "i64", "root": "i32",
-            "arrive_group": "i32", "bases": "*i64", "rank": "i32", "err": "*i64",
-            "timeout_ns": "i64", "epoch": "i64"}
+    return {"buf": f"*{word}", "src": f"*{word}", "half": "i32", "pad": "*i64", "n": "i64",
+            "root": "i32", "arrive_group": "i32", "bases": "*i64", "rank": "i32",
+            "err": "*i64", "timeout_ns": "i64", "epoch_ptr": "*i64"}
 
 
 #: sm_90 compile list (tilecomm.device.compile_check): every word size, staged and zero copy
@@ -112,16 +116,15 @@ def launch_broadcast(ctx, call) -> None:
     else:
         bw = as_words(buf, word)
     if zero_copy:
-        src = bw
-    else:
+        src, half = bw, 0
+    else:       # both halves; the kernel picks half epoch % 2 (NOTE [device epochs])
         raw, half_bytes = halves(ctx, "direct_broadcast.staging", max(n, 1) * wsize)
-        h = ctx.epoch % 2
-        src = raw[h * half_bytes:(h + 1) * half_bytes].view(word)
+        src, half = raw.view(word), half_bytes // wsize
     # groups 0..nprog-1: publish/done per program; group nprog: arrivals
     pad = ctx.signals(nprog + 1)
     bases, rank, errors, timeout_ns = ctx.kernel_args()
-    direct_broadcast[(nprog,)](bw, src, pad, n, call.root, nprog, bases, rank, errors,
-                               timeout_ns, ctx.epoch, WORLD=w, BLOCK=block,
+    direct_broadcast[(nprog,)](bw, src, half, pad, n, call.root, nprog, bases, rank, errors,
+                               timeout_ns, ctx.epoch_dev, WORLD=w, BLOCK=block,
                                STAGE=0 if zero_copy else 1)
     if n and bw.data_ptr() != buf.data_ptr() and ctx.rank != call.root:
         buf.view(torch.uint8).copy_(bw.view(torch.uint8))

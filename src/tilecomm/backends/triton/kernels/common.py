@@ -22,8 +22,11 @@ TL_NAME = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
 #: sizes, roots and parities would each compile another variant mid-run. Sizes need no
 #: divisibility for vector accesses: the kernels copy full blocks unmasked and alignment
 #: comes from the pointers (Triton's 16-byte pointer specialization, heap-base hints in
-#: ``lang.peer_ptr``, ``tl.multiple_of`` on offsets). Names a kernel lacks are ignored.
-RUNTIME_INTS = ("n", "m", "cap", "half", "root", "arrive_group", "rank", "timeout_ns", "epoch")
+#: ``lang.peer_ptr``, ``tl.multiple_of`` on offsets). Names a kernel lacks are ignored. The
+#: epoch is not among them: kernels load it from ``epoch_ptr`` (NOTE [device epochs] in
+#: context.py), a pointer; ``half``/``src_half``/``tmp_half`` are parity-half sizes.
+RUNTIME_INTS = ("n", "m", "cap", "half", "src_half", "tmp_half", "root", "arrive_group",
+                "rank", "timeout_ns", "nphases", "nin", "nout")
 
 
 def collective_jit(fn):
@@ -38,6 +41,23 @@ def op_code(call) -> int:
 def acc_f32(dtype: torch.dtype) -> int:
     """1: accumulate in fp32 (fp16, bf16); 0: in the dtype itself."""
     return int(dtype in (torch.float16, torch.bfloat16))
+
+
+@triton.jit
+def load_epoch(epoch_ptr):
+    """This call's epoch (NOTE [device epochs] in context.py): every program loads it, no
+    program writes it (the stream increments it before the kernel)."""
+    return tl.load(epoch_ptr)
+
+
+@triton.jit
+def parity_half(base, half, epoch):
+    """``base + (epoch % 2) * half``: the parity half of a two-half scratch buffer chosen on
+    the device. ``half`` is a multiple of 256 bytes (``KernelContext.halves``), so the
+    16-byte alignment of ``base`` carries over (hinted: 128-bit accesses stay)."""
+    A: tl.constexpr = 128 // base.dtype.element_ty.primitive_bitwidth
+    off = tl.multiple_of((epoch % 2) * tl.cast(half, tl.int64), A)
+    return base + off
 
 
 @triton.jit
@@ -157,4 +177,4 @@ def signature(names_types: dict, dtype: torch.dtype, acc_dtype: torch.dtype | No
 
 
 COMMON_SIG = {"pad": "*i64", "bases": "*i64", "rank": "i32", "err": "*i64",
-              "timeout_ns": "i64", "epoch": "i64"}
+              "timeout_ns": "i64", "epoch_ptr": "*i64"}

@@ -31,6 +31,9 @@ the last step lands chunk r in out; partials are fp32 for fp16/bf16)::
                      s < W-2: tmp_r[c] = p, signal right group pid*W + s+1;  else out = p
     (zero copy) barrier group W*G + pid
 
+Parity halves are chosen in the kernel from the epoch it loads (``base + (epoch % 2) *
+half``, NOTE [device epochs] in context.py), so a CUDA graph replay alternates them too.
+
 Rules (contract in registry.py): data peers read lives in parity halves, or in the caller's
 heap tensor, in which case a final barrier keeps the caller from overwriting it while a peer
 still reads it. Every rank's input reaches every rank, so a call finishes nowhere before every
@@ -47,7 +50,8 @@ from tilecomm.device import lang
 
 from ..registry import ALL_DTYPES, REDUCE_OPS, check_int32, kernel
 from .common import (COMMON_SIG, OP_SUM, acc_f32, collective_jit, combine, copy_blocks,
-                     finish, load_acc, op_code, reduce_blocks, signature, store_block)
+                     finish, load_acc, load_epoch, op_code, parity_half, reduce_blocks,
+                     signature, store_block)
 
 
 @triton.jit
@@ -58,9 +62,12 @@ def _gather_peers(out, src, n, first, step, bases, rank, WORLD: tl.constexpr,
 
 
 @collective_jit
-def all_gather_direct_kernel(x, out, src, pad, n, bases, rank, err, timeout_ns, epoch,
-                             WORLD: tl.constexpr, BLOCK: tl.constexpr, STAGE: tl.constexpr):
+def all_gather_direct_kernel(x, out, src, half, pad, n, bases, rank, err, timeout_ns,
+                             epoch_ptr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                             STAGE: tl.constexpr):
     ALIGN: tl.constexpr = 128 // x.dtype.element_ty.primitive_bitwidth   # elements / 16 B
+    epoch = load_epoch(epoch_ptr)
+    src = parity_half(src, half, epoch)
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     step = G * BLOCK
@@ -87,8 +94,10 @@ def _ring_copy_block(ring, out, lsrc, offs, n, FULL: tl.constexpr):
 
 
 @collective_jit
-def all_gather_ring_kernel(x, out, ring, pad, n, bases, rank, err, timeout_ns, epoch,
+def all_gather_ring_kernel(x, out, ring, half, pad, n, bases, rank, err, timeout_ns, epoch_ptr,
                            WORLD: tl.constexpr, BLOCK: tl.constexpr):
+    epoch = load_epoch(epoch_ptr)
+    ring = parity_half(ring, half, epoch)
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK
     right = (rank + 1) % WORLD
@@ -123,10 +132,12 @@ def _stage_chunks(src, x, m, first, step, WORLD: tl.constexpr, BLOCK: tl.constex
 
 
 @collective_jit
-def reduce_scatter_direct_kernel(x, out, src, pad, m, bases, rank, err, timeout_ns, epoch,
-                                 WORLD: tl.constexpr, BLOCK: tl.constexpr, OP: tl.constexpr,
-                                 ACC_F32: tl.constexpr, STAGE: tl.constexpr):
+def reduce_scatter_direct_kernel(x, out, src, half, pad, m, bases, rank, err, timeout_ns,
+                                 epoch_ptr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                                 OP: tl.constexpr, ACC_F32: tl.constexpr, STAGE: tl.constexpr):
     ALIGN: tl.constexpr = 128 // x.dtype.element_ty.primitive_bitwidth   # elements / 16 B
+    epoch = load_epoch(epoch_ptr)
+    src = parity_half(src, half, epoch)
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     step = G * BLOCK
@@ -171,9 +182,12 @@ def _ring_reduce_block(out, tmp, mine_p, lsrc, offs, m, s: tl.constexpr, OP: tl.
 
 
 @collective_jit
-def reduce_scatter_ring_kernel(x, out, src, tmp, pad, m, bases, rank, err, timeout_ns, epoch,
-                               WORLD: tl.constexpr, BLOCK: tl.constexpr, OP: tl.constexpr,
-                               ACC_F32: tl.constexpr, STAGE: tl.constexpr):
+def reduce_scatter_ring_kernel(x, out, src, src_half, tmp, tmp_half, pad, m, bases, rank, err,
+                               timeout_ns, epoch_ptr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                               OP: tl.constexpr, ACC_F32: tl.constexpr, STAGE: tl.constexpr):
+    epoch = load_epoch(epoch_ptr)
+    src = parity_half(src, src_half, epoch)
+    tmp = parity_half(tmp, tmp_half, epoch)
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     step = G * BLOCK
@@ -232,9 +246,10 @@ def all_gather_direct(ctx, call) -> None:
     check_int32("all_gather", "direct", ctx.world_size * n)
     g = ctx.programs(n)
     pad = ctx.signals(2 * g)
-    src = x if ctx.zero_copy else ctx.half("all_gather.direct", n, x.dtype)
+    src, half = (x, 0) if ctx.zero_copy else ctx.halves("all_gather.direct", n, x.dtype)
     bases, rank, err, tmo = ctx.kernel_args()
-    all_gather_direct_kernel[(g,)](x, out, src, pad, n, bases, rank, err, tmo, ctx.epoch,
+    all_gather_direct_kernel[(g,)](x, out, src, half, pad, n, bases, rank, err, tmo,
+                                   ctx.epoch_dev,
                                    WORLD=ctx.world_size, BLOCK=ctx.block,
                                    STAGE=not ctx.zero_copy)
 
@@ -248,9 +263,10 @@ def all_gather_ring(ctx, call) -> None:
     check_int32("all_gather", "ring", w * n)
     g = ctx.programs(n)
     pad = ctx.signals(g * w)
-    ring = ctx.half("all_gather.ring", w * n, x.dtype)
+    ring, half = ctx.halves("all_gather.ring", w * n, x.dtype)
     bases, rank, err, tmo = ctx.kernel_args()
-    all_gather_ring_kernel[(g,)](x, out, ring, pad, n, bases, rank, err, tmo, ctx.epoch,
+    all_gather_ring_kernel[(g,)](x, out, ring, half, pad, n, bases, rank, err, tmo,
+                                 ctx.epoch_dev,
                                  WORLD=w, BLOCK=ctx.block)
 
 
@@ -264,9 +280,10 @@ def reduce_scatter_direct(ctx, call) -> None:
     check_int32("reduce_scatter", "direct", w * m)
     g = ctx.programs(m)
     pad = ctx.signals(2 * g)
-    src = x if ctx.zero_copy else ctx.half("reduce_scatter.direct", w * m, x.dtype)
+    src, half = (x, 0) if ctx.zero_copy else ctx.halves("reduce_scatter.direct", w * m, x.dtype)
     bases, rank, err, tmo = ctx.kernel_args()
-    reduce_scatter_direct_kernel[(g,)](x, out, src, pad, m, bases, rank, err, tmo, ctx.epoch,
+    reduce_scatter_direct_kernel[(g,)](x, out, src, half, pad, m, bases, rank, err, tmo,
+                                       ctx.epoch_dev,
                                        WORLD=w, BLOCK=ctx.block, OP=op_code(call),
                                        ACC_F32=acc_f32(x.dtype), STAGE=not ctx.zero_copy)
 
@@ -281,10 +298,12 @@ def reduce_scatter_ring(ctx, call) -> None:
     check_int32("reduce_scatter", "ring", w * m)
     g = ctx.programs(m)
     pad = ctx.signals(g * (w + 1))
-    src = x if ctx.zero_copy else ctx.half("reduce_scatter.ring.src", w * m, x.dtype)
-    tmp = ctx.half("reduce_scatter.ring.tmp", w * m, _acc_dtype(x.dtype))
+    src, src_half = (x, 0) if ctx.zero_copy else \
+        ctx.halves("reduce_scatter.ring.src", w * m, x.dtype)
+    tmp, tmp_half = ctx.halves("reduce_scatter.ring.tmp", w * m, _acc_dtype(x.dtype))
     bases, rank, err, tmo = ctx.kernel_args()
-    reduce_scatter_ring_kernel[(g,)](x, out, src, tmp, pad, m, bases, rank, err, tmo, ctx.epoch,
+    reduce_scatter_ring_kernel[(g,)](x, out, src, src_half, tmp, tmp_half, pad, m, bases, rank,
+                                     err, tmo, ctx.epoch_dev,
                                      WORLD=w, BLOCK=ctx.block, OP=op_code(call),
                                      ACC_F32=acc_f32(x.dtype), STAGE=not ctx.zero_copy)
 
@@ -297,17 +316,20 @@ def _compile_entries():
     def one(dt, world=8, op=OP_SUM, stage=1, gathers=True):
         out = []
         if gathers:
-            base = {"x": "*T", "out": "*T", "src": "*T", "n": "i32", **COMMON_SIG}
+            base = {"x": "*T", "out": "*T", "src": "*T", "half": "i32", "n": "i32",
+                    **COMMON_SIG}
             out.append((all_gather_direct_kernel, signature(base, dt),
                         {"WORLD": world, "BLOCK": 1024, "STAGE": stage}))
             out.append((all_gather_ring_kernel,
-                        signature({"x": "*T", "out": "*T", "ring": "*T", "n": "i32",
+                        signature({"x": "*T", "out": "*T", "ring": "*T", "half": "i32",
+                                   "n": "i32",
                                    **COMMON_SIG}, dt), {"WORLD": world, "BLOCK": 1024}))
-        rs = {"x": "*T", "out": "*T", "src": "*T", "m": "i32", **COMMON_SIG}
+        rs = {"x": "*T", "out": "*T", "src": "*T", "half": "i32", "m": "i32", **COMMON_SIG}
         out.append((reduce_scatter_direct_kernel, signature(rs, dt),
                     {"WORLD": world, "BLOCK": 1024, "OP": op, "ACC_F32": acc_f32(dt),
                      "STAGE": stage}))
-        rr = {"x": "*T", "out": "*T", "src": "*T", "tmp": "*A", "m": "i32", **COMMON_SIG}
+        rr = {"x": "*T", "out": "*T", "src": "*T", "src_half": "i32", "tmp": "*A",
+              "tmp_half": "i32", "m": "i32", **COMMON_SIG}
         out.append((reduce_scatter_ring_kernel, signature(rr, dt, _acc_dtype(dt)),
                     {"WORLD": world, "BLOCK": 1024, "OP": op, "ACC_F32": acc_f32(dt),
                      "STAGE": stage}))
