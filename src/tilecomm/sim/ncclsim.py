@@ -1,0 +1,229 @@
+"""``--library nccl``: what NCCL measures, as nccl-tests reports it (out-of-place time per call).
+
+Two steps, kept apart:
+
+1. **Choice** (NCCL's tuner): for every (algorithm, protocol) NCCL would enable on the topology,
+   NCCL's own cost estimate ``baseLat + latency(steps, hwLat) + bytes / tunerBw`` (constants of
+   NVIDIA/nccl src/graph/tuning.cc, see :data:`BASE_LAT`, :data:`HW_LAT`); the cheapest wins, as
+   in ``ncclTopoGetAlgoTime``/``getAlgoInfo``. The set can be restricted to what a measurement
+   allowed (``NCCL_ALGO=NVLS`` or ``Ring`` in a published sweep).
+2. **Time** (ours): ``host_us + latency + bytes / realizedBw`` for the chosen pair, where
+   ``latency`` is the same NCCL constant and ``realizedBw`` comes from hardware classes:
+
+   * ring busbw = protocol fraction x min(NVLink line x ``ring_eff``, node NIC line x
+     ``net_eff``) (one ring per NIC pair: NCCL opens at least one channel per NIC, so every NIC of
+     a node carries one ring crossing and the network-bound busbw is the node's NIC total);
+   * tree (across nodes) algbw = min(chain on NVLink, node NIC x ``net_eff`` x k), k = 1 for two
+     nodes (each node sends and receives the whole buffer once), 1/2 beyond (double binary tree:
+     every node is interior in one tree, 2 S per direction);
+   * NVLS (one NVLink domain) algbw = NVLink line x ``nvls_eff``; NVLS-tree across nodes = min of
+     that and the tree's network term.
+
+   ``host_us`` is the per-call overhead nccl-tests' timing loop sees (launch, enqueue, completion)
+   beyond NCCL's latency constants; ``ring_eff``, ``nvls_eff``, ``net_eff`` are per-class
+   efficiencies. Their defaults carry sources; ``calibrate --cross-validate`` refits them
+   leaving each system out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+
+from tilecomm.algorithms import BUSBW_FACTOR
+from tilecomm.topology import Topology
+
+PROTOS = ("LL", "LL128", "Simple")
+# tuning.cc baseLat [algo][proto] (us)
+BASE_LAT = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4), "nvls": (0.0, 0.0, 0.0),
+            "nvls_tree": (0.0, 0.0, 0.0)}
+# tuning.cc hwLat [link class][algo][proto] (us)
+HW_LAT = {
+    "nvlink": {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "nvls": (0, 0, 25.0),
+               "nvls_tree": (0, 0, 25.0)},
+    "pci": {"tree": (1.0, 1.9, 4.0), "ring": (1.0, 2.5, 5.7), "nvls": (0, 0, 0),
+            "nvls_tree": (0, 0, 0)},
+    "net": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0), "nvls": (0, 0, 18.0),
+            "nvls_tree": (0, 0, 14.0)},
+}
+TUNING_SRC = "NVIDIA/nccl src/graph/tuning.cc baseLat/hwLat (2.19+)"
+# tuning.cc llMaxBws (GB/s, one node): Ampere 87.7, Hopper 141.0; Blackwell assumed = Hopper.
+LL_MAX_BW = {"sm80": 87.7, "sm90": 141.0, "sm100": 141.0}
+
+
+@dataclass(frozen=True)
+class NcclParams:
+    """Class parameters of the nccl-tests-as-measured model (see module docstring)."""
+
+    host_us: float = 4.0     # per call, beyond NCCL's latency constants
+    ring_eff: float = 0.80   # Simple ring busbw / NVLink line rate
+    nvls_eff: float = 0.61   # NVLS all_reduce algbw / NVLink line rate
+    net_eff: float = 0.90    # achieved / NIC line (as the preset states it) across nodes
+    sources: dict = field(default_factory=lambda: dict(DEFAULT_SOURCES), compare=False,
+                          hash=False)
+
+    def with_(self, **kw) -> "NcclParams":
+        return replace(self, **kw)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("sources")
+        return d
+
+
+DEFAULT_SOURCES = {
+    "host_us": "default 4 us (CUDA launch + nccl-tests loop); refitted leave-one-system-out",
+    "ring_eff": "0.8: NVIDIA/nccl-tests#212 (sjeaugey: ~20% protocol overhead on NVLink)",
+    "nvls_eff": "0.61: NVIDIA/nccl-tests#212 (sjeaugey: 8x H100 NVLS algbw ~275 of 450 GB/s)",
+    "net_eff": "0.9: assumed; refitted leave-one-system-out on multi-node sweeps",
+    "latency": TUNING_SRC,
+}
+DEFAULT = NcclParams()
+
+
+def gpu_class(topo: Topology) -> str:
+    g = topo.spec.gpu.upper()
+    if "A100" in g or "A800" in g:
+        return "sm80"
+    if "B200" in g or "GB200" in g or "B100" in g or "GB300" in g or "B300" in g:
+        return "sm100"
+    return "sm90"
+
+
+@dataclass(frozen=True)
+class NcclRow:
+    """One (algorithm, protocol) as NCCL runs it on one size."""
+
+    collective: str
+    algo: str
+    protocol: str
+    nbytes: int
+    world_size: int
+    time_us: float       # our prediction of the nccl-tests time
+    tuner_us: float      # NCCL's own estimate (what its choice is based on)
+    bound: str           # which class parameter bounds the transfer: nvlink|nvls|net|latency
+    lat_us: float        # NCCL latency constant part (without host_us)
+
+    @property
+    def algbw_GBps(self) -> float:
+        return self.nbytes / (self.time_us * 1e3) if self.time_us > 0 else float("inf")
+
+    @property
+    def busbw_GBps(self) -> float:
+        return self.algbw_GBps * BUSBW_FACTOR.get(self.collective, lambda n: 1.0)(self.world_size)
+
+
+def _enabled(topo: Topology, collective: str) -> list[tuple[str, str]]:
+    s = topo.spec
+    out = []
+    pcie = s.intra == "pcie"
+    for p in PROTOS:
+        if p == "LL128" and pcie:
+            continue   # LL128 only on NVLink paths (tuning.cc typeIntra <= PATH_NVB)
+        out.append(("ring", p))
+        if collective == "all_reduce" and topo.nodes > 1:
+            out.append(("tree", p))
+    if collective == "all_reduce" and s.nvls and topo.gpus > 1:
+        out.append(("nvls" if topo.nodes == 1 else "nvls_tree", "Simple"))
+    return out
+
+
+def _nsteps(collective: str, n: int) -> int:
+    return 2 * (n - 1) if collective == "all_reduce" else n - 1
+
+
+def _latency(topo: Topology, collective: str, algo: str, proto: str) -> float:
+    """NCCL's latency for (algo, proto) on ``topo`` (us): tuning.cc's formulas."""
+    n, nodes, ppn = topo.world_size, topo.nodes, topo.gpus
+    p = PROTOS.index(proto)
+    intra_hw = "pci" if topo.spec.intra == "pcie" else "nvlink"
+    intra = HW_LAT[intra_hw][algo][p] * (1.8 if nodes > 1 and proto == "LL" else 1.0)
+    inter = HW_LAT["net"][algo][p]
+    base = BASE_LAT[algo][p]
+    if algo == "ring":
+        nsteps = _nsteps(collective, n)
+        ninter = (2 if collective == "all_reduce" else 1) * (nodes - 1)
+        return base + (nsteps - ninter) * intra + ninter * inter
+    if algo == "tree":
+        return base + 2 * ((ppn - 1) * intra + math.log2(nodes) * inter)
+    if algo == "nvls":
+        return intra
+    return intra + 2 * math.log2(nodes) * inter      # nvls_tree
+
+
+def _proto_frac(topo: Topology, proto: str, bus: float) -> float:
+    if proto == "LL":
+        return min(LL_MAX_BW[gpu_class(topo)], 0.5 * bus)
+    if proto == "LL128":
+        return 0.92 * bus
+    return bus
+
+
+def _bandwidth(topo: Topology, collective: str, algo: str, proto: str,
+               prm: NcclParams) -> tuple[float, str]:
+    """Realized algbw (GB/s) and the class parameter that bounds it."""
+    s = topo.spec
+    n, nodes = topo.world_size, topo.nodes
+    link = s.gpu_link_GBps * prm.ring_eff
+    node_nic = s.nic_GBps * topo.nics * prm.net_eff if nodes > 1 else math.inf
+    if algo == "ring":
+        bus, bound = (link, "nvlink") if link <= node_nic else (node_nic, "net")
+        bus = _proto_frac(topo, proto, bus)
+        nsteps = _nsteps(collective, n)
+        factor = n / nsteps if collective in ("all_reduce", "all_gather", "reduce_scatter") \
+            else 1.0
+        return bus * factor, bound
+    tree_net = node_nic * (1.0 if nodes == 2 else 0.5)
+    if algo == "tree":
+        chain = _proto_frac(topo, proto, link) * 0.5   # reduce and broadcast share the chain
+        return (chain, "nvlink") if chain <= tree_net else (
+            _proto_frac(topo, proto, tree_net), "net")
+    nv = s.gpu_link_GBps * prm.nvls_eff
+    if algo == "nvls":
+        return nv, "nvls"
+    return (nv, "nvls") if nv <= tree_net else (tree_net, "net")
+
+
+def _tuner_bw(topo: Topology, collective: str, algo: str, proto: str) -> float:
+    """NCCL's own bandwidth belief for its choice: tree ~ 0.92 x busBw / 2 (tuning.cc), the
+    rest as realized with the default class parameters."""
+    if algo == "tree":
+        ring_bus = _bandwidth(topo, "all_reduce", "ring", "Simple", DEFAULT)[0] * \
+            2 * (topo.world_size - 1) / topo.world_size
+        bus = ring_bus * 0.92
+        bus = {"LL": bus / 3.8, "LL128": bus * 120 / 128, "Simple": bus}[proto]
+        return bus * 0.5 * (2.0 if topo.nodes == 2 else 1.0)
+    return _bandwidth(topo, collective, algo, proto, DEFAULT)[0]
+
+
+SUPPORTED = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
+
+
+def nccl_rows(collective: str, nbytes: int, topo: Topology, prm: NcclParams = DEFAULT,
+              algos=None) -> list[NcclRow]:
+    """Every (algo, protocol) NCCL enables (or those in ``algos``), NCCL's choice first."""
+    if collective not in SUPPORTED:
+        raise ValueError(f"--library nccl models {', '.join(SUPPORTED)}; not {collective}")
+    n = topo.world_size
+    if n == 1:
+        return [NcclRow(collective, "none", "-", int(nbytes), 1, prm.host_us, 0.0, "latency", 0.0)]
+    rows = []
+    for a, p in _enabled(topo, collective):
+        if algos and a not in algos and not (a == "nvls_tree" and "nvls" in algos):
+            continue
+        lat = _latency(topo, collective, a, p)
+        bw, bound = _bandwidth(topo, collective, a, p, prm)
+        tuner = lat + nbytes / (1e3 * _tuner_bw(topo, collective, a, p))
+        t = prm.host_us + lat + nbytes / (1e3 * bw)
+        if lat + prm.host_us >= nbytes / (1e3 * bw):
+            bound = "latency"
+        rows.append(NcclRow(collective, a, p, int(nbytes), n, t, tuner, bound, lat))
+    if not rows:
+        raise ValueError(f"none of {algos} is enabled for {collective} on {topo.spec.name}")
+    return sorted(rows, key=lambda r: r.tuner_us)
+
+
+def nccl_choice(collective: str, nbytes: int, topo: Topology, prm: NcclParams = DEFAULT,
+                algos=None) -> NcclRow:
+    """What NCCL runs (its tuner's cheapest) and our prediction of its nccl-tests time."""
+    return nccl_rows(collective, nbytes, topo, prm, algos)[0]
