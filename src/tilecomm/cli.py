@@ -49,6 +49,9 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--vs", action="append", default=[], choices=["gloo"],
                    help="baseline measured in the same run")
     p.add_argument("--no-bound", action="store_true", help="skip the memory-bandwidth bound")
+    p.add_argument("--deterministic", action="store_true",
+                   help="deterministic mode: rank-order bits for every reduction "
+                        "(TILECOMM_DETERMINISTIC)")
     p.add_argument("--json", default=None, help="write rows as JSON")
     p.set_defaults(func=run_bench)
 
@@ -66,7 +69,8 @@ def run_bench(args) -> int:
                                   args.stepfactor),
                       dtype=args.dtype, algos=algos, mem=args.mem, iters=args.iters,
                       warmup=args.warmup, rounds=args.rounds, check=args.check, vs=args.vs,
-                      bound=not args.no_bound, device=args.device, redop=args.redop)
+                      bound=not args.no_bound, device=args.device, redop=args.redop,
+                      deterministic=args.deterministic)
     console = _console()
     with Progress(console=Console(stderr=True), transient=True) as prog:
         task = prog.add_task(f"{args.op} on {args.nranks} ranks", total=None)
@@ -76,7 +80,8 @@ def run_bench(args) -> int:
 
         rows = run(cfg, progress)
     console.print(table(rows, f"tilecomm {args.op}: {args.nranks} ranks, {args.dtype}, "
-                              f"{args.mem} memory, {args.device}"))
+                              f"{args.mem} memory, {args.device}"
+                              f"{', deterministic' if args.deterministic else ''}"))
     if args.json:
         write_json(rows, args.json)
         console.print(f"wrote {len(rows)} rows to {args.json}")

@@ -97,3 +97,18 @@ def test_bench_on_cuda(tmp_path, mem):
     assert rc == 0
     for x in json.loads(out.read_text()):
         assert x["wrong"] == 0 and x["device"] == "cuda" and x["bound_us"] > 0
+
+
+def test_bench_deterministic_mode_runs_only_rank_order_algorithms():
+    from tilecomm.bench import BenchConfig, run
+    from tilecomm.bench.runner import resolve_algos
+
+    cfg = BenchConfig(op="all_reduce", world_size=2, sizes=[64, 1 << 20], algos=["all"],
+                      rounds=1, iters=2, warmup=1, check=True, bound=False, deterministic=True)
+    assert resolve_algos(cfg) == ["one_shot", "two_shot"]
+    rows = run(cfg)
+    assert {r["algo"] for r in rows} == {"one_shot", "two_shot"}
+    assert all(r["deterministic"] and r["wrong"] == 0 for r in rows)
+    auto = run(BenchConfig(op="reduce", world_size=2, sizes=[64], rounds=1, iters=2, warmup=1,
+                           bound=False, deterministic=True))
+    assert auto[0]["algo"] == "direct"

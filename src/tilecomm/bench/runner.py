@@ -23,7 +23,7 @@ import os
 import socket
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -52,6 +52,7 @@ class BenchConfig:
     timeout: float = 120.0
     device: str = "cpu"             # cpu | cuda | cuda:N
     redop: str = "sum"
+    deterministic: bool = False     # the communicators' deterministic mode (rank-order bits)
 
     def table(self) -> list[BenchCase]:
         return bench_table(self.op, resolve_algos(self), self.sizes, self.dtype, self.mem,
@@ -325,6 +326,11 @@ def device_heap_bytes_for(sizes: list[int], mem: str) -> int:
 def resolve_algos(cfg: BenchConfig) -> list[str]:
     if cfg.op == "send_recv":
         return ["p2p"]
+    if cfg.algos == ["all"] and cfg.deterministic and \
+            cfg.op in ("all_reduce", "reduce_scatter", "reduce"):
+        from ..algorithms.lower import deterministic_algorithms
+        return deterministic_algorithms(cfg.op, cfg.world_size, 0,
+                                        among=resolve_algos(replace(cfg, deterministic=False)))
     if cfg.algos == ["all"]:
         if _kernel_path(cfg):
             if cfg.device == "cpu":     # the kernels run in the interpreter (ranks fork)
@@ -368,7 +374,8 @@ def run(cfg: BenchConfig, progress=None) -> list[dict]:
     rows = []
     itemsize = DTYPE_BY_NAME[cfg.dtype].itemsize
     table = cfg.table()
-    with RankGroup(cfg.world_size, timeout=cfg.timeout, heap_bytes=heap) as group:
+    with RankGroup(cfg.world_size, timeout=cfg.timeout, heap_bytes=heap,
+                   deterministic=cfg.deterministic) as group:
         group.run(_rank_setup, cfg.device,
                   device_heap_bytes_for(cfg.sizes, cfg.mem) if dev.type == "cuda" else None)
         if "gloo" in cfg.vs:
@@ -399,14 +406,15 @@ def _row(cfg, case: BenchCase, res, rates, itemsize) -> dict:
     algo = case.algo
     kind = "gpu" if _kernel_path(cfg) else "cpu"
     if algo == "auto":
-        used = "p2p" if cfg.op == "send_recv" else _auto(cfg.op, size, w, kind)
+        used = "p2p" if cfg.op == "send_recv" else _auto(cfg.op, size, w, kind,
+                                                          cfg.deterministic)
     else:
         used = algo
     t = slowest_median([r["times"] for r in res])
     algbw = size / t / 1e9
     row = {"case": case.id, "collective": cfg.op, "algo": used, "requested": algo,
            "world_size": w, "bytes": size, "count": count, "dtype": cfg.dtype, "mem": cfg.mem,
-           "device": cfg.device, "redop": cfg.redop,
+           "device": cfg.device, "redop": cfg.redop, "deterministic": cfg.deterministic,
            "time_us": t * 1e6, "algbw_gbs": algbw, "busbw_gbs": algbw * c.factor(w),
            "iters": res[0]["iters"], "rounds": cfg.rounds}
     if cfg.check:
@@ -431,11 +439,16 @@ def _row(cfg, case: BenchCase, res, rates, itemsize) -> dict:
     return row
 
 
-def _auto(op, size, w, kind):
+def _auto(op, size, w, kind, deterministic=False):
+    """The algorithm ``auto`` resolved to (as the Communicator resolves it)."""
+    avail = algorithms(op)
     if kind == "gpu":
         try:
             from ..backends.triton import registry
-            return tuner.choose(op, size, w, kind="gpu", available=registry.supported(op))
+            avail = registry.supported(op)
         except Exception:  # noqa: BLE001 - the name is informative only
-            pass
-    return tuner.choose(op, size, w)
+            kind = "cpu"
+    if deterministic and op in ("all_reduce", "reduce_scatter", "reduce"):
+        from ..algorithms.lower import deterministic_algorithms
+        avail = deterministic_algorithms(op, w, 0, among=avail)
+    return tuner.choose(op, size, w, kind=kind, available=avail)
