@@ -78,11 +78,13 @@ def warmup_variants() -> list[int]:
     stage = offline.aligned(8192, torch.bfloat16)
     pad, bases = offline.aligned(64, torch.int64), offline.aligned(4, torch.int64)
     err = offline.aligned(8, torch.int64)
+    epoch = offline.aligned(1, torch.int64)           # the device epoch (NOTE [device epochs])
     with cc.offline_target():
         for i in range(20):
             ep, r, n = i + 1, i % 4, [8192, 1000, 16, 1, 4097][i % 5]
-            k.warmup(x, x, stage, pad, n, bases, r, err, 10**10, ep, WORLD=4, BLOCK=1024,
-                     OP=0, ACC_F32=1, grid=(1,))
+            epoch.fill_(ep)
+            k.warmup(x, x, stage, [4096, 512, 16, 1][i % 4], pad, n, bases, r, err, 10**10,
+                     epoch, WORLD=4, BLOCK=1024, OP=0, ACC_F32=1, grid=(1,))
             counts.append(len(cc.compiled_variants(k)))
     return counts
 
