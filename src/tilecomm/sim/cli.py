@@ -27,6 +27,9 @@ def add_sim_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("-b", "--minbytes", default="1K")
     p.add_argument("-e", "--maxbytes", default="1G")
     p.add_argument("-f", "--stepfactor", type=int, default=2)
+    p.add_argument("--library", default="tilecomm", choices=["tilecomm", "nccl"],
+                   help="tilecomm: tilecomm's own algorithms; nccl: what NCCL measures in "
+                        "nccl-tests (its tuner's algorithm/protocol choice, out-of-place time)")
     p.add_argument("--algo", default="all", help="algorithm name or 'all'")
     p.add_argument("--protocol", default=None, help="force one protocol of the system (e.g. Simple, LL128; any case)")
     p.add_argument("--engine", default="auto", choices=["auto", "events", "phases"])
@@ -60,6 +63,28 @@ def _nccl_pick(preds) -> str:
     return (have or preds)[0].algo
 
 
+def _nccl_library_rows(args, topo, nbytes: int, prm) -> list[dict]:
+    """``--library nccl``: every (algorithm, protocol) NCCL enables, its choice first."""
+    from .ncclsim import nccl_rows
+
+    algos = None
+    if args.algo != "all":
+        algos = (args.algo.lower(),)
+        known = ("ring", "tree", "nvls", "nvls_tree")
+        if algos[0] not in known:
+            raise ValueError(f"--library nccl: --algo must be one of {', '.join(known)} or all")
+    rows = nccl_rows(args.collective, nbytes, topo, prm, algos)
+    if args.protocol is not None:
+        rows = [r for r in rows if r.protocol.lower() == args.protocol.lower()]
+        if not rows:
+            raise ValueError(f"--library nccl: no {args.protocol} protocol for that algorithm")
+    return [{"library": "nccl", "collective": r.collective, "algo": r.algo,
+             "protocol": r.protocol, "nbytes": r.nbytes, "world_size": r.world_size,
+             "time_us": r.time_us, "algbw_GBps": r.algbw_GBps, "busbw_GBps": r.busbw_GBps,
+             "bottleneck": r.bound, "method": "nccl-model", "tuner_us": r.tuner_us,
+             "best": i == 0} for i, r in enumerate(rows)]
+
+
 def run_sim(args) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -77,13 +102,26 @@ def run_sim(args) -> int:
     grid = sizes(parse_size(args.minbytes), parse_size(args.maxbytes), args.stepfactor)
     rows = []
     nccl_pick = {}
+    from .crossval import band_of, load_fit
+    prm, bands = load_fit()
+    library = getattr(args, "library", "tilecomm")
     for n in grid:
+        if library == "nccl":
+            nrows = _nccl_library_rows(args, topo, n, prm)
+            nccl_pick[n] = nrows[0]["algo"]
+            rows += nrows
+            continue
         preds = predict(args.collective, n, system=spec, nodes=args.nodes,
                         gpus=topo.gpus, algo=args.algo, protocol=args.protocol,
                         engine=args.engine, mem=args.mem)
         nccl_pick[n] = _nccl_pick(preds)
         for i, p in enumerate(preds):
-            rows.append({**p.as_dict(), "best": i == 0})
+            rows.append({"library": "tilecomm", **p.as_dict(), "best": i == 0})
+    for r in rows:
+        lo, hi = band_of(r["time_us"], r["nbytes"], bands)
+        r["low_us"], r["high_us"] = lo, hi
+        r["band_source"] = ("leave-one-system-out residuals of the nccl model, "
+                            "sim/data/nccl_fit.json" if bands else "none (no fit file)")
     w = topo.world_size
     con = Console(width=max(Console().width, 130))  # never truncate algorithm names
     warnings = []
@@ -109,32 +147,43 @@ def run_sim(args) -> int:
     by_key = {}
     for m in measured:
         by_key[(m["nbytes"], m["algo"] if m["algo"] in predicted_algos else None)] = m
-    ring_1ch = topo.nodes > 1 and "ring" in predicted_algos
-    t = Table(title=f"{args.collective} on {spec.name} x{args.nodes} ({w} ranks): predicted")
-    for col in ("size", "algo", "proto", "time (us)", "algbw GB/s", "busbw GB/s", "bottleneck"):
+    ring_1ch = topo.nodes > 1 and "ring" in predicted_algos and library == "tilecomm"
+    t = Table(title=f"{args.collective} on {spec.name} x{args.nodes} ({w} ranks): predicted, "
+                    f"library {library}")
+    for col in ("size", "algo", "proto", "time (us)", "band", "algbw GB/s", "busbw GB/s",
+                "bottleneck"):
         t.add_column(col, justify="right")
     if measured:
         t.add_column("measured us", justify="right")
         t.add_column("err", justify="right")
     for r in rows:
         name = RING_1CH if ring_1ch and r["algo"] == "ring" else r["algo"]
+        band = (f"-{1 - r['low_us'] / r['time_us']:.0%}/+{r['high_us'] / r['time_us'] - 1:.0%}"
+                if r["time_us"] > 0 else "")
         cells = [format_size(r["nbytes"]), ("* " if r["best"] else "") + name, r["protocol"],
-                 f"{r['time_us']:.2f}", f"{r['algbw_GBps']:.2f}", f"{r['busbw_GBps']:.2f}",
-                 r["bottleneck"]]
+                 f"{r['time_us']:.2f}", band, f"{r['algbw_GBps']:.2f}",
+                 f"{r['busbw_GBps']:.2f}", r["bottleneck"]]
         if measured:
-            m = by_key.get((r["nbytes"], r["algo"])) or (
-                by_key.get((r["nbytes"], None)) if r["algo"] == nccl_pick[r["nbytes"]]
-                else None)
+            if library == "nccl":
+                m = by_key.get((r["nbytes"], None)) if r["best"] else None
+            else:
+                m = by_key.get((r["nbytes"], r["algo"])) or (
+                    by_key.get((r["nbytes"], None)) if r["algo"] == nccl_pick[r["nbytes"]]
+                    else None)
             ok = m is not None
             cells += [f"{m['time_us']:.2f}" if ok else "",
                       f"{(r['time_us'] - m['time_us']) / m['time_us']:+.0%}" if ok else ""]
         t.add_row(*cells, style="bold" if r["best"] else None)
     con.print(t)
-    con.print("* = model's fastest")
+    con.print("* = NCCL's choice (its tuner's cheapest algorithm/protocol)" if library == "nccl"
+              else "* = model's fastest")
+    if bands:
+        con.print("band: range of the measured time given the prediction, from the "
+                  "leave-one-system-out errors of its size regime (docs/model.md)")
     if ring_1ch:
         con.print(f"{RING_1CH}: one ring through every rank, NIC-bound by a single channel; "
                   "NCCL runs one ring per NIC, so this is pessimistic (docs/model.md, Known gaps)")
-    if any(m["algo"] not in predicted_algos for m in measured):
+    if library == "tilecomm" and any(m["algo"] not in predicted_algos for m in measured):
         con.print(f"measured rows without an algorithm (nccl-tests) are compared with the "
                   f"model's fastest of {', '.join(a for a in NCCL_ALGOS)} where it has one")
     if args.algo == "all":
@@ -145,7 +194,9 @@ def run_sim(args) -> int:
         con.print(line)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"system": spec.name, "nodes": args.nodes, "predictions": rows,
+            json.dump({"system": spec.name, "nodes": args.nodes, "library": library,
+                       "nccl_params": prm.as_dict() if library == "nccl" else None,
+                       "predictions": rows,
                        "measured": measured}, f, indent=1)
     if args.plot:
         from .plot import plot_sweep

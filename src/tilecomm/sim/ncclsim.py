@@ -192,7 +192,7 @@ def _tuner_bw(topo: Topology, collective: str, algo: str, proto: str) -> float:
             2 * (topo.world_size - 1) / topo.world_size
         bus = ring_bus * 0.92
         bus = {"LL": bus / 3.8, "LL128": bus * 120 / 128, "Simple": bus}[proto]
-        return bus * 0.5 * (2.0 if topo.nodes == 2 else 1.0)
+        return bus * 0.5
     return _bandwidth(topo, collective, algo, proto, DEFAULT)[0]
 
 
