@@ -16,7 +16,7 @@ GB = 1e3
 
 def uniform(n=8):
     """An NVSwitch node with no reduction cap, one protocol: uniform links."""
-    spec = get_preset("dgx-h100").with_(reduce_GBps=1e9, protocols=(
+    spec = get_preset("dgx-h100").with_(reduce_GBps=1e9, launch_us=0.0, protocols=(
         Protocol("P", 1.0, 2.0, 10.0, 0.0),))
     return build(spec, 1, n)
 
@@ -127,7 +127,7 @@ def test_8192_rank_ring_and_hierarchical_run_in_seconds():
     assert time.perf_counter() - t0 < 30
     # Ring: every step waits on the slowest (network) flow: 2(n-1) x (alpha + S/n / B_nic)
     b_nic = t.spec.nic_GBps * pr.eff * GB
-    expect = pr.base_us + 2 * 8191 * (pr.step_net_us + S / 8192 / b_nic)
+    expect = t.spec.launch_us + pr.base_us + 2 * 8191 * (pr.step_net_us + S / 8192 / b_nic)
     assert ring.time_us == pytest.approx(expect, rel=1e-6)
     assert ring.bottleneck.startswith("nic")
     assert hier.time_us < ring.time_us

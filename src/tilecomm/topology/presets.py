@@ -43,6 +43,15 @@ def _gpu_protocols(simple_eff: float, fabric: str = "nvlink") -> tuple[Protocol,
 SUPERPOD = Fabric(rail_optimized=True, nodes_per_leaf=32, leaves_per_pod=32,
                   oversubscription=1.0, levels=2)
 
+# Per-collective host overhead as nccl-tests' timing loop sees it (kernel launch, enqueue,
+# completion) beyond NCCL's latency constants: a software class, the same for every CUDA GPU
+# preset. Value: ``host_us`` of ``python -m tilecomm.sim.calibrate --cross-validate`` fitted on
+# all 11 published systems (sim/data/nccl_fit.json); leave-one-system-out it ranges 5.6-6.0 us.
+CALL_OVERHEAD_US = 5.8
+CALL_OVERHEAD_SRC = ("class 'CUDA collective call' host_us = 5.8 us: median over 11 published "
+                     "nccl-tests systems of the latency-regime residual (sim/crossval.py, "
+                     "sim/data/nccl_fit.json; docs/model.md)")
+
 # CX7 400 Gb/s = 50 GB/s line; 48.5 GB/s achievable per NIC (NVIDIA/nccl-tests#175, maintainer).
 CX7_GBPS = 48.5
 
@@ -56,9 +65,9 @@ def dgx_a100() -> SystemSpec:
         nics_per_node=8, nic_GBps=24.5,  # 8x ConnectX-6 HDR 200 Gb/s (DGX A100 datasheet)
         # Simple: 232.5/300 = 0.775 (8x A100 all_reduce busbw 232.54 GB/s at 4 GB,
         # github.com/li-plus/playground cuda/nccl.md)
-        protocols=_gpu_protocols(0.775), fabric=SUPERPOD,
+        protocols=_gpu_protocols(0.775), fabric=SUPERPOD, launch_us=CALL_OVERHEAD_US,
         sources={"gpu_link_GBps": "A100 datasheet", "Simple.eff": "li-plus/playground nccl.md",
-                 "latencies": NCCL_TUNING})
+                 "latencies": NCCL_TUNING, "launch_us": CALL_OVERHEAD_SRC})
 
 
 def dgx_h100() -> SystemSpec:
@@ -72,10 +81,10 @@ def dgx_h100() -> SystemSpec:
         # NVLS all_reduce algbw ~275 GB/s on 8x H100 (busbw 480; NVIDIA/nccl-tests#212, sjeaugey)
         nvls_alg_GBps=275.0, nvls_us=25.0,   # NVLS hwLat NVLink 25 us (NCCL tuning.cc)
         # Simple: ring busbw 365-370 GB/s of 450 => 0.815 (NVIDIA/nccl-tests#212, nccl#1455)
-        protocols=_gpu_protocols(0.815), fabric=SUPERPOD,
+        protocols=_gpu_protocols(0.815), fabric=SUPERPOD, launch_us=CALL_OVERHEAD_US,
         sources={"gpu_link_GBps": "H100 datasheet", "nvls_alg_GBps": "nccl-tests#212",
                  "Simple.eff": "nccl-tests#212 / nccl#1455", "nic_GBps": "nccl-tests#175",
-                 "latencies": NCCL_TUNING})
+                 "latencies": NCCL_TUNING, "launch_us": CALL_OVERHEAD_SRC})
 
 
 def hgx_h200() -> SystemSpec:
@@ -87,7 +96,8 @@ def hgx_h200() -> SystemSpec:
                  "nvls_alg_GBps": "H100 measurement (nccl-tests#212), same NVLink4 fabric; "
                                   "not measured on H200",
                  "Simple.eff": "H100's (nccl-tests#212 / nccl#1455), not measured on H200",
-                 "nic_GBps": "nccl-tests#175 (ConnectX-7)", "latencies": NCCL_TUNING})
+                 "nic_GBps": "nccl-tests#175 (ConnectX-7)", "latencies": NCCL_TUNING,
+                 "launch_us": CALL_OVERHEAD_SRC})
 
 
 def dgx_b200() -> SystemSpec:
@@ -103,7 +113,8 @@ def dgx_b200() -> SystemSpec:
                  "Simple.eff": "H100's (nccl-tests#212 / nccl#1455), not validated on B200",
                  "nic_GBps": "DGX B200 datasheet (8x ConnectX-7 400G); 48.5 achievable per "
                              "nccl-tests#175",
-                 "latencies": NCCL_TUNING + " (Hopper values, not re-checked for Blackwell)"})
+                 "latencies": NCCL_TUNING + " (Hopper values, not re-checked for Blackwell)",
+                 "launch_us": CALL_OVERHEAD_SRC})
 
 
 def gb200_nvl72() -> SystemSpec:
@@ -129,7 +140,9 @@ def pcie_8gpu() -> SystemSpec:
         nics_per_node=2, nic_GBps=24.5,                 # 2x 200G
         protocols=_gpu_protocols(0.85, "pci"),
         fabric=Fabric(rail_optimized=False, nodes_per_leaf=16, oversubscription=1.0),
+        launch_us=CALL_OVERHEAD_US,
         sources={"gpu_link_GBps": "PCIe 4.0 x16", "latencies": NCCL_TUNING + " (PCI row)",
+                 "launch_us": CALL_OVERHEAD_SRC,
                  "protocols": "LL, Simple; no LL128: " + LL128_NOTE})
 
 
