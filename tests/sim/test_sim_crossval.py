@@ -1,0 +1,140 @@
+"""Leave-one-system-out validation, --library nccl, bands, class latencies of presets."""
+
+import json
+import os
+
+import pytest
+
+from tilecomm.sim import crossval as cv
+from tilecomm.sim.cli import main as cli_main
+from tilecomm.sim.ncclsim import DEFAULT, nccl_choice, nccl_rows
+from tilecomm.topology import build, get_preset
+
+
+def _row(system, nbytes, t, spec_key="Azure ND H200 v5", algos=("nvls",), gpus=8, nodes=1):
+    return cv.Row(system, spec_key, "all_reduce", gpus, nodes, nbytes, t, algos, "test",
+                  spec_key)
+
+
+def _rows():
+    return cv.load([cv.EXTRA_CSV])
+
+
+def test_extra_data_has_sources_and_fit_column():
+    import csv
+    with open(cv.EXTRA_CSV) as f:
+        rows = list(csv.DictReader(f))
+    assert rows and all(r["source"] and r["used_for_fit"] for r in rows)
+    assert len({r["system"] for r in rows}) >= 5
+
+
+def test_loso_never_gives_the_held_out_system_to_the_fit():
+    rows = _rows()
+    sentinel = "SENTINEL-SYSTEM"
+    rows.append(_row(sentinel, 1024, 1e6))    # absurd: would drag host_us to ~1e6 if seen
+    seen = []
+
+    def spy_fit(train):
+        seen.append({r.system for r in train})
+        return cv.fit(train)
+
+    checks, params = cv.cross_validate(rows, fit_fn=spy_fit)
+    systems = sorted({r.system for r in rows})
+    assert len(seen) == len(systems)
+    for held, train_systems in zip(systems, seen):
+        assert held not in train_systems
+        assert train_systems == set(systems) - {held}    # every other system is used
+    # the sentinel's own prediction comes from a fit that never saw its absurd row
+    assert params[sentinel].host_us < 100
+    assert {c.row.system for c in checks} == set(systems)
+
+
+def test_including_the_system_in_the_fit_changes_its_prediction():
+    rows = _rows()
+    held = "gcp-a3-mega"      # its latency regime (~125 us) is far from the others'
+    loso = cv.fit([r for r in rows if r.system != held])
+    full = cv.fit(rows)
+    r = next(x for x in rows if x.system == held and x.nbytes == 1024)
+    assert cv.predict_row(r, loso).time_us != pytest.approx(cv.predict_row(r, full).time_us,
+                                                            rel=1e-3)
+
+
+def test_fit_recovers_host_overhead():
+    rows = [_row("a", 1024, 0.0), _row("b", 2048, 0.0)]
+    for r in rows:
+        r.time_us = nccl_choice("all_reduce", r.nbytes, r.topo(), DEFAULT.with_(host_us=0.0),
+                                r.algos).time_us + 9.0
+    assert cv.fit(rows).host_us == pytest.approx(9.0, abs=1e-6)
+
+
+def test_fit_json_matches_data_and_bands_are_ordered():
+    prm, bands = cv.load_fit()
+    assert set(bands) == {"latency", "middle", "bandwidth"}
+    for b in bands.values():
+        assert b["q16"] <= b["q84"]
+    with open(cv.FIT_JSON) as f:
+        assert len(json.load(f)["systems"]) >= 8
+    assert prm.host_us > 0
+
+
+def test_nccl_choice_switches_algorithm_with_size():
+    t = build("hgx-h200")
+    small = nccl_choice("all_reduce", 1024, t)
+    large = nccl_choice("all_reduce", 1 << 30, t)
+    assert (small.algo, small.protocol) == ("ring", "LL")
+    assert large.algo == "nvls"
+    assert 10 < small.time_us < 40      # Hopper nodes measure ~12-30 us at 1 KB
+    a100 = nccl_choice("all_reduce", 1 << 30, build("dgx-a100"))
+    assert (a100.algo, a100.protocol) == ("ring", "Simple")   # no NVLS on A100
+
+
+def test_multinode_ring_uses_every_nic():
+    t = build("dgx-h100", nodes=4)
+    r = [x for x in nccl_rows("all_reduce", 8 << 30, t, algos=("ring",))
+         if x.protocol == "Simple"][0]
+    # node-NIC bound: busbw ~ 8 NICs x 48.5 x net_eff, not one NIC's 48.5
+    assert r.bound == "net" and r.busbw_GBps > 8 * 48.5 * 0.5
+
+
+def test_cli_library_nccl_rows_labelled_with_bands(tmp_path):
+    out = tmp_path / "n.json"
+    assert cli_main(["sim", "all_reduce", "--system", "dgx-b200", "--library", "nccl",
+                     "-b", "1K", "-e", "1G", "-f", "1024", "--json", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["library"] == "nccl"
+    best = [r for r in d["predictions"] if r["best"]]
+    assert len(best) == 3
+    for r in d["predictions"]:
+        assert r["library"] == "nccl" and r["algo"] and r["protocol"]
+        assert r["low_us"] <= r["time_us"] <= r["high_us"]
+
+
+def test_cli_tilecomm_rows_have_bands(tmp_path):
+    out = tmp_path / "t.json"
+    assert cli_main(["sim", "all_reduce", "--system", "hgx-h200", "-b", "1K", "-e", "1K",
+                     "--json", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["library"] == "tilecomm"
+    assert all("low_us" in r and "high_us" in r and r["library"] == "tilecomm"
+               for r in d["predictions"])
+
+
+@pytest.mark.parametrize("name", ["dgx-a100", "dgx-h100", "hgx-h200", "dgx-b200",
+                                  "gb200-nvl72", "pcie-8gpu"])
+def test_gpu_presets_have_class_latency_with_source(name):
+    s = get_preset(name)
+    assert s.launch_us > 0
+    assert "host_us" in s.sources["launch_us"]
+
+
+def test_hgx_h200_small_message_no_longer_7us():
+    from tilecomm.sim import best
+    assert best("all_reduce", 1024, system="hgx-h200").time_us > 10
+
+
+@pytest.mark.skipif(not os.path.exists(cv.SHARED_CSV), reason="shared data not present")
+def test_loso_accuracy_first_milestone():
+    checks, _ = cv.cross_validate(cv.load(cv.default_paths()))
+    t = cv.table(checks)["ALL"]
+    assert t["latency"][1] <= 0.35
+    assert t["bandwidth"][1] <= 0.15
