@@ -11,15 +11,20 @@ call through this kernel (``registry.lookup``).
 Host side (per call, :func:`launch_plan`)
 -----------------------------------------
 * Layout: every buffer of the schedule (``buf``/``in``/``out``/``tmp``) gets a region of one
-  symmetric scratch half (``ctx.half("plan", ...)``, half ``epoch % 2``), at the same offset on
-  every rank. A region is as long as the longest copy of that buffer on any rank (all_to_all_v:
+  symmetric scratch half (``ctx.halves("plan", ...)``; the kernel uses half ``epoch % 2`` of
+  the epoch it loads, NOTE [device epochs] in context.py), at the same offset on every rank. A region is as long as the longest copy of that buffer on any rank (all_to_all_v:
   chunk lengths from the count matrix differ between ranks); rank ``r``'s chunk ``c`` starts at
   ``region + sum(r's chunks before c)``, which every rank computes from the matrix.
-* Staging: the caller's inputs are copied into their regions (torch copies on the stream);
-  after the kernel the outputs are copied out (``buf`` / ``out``; reduce: the root's only;
-  broadcast: the non-roots').
+* Staging, in the kernel (nothing is copied on the host, so a CUDA graph replay stages the
+  inputs into the half of its own epoch): the ``io`` table lists the caller's input chunks
+  (copied into their regions before the arrival signal) and output chunks (copied out after
+  the end waits: ``buf`` / ``out``; reduce: the root's only; broadcast: the non-roots'), one
+  row ``(region element offset, caller element offset, length)`` per chunk. Program ``pid``
+  copies blocks ``pid, pid + G, ...`` of each chunk, the blocks it handles in the ops, so it
+  stages what the peers' programs ``pid`` read and copies out what it (or the peers'
+  programs ``pid``, which it waited for) wrote.
 * Tables (int64, on the device, cached per ``(collective, algo, world, root, rank, count,
-  counts)``): ``phases[P + 1, 4]`` = (first op, end op, wait mask, notify mask) per phase, and
+  counts)``): ``io[nin + nout, 3]`` (above), ``phases[P + 1, 4]`` = (first op, end op, wait mask, notify mask) per phase, and
   a last row for the end (wait mask = ``end_waits``); ``ops[., 4]`` = (dst element offset,
   length, completes, first source, end source); ``srcs[., 2]`` = (rank, element offset) in
   combination order. An op that ``accumulate``\\ s lists its own destination as first source.
@@ -41,8 +46,8 @@ setting slot ``((pid * S + s) * W + me)`` on a peer (``lang.signal_set``, releas
               rank: a call completes only after every rank started it (contract rule 2)
 
 Slot rule (rule 1): slot ``g * W + q`` is written by rank ``q`` only. Rule 3: everything peers
-read is in the parity half of the ``plan`` scratch (never the caller's memory). Epoch =
-``ctx.epoch``; the kernel launches even for empty calls (rule 2 then still holds).
+read is in the parity half of the ``plan`` scratch (never the caller's memory). Epoch: loaded
+from ``ctx.epoch_dev``; the kernel launches even for empty calls (rule 2 then still holds).
 
 Reduction (NOTE [reduction order] of ``lower.py``, exactly what ``backends/cpu/plan.py``'s
 Runner computes): ``acc = src_0`` (widened to fp32 for fp16/bf16), ``acc = acc (op) src_k`` left
@@ -63,7 +68,8 @@ from tilecomm.device import lang
 
 from ...base import CollectiveCall  # noqa: F401  (the launcher contract's type)
 from ..registry import ALL_DTYPES, REDUCE_OPS, register_plan
-from .common import OP_AVG, OP_SUM, acc_f32, combine, finish, load_acc, op_code
+from .common import (OP_AVG, OP_SUM, acc_f32, combine, finish, load_acc, load_epoch, op_code,
+                     parity_half)
 
 #: data-movement collectives also take the byte types
 MOVE_DTYPES = ALL_DTYPES + (torch.uint8, torch.int8)
@@ -72,22 +78,45 @@ MOVE_DTYPES = ALL_DTYPES + (torch.uint8, torch.int8)
 ALIGN = 64
 
 #: columns of the tables
-PH_COLS, OP_COLS, SRC_COLS = 4, 5, 2
+PH_COLS, OP_COLS, SRC_COLS, IO_COLS = 4, 5, 2, 3
 
 
-@triton.jit(do_not_specialize=["nphases", "rank", "timeout_ns", "epoch"])
-def plan_kernel(data, pad, phases, ops, srcs, nphases, bases, rank, err, timeout_ns, epoch,
-                WORLD: tl.constexpr, BLOCK: tl.constexpr, OP: tl.constexpr,
-                ACC_F32: tl.constexpr):
-    """Run one rank's lowered plan (module docstring). ``data``: this rank's scratch half
-    (symmetric; every element offset in the tables is relative to it). ``nphases``: ``P`` (the
-    phase table has ``P + 1`` rows, the last one the end waits)."""
+@triton.jit
+def _copy_chunks(io, first, last, dst, dst_col: tl.constexpr, src, src_col: tl.constexpr,
+                 pid, step, BLOCK: tl.constexpr):
+    """``dst[row[dst_col] + i] = src[row[src_col] + i]`` for ``i < row[2]``, rows ``first ..
+    last - 1`` of ``io``, blocks ``pid, pid + G, ...`` of each chunk (``step = G * BLOCK``)."""
+    ar = tl.arange(0, BLOCK)
+    for k in range(first, last):
+        row = io + k * 3
+        d = dst + tl.load(row + dst_col)
+        sp = src + tl.load(row + src_col)
+        n = tl.load(row + 2)
+        for start in range(pid * BLOCK, n, step):
+            offs = start + ar
+            m = offs < n
+            tl.store(d + offs, tl.load(sp + offs, mask=m), mask=m)
+
+
+@triton.jit(do_not_specialize=["half", "nin", "nout", "nphases", "rank", "timeout_ns"])
+def plan_kernel(data, half, x, y, io, nin, nout, pad, phases, ops, srcs, nphases, bases, rank,
+                err, timeout_ns, epoch_ptr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                OP: tl.constexpr, ACC_F32: tl.constexpr):
+    """Run one rank's lowered plan (module docstring). ``data``: this rank's plan scratch,
+    both parity halves (``half`` elements apart; symmetric; every element offset in the
+    tables is relative to the half of this epoch). ``x``/``y``: the caller's input and
+    output (local), ``nin``/``nout`` rows of ``io`` for each. ``nphases``: ``P`` (the phase
+    table has ``P + 1`` rows, the last one the end waits)."""
+    epoch = load_epoch(epoch_ptr)
+    data = parity_half(data, half, epoch)
     pid = tl.program_id(0)
     G = tl.num_programs(0)
     step = G * BLOCK
     g0 = pid * (nphases + 1)
     ar = tl.arange(0, BLOCK)
-    # arrival: the inputs are staged (stream order), tell every peer
+    # stage this program's blocks of the inputs, then (release) tell every peer
+    _copy_chunks(io, 0, nin, data, 0, x, 1, pid, step, BLOCK)
+    tl.debug_barrier()
     for q in tl.static_range(WORLD):
         if q != rank:
             lang.signal_set(pad, g0 * WORLD + rank, epoch, q, bases, rank)
@@ -142,6 +171,9 @@ def plan_kernel(data, pad, phases, ops, srcs, nphases, bases, rank, err, timeout
         if q != rank:
             if ok:
                 ok = lang.wait_ge(pad, g0 * WORLD + q, epoch, q, err, rank, timeout_ns, site=2)
+    if ok:
+        tl.debug_barrier()          # the program's (and its waited-for peers') writes first
+        _copy_chunks(io, nin, nin + nout, y, 1, data, 0, pid, step, BLOCK)
 
 
 # ---- host side -------------------------------------------------------------------------------
@@ -149,12 +181,14 @@ class Encoded:
     """One rank's plan for one call geometry: tables on the device and the buffer layout."""
 
     __slots__ = ("phases", "ops", "srcs", "nphases", "base", "starts", "total", "longest",
-                 "nops")
+                 "nops", "io", "nin", "nout")
 
-    def __init__(self, phases, ops, srcs, nphases, base, starts, total, longest, nops):
+    def __init__(self, phases, ops, srcs, nphases, base, starts, total, longest, nops,
+                 io=None, nin=0, nout=0):
         self.phases, self.ops, self.srcs = phases, ops, srcs
         self.nphases, self.base, self.starts = nphases, base, starts
         self.total, self.longest, self.nops = total, longest, nops
+        self.io, self.nin, self.nout = io, nin, nout
 
 
 def _mask(ranks) -> int:
@@ -213,6 +247,18 @@ _CACHE: dict = {}
 _CACHE_MAX = 256
 
 
+def io_rows(base: dict, starts: dict, bufs) -> list[list[int]]:
+    """``(region element offset, caller element offset, length)`` of every non-empty chunk of
+    the buffers ``bufs`` of one rank (``starts``: that rank's chunk offsets)."""
+    rows = []
+    for b in bufs:
+        st = starts[b]
+        for c in range(len(st) - 1):
+            if st[c + 1] > st[c]:
+                rows.append([base[b] + st[c], st[c], st[c + 1] - st[c]])
+    return rows
+
+
 def encoded(ctx, collective: str, algo: str, root: int, count: int, counts=None) -> Encoded:
     """The cached :class:`Encoded` plan of this rank for a call (tables on ``ctx.device``)."""
     key = (str(ctx.device), collective, algo, ctx.world_size, root, ctx.rank, count,
@@ -221,13 +267,17 @@ def encoded(ctx, collective: str, algo: str, root: int, count: int, counts=None)
     if e is None:
         ph, op, src, base, starts, total, longest = encode(
             collective, algo, ctx.world_size, root, ctx.rank, count, counts)
+        ins = io_rows(base, starts[ctx.rank], _inputs(collective))
+        outs = io_rows(base, starts[ctx.rank], _outputs(collective, ctx.rank, root))
         flat = [x for r in ph for x in r] + [x for r in op for x in r] + \
-            [x for r in src for x in r]
+            [x for r in src for x in r] + [x for r in ins + outs for x in r]
         t = torch.tensor(flat or [0], dtype=torch.int64).to(ctx.device)
         a, b = len(ph) * PH_COLS, len(ph) * PH_COLS + len(op) * OP_COLS
+        c = b + len(src) * SRC_COLS
         # empty tables still need a valid pointer: point them at the phase table
-        e = Encoded(t[:a], t[a:b] if op else t[:1], t[b:] if src else t[:1], len(ph) - 1,
-                    base, starts, total, longest, len(op))
+        e = Encoded(t[:a], t[a:b] if op else t[:1], t[b:c] if src else t[:1], len(ph) - 1,
+                    base, starts, total, longest, len(op), t[c:] if ins or outs else t[:1],
+                    len(ins), len(outs))
         if len(_CACHE) >= _CACHE_MAX:
             _CACHE.pop(next(iter(_CACHE)))
         _CACHE[key] = e
@@ -284,26 +334,22 @@ def launch_plan(ctx, call) -> None:
             bufs["out"] = call.make_out(sum(rows[j][me] for j in range(w)))
     enc = encoded(ctx, coll, algo, call.root, call.count, counts)
     dtype = call.dtype.torch
-    data = ctx.half("plan", max(enc.total, 1), dtype)
-    for b in _inputs(coll):
-        x = bufs.get(b)
-        n = enc.starts[me][b][-1]
-        if x is not None and n:
-            data[enc.base[b]:enc.base[b] + n].copy_(x.reshape(-1)[:n])
+    data, half = ctx.halves("plan", max(enc.total, 1), dtype)
+    ins, outs = _inputs(coll), _outputs(coll, me, call.root)
+    assert len(ins) <= 1 and len(outs) <= 1, (coll, ins, outs)
+    x = bufs.get(ins[0]) if enc.nin else None
+    y = bufs.get(outs[0]) if enc.nout else None
+    x = data if x is None else x.reshape(-1)     # a stand-in pointer when no row uses it
+    y = data if y is None else y.reshape(-1)
     g = ctx.programs(max(enc.longest, 1))
     pad = ctx.signals(g * (enc.nphases + 1))
     bases, rank, err, tmo = ctx.kernel_args()
     op = op_code(call)
     if op == OP_AVG and w < 2:
         op = OP_SUM
-    plan_kernel[(g,)](data, pad, enc.phases, enc.ops, enc.srcs, enc.nphases, bases, rank, err,
-                      tmo, ctx.epoch, WORLD=w, BLOCK=ctx.block, OP=op,
-                      ACC_F32=acc_f32(dtype))
-    for b in _outputs(coll, me, call.root):
-        y = bufs.get(b)
-        n = enc.starts[me][b][-1]
-        if y is not None and n:
-            y.reshape(-1)[:n].copy_(data[enc.base[b]:enc.base[b] + n])
+    plan_kernel[(g,)](data, half, x, y, enc.io, enc.nin, enc.nout, pad, enc.phases, enc.ops,
+                      enc.srcs, enc.nphases, bases, rank, err, tmo, ctx.epoch_dev, WORLD=w,
+                      BLOCK=ctx.block, OP=op, ACC_F32=acc_f32(dtype))
 
 
 register_plan(launch_plan, dtypes=ALL_DTYPES, move_dtypes=MOVE_DTYPES, ops=REDUCE_OPS)
@@ -314,9 +360,10 @@ def _compile_entries():
     (copies only), an odd world size."""
     from .common import signature
 
-    sig = {"data": "*T", "pad": "*i64", "phases": "*i64", "ops": "*i64", "srcs": "*i64",
+    sig = {"data": "*T", "half": "i32", "x": "*T", "y": "*T", "io": "*i64", "nin": "i32",
+           "nout": "i32", "pad": "*i64", "phases": "*i64", "ops": "*i64", "srcs": "*i64",
            "nphases": "i32", "bases": "*i64", "rank": "i32", "err": "*i64",
-           "timeout_ns": "i64", "epoch": "i64"}
+           "timeout_ns": "i64", "epoch_ptr": "*i64"}
 
     def one(dt, world=8, op=OP_SUM):
         s = {k: v.replace("*T", "*i8") for k, v in sig.items()} if dt is torch.int8 else \
