@@ -138,3 +138,14 @@ def test_loso_accuracy_first_milestone():
     t = cv.table(checks)["ALL"]
     assert t["latency"][1] <= 0.35
     assert t["bandwidth"][1] <= 0.15
+
+
+def test_options_pat_and_sharp():
+    from dataclasses import replace
+    t = build("dgx-h100", nodes=64, gpus=1)
+    assert nccl_choice("all_gather", 1024, t).algo == "pat"      # log-latency at 1 GPU/node
+    spec = get_preset("dgx-h100")
+    plain = build(spec, nodes=16)
+    sharp = build(spec.with_(fabric=replace(spec.fabric, sharp=True)), nodes=16)
+    assert all(r.algo != "collnet" for r in nccl_rows("all_reduce", 1 << 30, plain))
+    assert any(r.algo == "collnet" for r in nccl_rows("all_reduce", 1 << 30, sharp))

@@ -30,6 +30,9 @@ def add_sim_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--library", default="tilecomm", choices=["tilecomm", "nccl"],
                    help="tilecomm: tilecomm's own algorithms; nccl: what NCCL measures in "
                         "nccl-tests (its tuner's algorithm/protocol choice, out-of-place time)")
+    p.add_argument("--sharp", action="store_true",
+                   help="the fabric offers in-network reduction (SHARP): --library nccl adds "
+                        "CollNet all_reduce across nodes")
     p.add_argument("--algo", default="all", help="algorithm name or 'all'")
     p.add_argument("--protocol", default=None, help="force one protocol of the system (e.g. Simple, LL128; any case)")
     p.add_argument("--engine", default="auto", choices=["auto", "events", "phases"])
@@ -70,7 +73,7 @@ def _nccl_library_rows(args, topo, nbytes: int, prm) -> list[dict]:
     algos = None
     if args.algo != "all":
         algos = (args.algo.lower(),)
-        known = ("ring", "tree", "nvls", "nvls_tree")
+        known = ("ring", "tree", "nvls", "nvls_tree", "pat", "collnet")
         if algos[0] not in known:
             raise ValueError(f"--library nccl: --algo must be one of {', '.join(known)} or all")
     rows = nccl_rows(args.collective, nbytes, topo, prm, algos)
@@ -95,6 +98,10 @@ def run_sim(args) -> int:
     from .measured import load_measurements
 
     topo = build(args.system, args.nodes, args.gpus)   # validates --nodes / --gpus
+    if getattr(args, "sharp", False):
+        from dataclasses import replace
+        spec = topo.spec.with_(fabric=replace(topo.spec.fabric, sharp=True))
+        topo = build(spec, args.nodes, args.gpus)
     spec = topo.spec
     if args.protocol is not None and not (spec.shm is not None
                                           and args.protocol.lower() == "shm"):

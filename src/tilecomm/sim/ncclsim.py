@@ -36,16 +36,22 @@ from tilecomm.topology import Topology
 PROTOS = ("LL", "LL128", "Simple")
 # tuning.cc baseLat [algo][proto] (us)
 BASE_LAT = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4), "nvls": (0.0, 0.0, 0.0),
-            "nvls_tree": (0.0, 0.0, 0.0)}
+            "nvls_tree": (0.0, 0.0, 0.0),
+            # options (not in the published data; assumed, see OPTIONS_NOTE)
+            "pat": (0.0, 0.0, 8.4), "collnet": (0.0, 0.0, 0.0)}
 # tuning.cc hwLat [link class][algo][proto] (us)
 HW_LAT = {
     "nvlink": {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "nvls": (0, 0, 25.0),
-               "nvls_tree": (0, 0, 25.0)},
+               "nvls_tree": (0, 0, 25.0), "pat": (0, 0, 3.4), "collnet": (0, 0, 3.4)},
     "pci": {"tree": (1.0, 1.9, 4.0), "ring": (1.0, 2.5, 5.7), "nvls": (0, 0, 0),
-            "nvls_tree": (0, 0, 0)},
+            "nvls_tree": (0, 0, 0), "pat": (0, 0, 5.7), "collnet": (0, 0, 5.7)},
     "net": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0), "nvls": (0, 0, 18.0),
-            "nvls_tree": (0, 0, 14.0)},
+            "nvls_tree": (0, 0, 14.0), "pat": (0, 0, 14.0), "collnet": (0, 0, 14.0)},
 }
+OPTIONS_NOTE = ("PAT (all_gather/reduce_scatter, 1 GPU per node, NCCL 2.23+) and CollNet/SHARP "
+                "(fabric.sharp): latencies assumed = Ring Simple's hwLat per hop, log2(n) network "
+                "hops for PAT, one switch round trip for CollNet; no published sweep validates "
+                "them")
 TUNING_SRC = "NVIDIA/nccl src/graph/tuning.cc baseLat/hwLat (2.19+)"
 # tuning.cc llMaxBws (GB/s, one node): Ampere 87.7, Hopper 141.0; Blackwell assumed = Hopper.
 LL_MAX_BW = {"sm80": 87.7, "sm90": 141.0, "sm100": 141.0}
@@ -125,6 +131,10 @@ def _enabled(topo: Topology, collective: str) -> list[tuple[str, str]]:
             out.append(("tree", p))
     if collective == "all_reduce" and s.nvls and topo.gpus > 1:
         out.append(("nvls" if topo.nodes == 1 else "nvls_tree", "Simple"))
+    if collective in ("all_gather", "reduce_scatter") and topo.gpus == 1 and topo.nodes > 1:
+        out.append(("pat", "Simple"))
+    if collective == "all_reduce" and topo.nodes > 1 and s.fabric.sharp:
+        out.append(("collnet", "Simple"))
     return out
 
 
@@ -148,6 +158,10 @@ def _latency(topo: Topology, collective: str, algo: str, proto: str) -> float:
         return base + 2 * ((ppn - 1) * intra + math.log2(nodes) * inter)
     if algo == "nvls":
         return intra
+    if algo == "pat":
+        return base + math.log2(nodes) * inter
+    if algo == "collnet":   # intra-node reduce-scatter + all-gather, one trip through the switch
+        return base + 2 * (ppn - 1) * intra + 2 * inter
     return intra + 2 * math.log2(nodes) * inter      # nvls_tree
 
 
@@ -173,6 +187,14 @@ def _bandwidth(topo: Topology, collective: str, algo: str, proto: str,
         factor = n / nsteps if collective in ("all_reduce", "all_gather", "reduce_scatter") \
             else 1.0
         return bus * factor, bound
+    if algo == "pat":
+        return _bandwidth(topo, collective, "ring", "Simple", prm)
+    if algo == "collnet":
+        # each node sends its partial sums once and receives the result once (the switch
+        # reduces): network algbw = node NIC total; inside: reduce-scatter + all-gather
+        g = topo.gpus
+        intra = link * g / (2 * (g - 1)) if g > 1 else math.inf
+        return (intra, "nvlink") if intra <= node_nic else (node_nic, "net")
     tree_net = node_nic * (1.0 if nodes == 2 else 0.5)
     if algo == "tree":
         chain = _proto_frac(topo, proto, link) * 0.5   # reduce and broadcast share the chain

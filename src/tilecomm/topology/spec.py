@@ -80,6 +80,7 @@ class Fabric:
     leaves_per_pod: int = 32
     oversubscription: float = 1.0
     levels: int = 2   # 2: leaf-spine; 3: leaf-spine-core
+    sharp: bool = False   # in-network reduction (InfiniBand SHARP / NCCL CollNet) available
 
     def __post_init__(self):
         if not isinstance(self.rail_optimized, bool):
@@ -88,6 +89,8 @@ class Fabric:
         _count("fabric.", "nodes_per_leaf", self.nodes_per_leaf, 1)
         _count("fabric.", "leaves_per_pod", self.leaves_per_pod, 1)
         _count("fabric.", "levels", self.levels, 2)
+        if not isinstance(self.sharp, bool):
+            raise ValueError(f"fabric.sharp must be true or false, got {self.sharp!r}")
         if self.levels > 3:
             raise ValueError(f"fabric.levels must be 2 or 3, got {self.levels!r}")
         _positive("fabric.", "oversubscription", self.oversubscription)
