@@ -61,6 +61,8 @@ SYSTEMS = {
     "GCP A3 Mega": ("gcp-a3-mega", lambda: _spec("dgx-h100", nic_GBps=24.25), None),
     "CoreWeave GB200 NVL72": ("coreweave-nvl72", lambda: _spec("gb200-nvl72"), None),
     "8x H20 HGX": ("h20-deepep303", lambda: _spec("dgx-h100", gpu="H20"), None),
+    "2 nodes x 8 H20 HGX": ("h20-2node-nccl1244", lambda: _spec("dgx-h100", gpu="H20"),
+                            ("nvls_tree",)),
     "8x H100 SXM (subset), NVLS": ("h100-nccl1455", lambda: _spec("dgx-h100"), ("nvls",)),
     "8x H100 SXM, Ring": ("h100-nccl1455", lambda: _spec("dgx-h100"), ("ring",)),
     "Voltage Park 8x H100 SXM": ("voltage-park-h100", lambda: _spec("dgx-h100"), None),
