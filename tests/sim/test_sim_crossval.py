@@ -149,3 +149,13 @@ def test_options_pat_and_sharp():
     sharp = build(spec.with_(fabric=replace(spec.fabric, sharp=True)), nodes=16)
     assert all(r.algo != "collnet" for r in nccl_rows("all_reduce", 1 << 30, plain))
     assert any(r.algo == "collnet" for r in nccl_rows("all_reduce", 1 << 30, sharp))
+
+
+def test_api_predict_nccl_and_band():
+    from tilecomm.sim import band, predict_nccl
+    r = predict_nccl("all_reduce", 1 << 30, system="dgx-b200")[0]
+    assert r.algo == "nvls"
+    lo, hi = band(r.time_us, r.nbytes)
+    assert lo <= r.time_us <= hi
+    with pytest.raises(ValueError, match="GPU system"):
+        predict_nccl("all_reduce", 1024, system="cpu-shm")

@@ -249,3 +249,23 @@ def why(collective: str, nbytes: int, **kw) -> str:
         lines.append(f"  {p.algo:>18}: {p.time_us:10.1f} us ({p.time_us / b.time_us:.2f}x), "
                      f"bottleneck {p.bottleneck}")
     return "\n".join(lines)
+
+
+def predict_nccl(collective: str, nbytes: int, system: str | SystemSpec = "dgx-h100",
+                 nodes: int = 1, gpus: int | None = None, algos=None):
+    """``--library nccl``: what nccl-tests would report, NCCL's choice first (sim/ncclsim.py).
+
+    Rows are :class:`~tilecomm.sim.ncclsim.NcclRow`; the class parameters are those fitted on
+    every published system (sim/data/nccl_fit.json). Pair with :func:`band` for the range.
+    """
+    from .crossval import load_fit
+    from .ncclsim import nccl_rows
+    prm, _ = load_fit()
+    return nccl_rows(collective, nbytes, build(system, nodes, gpus), prm, algos)
+
+
+def band(time_us: float, nbytes: int) -> tuple[float, float]:
+    """(low, high) range of the measured time for a prediction of ``time_us`` at ``nbytes``,
+    from the leave-one-system-out residuals of its size regime (sim/data/nccl_fit.json)."""
+    from .crossval import band_of, load_fit
+    return band_of(time_us, nbytes, load_fit()[1])

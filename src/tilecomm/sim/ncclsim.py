@@ -226,6 +226,9 @@ def nccl_rows(collective: str, nbytes: int, topo: Topology, prm: NcclParams = DE
     """Every (algo, protocol) NCCL enables (or those in ``algos``), NCCL's choice first."""
     if collective not in SUPPORTED:
         raise ValueError(f"--library nccl models {', '.join(SUPPORTED)}; not {collective}")
+    if topo.spec.intra == "shm":
+        raise ValueError(f"--library nccl needs a GPU system; {topo.spec.name} is shared-memory "
+                         "CPU processes")
     n = topo.world_size
     if n == 1:
         return [NcclRow(collective, "none", "-", int(nbytes), 1, prm.host_us, 0.0, "latency", 0.0)]
