@@ -213,6 +213,15 @@ class TritonBackend(Backend):
     #   at :meth:`synchronize` (comm.synchronize()) and at close. A record names the call that
     #   failed by its epoch (``_ring``). After a failure the later waits of this rank give up
     #   at once until the record is read, so a dead peer costs one timeout.
+    #
+    # NOTE [CUDA graphs]: such a call can be captured (after a warm-up call of the same sizes:
+    # pads and scratch grow collectively, with host barriers). The captured kernels load their
+    # epoch from ``ctx.epoch_dev`` and pick their scratch halves from it, and the captured
+    # ``epoch_dev += 1`` runs again at every replay (NOTE [device epochs] in context.py), so
+    # replays synchronize like eager calls. A captured call advances no host epoch and goes to
+    # ``captured``, not ``_ring``; after replays the device epoch is ahead of the host count,
+    # which ``synchronize`` (and a raised device error) brings up to it, and a device error
+    # with an epoch the host did not count is named as a graph replay.
     def run(self, call: CollectiveCall) -> None:
         opv = None if call.op is None else call.op.value
         skey = (call.collective, call.algo, call.dtype.torch, opv)

@@ -54,8 +54,7 @@ class KernelContext:
         self.launch_options: dict = {}
         #: host count of the epochs launched eagerly (names calls in device errors)
         self.epoch = 0
-        #: NOTE [device epochs]: the epoch the kernels load (int64[1], local to this rank)
-        self.epoch_dev = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self._epoch_dev: torch.Tensor | None = None
         #: host epoch when a CUDA graph was first captured since the last :meth:`resync`
         #: (host epochs above it may differ from the device's), or None
         self.exact_upto: int | None = None
@@ -68,6 +67,16 @@ class KernelContext:
         self._range: tuple[int, int] | None = None
 
     # ---- per call -------------------------------------------------------------------------
+    @property
+    def epoch_dev(self) -> torch.Tensor:
+        """NOTE [device epochs]: the epoch the kernels load (int64[1] on the device, local to
+        this rank; made at the first call, which is a warm-up for graph capture anyway)."""
+        t = self._epoch_dev
+        if t is None:
+            t = self._epoch_dev = torch.full((1,), self.epoch, dtype=torch.int64,
+                                             device=self.device)
+        return t
+
     def begin(self, zero_copy: bool) -> None:
         """Called by the backend before each launcher: new epoch (on the device and, unless
         a CUDA graph is being captured, on the host), zero-copy decision."""
