@@ -171,7 +171,7 @@ class TritonBackend(Backend):
         #: (first epoch, last epoch, collective, algo, call number) of the recent calls, to
         #: name the call a device error record (which holds an epoch) belongs to
         self._ring: deque = deque(maxlen=RING_CALLS)
-        self._specs: dict = {}            # (collective, algo, dtype, op) -> KernelSpec
+        self._specs: dict = {}            # (collective, algo, dtype, op, fused) -> KernelSpec
         self._digests: dict = {}          # call signature -> crc32
         self._digest = 0                  # rolling digest of the calls since the last compare
         self._digest_from = 1             # first call number the rolling digest covers
@@ -224,7 +224,9 @@ class TritonBackend(Backend):
     # with an epoch the host did not count is named as a graph replay.
     def run(self, call: CollectiveCall) -> None:
         opv = None if call.op is None else call.op.value
-        skey = (call.collective, call.algo, call.dtype.torch, opv)
+        # fused_enabled is part of the key: flipping registry.FUSED between calls must switch
+        # kernels (a cache without it once let a conformance test compare fused with fused)
+        skey = (call.collective, call.algo, call.dtype.torch, opv, registry.fused_enabled())
         spec = self._specs.get(skey)
         if spec is None:
             spec = self._specs[skey] = registry.lookup(call.collective, call.algo,

@@ -43,15 +43,19 @@ Launcher contract
                   tensor of ``total_rows * count`` elements on ``ctx.device``)
   ==============  ===========================================================================
 
-* Outputs must be fully written when the launcher returns (kernels queued on the current
-  stream count: the backend synchronizes when it reads the error record).
+* Outputs must be fully written by the work the launcher queues on the current stream (the
+  call path is asynchronous: the backend reads the device error record only at check points,
+  ``comm.synchronize()`` and close, or after every call with TILECOMM_DEVICE_DEBUG=1).
 
 ``ctx`` (:class:`tilecomm.backends.triton.context.KernelContext`) gives:
 
 * ``heap`` (``tilecomm.device.DeviceHeap``), ``rank``, ``world_size``, ``device``,
   ``interpret`` (kernels run in the Triton interpreter).
-* ``epoch``: the epoch of this call's first launch (``heap.next_epoch()``, equal on every
-  rank); a launcher that launches more kernels takes ``ctx.next_epoch()`` for each.
+* ``epoch_dev``: int64[1] on the device holding the epoch of the call; kernels take it as
+  ``epoch_ptr`` and load it (NOTE [device epochs] in ``context.py``: ``ctx.begin`` queues
+  ``epoch_dev += 1`` before the launcher, so a CUDA graph replay gets a new epoch too). A
+  launcher that launches more kernels calls ``ctx.next_epoch()`` before each further one.
+  ``ctx.epoch`` is the host count (equal in eager mode), used to name calls in errors.
 * ``kernel_args()``: ``(bases, rank, errors, timeout_ns)``, the device-API arguments.
 * ``signals(groups)``: the int64 symmetric signal pad with at least ``groups * world`` slots.
   **Slot rule**: slot ``g * world + p`` of any rank's pad is written by rank ``p`` only (as
@@ -59,9 +63,11 @@ Launcher contract
 * ``scratch(name, numel, dtype)``: a persistent symmetric tensor (at least ``numel``
   elements, contents undefined) per name; growing it is collective and every rank asks for
   the same sizes because the calls match.
-* ``staged(name, t)``: the symmetric copy of local tensor ``t`` that peers may read in this
-  call: ``t`` itself when every rank passed a heap tensor at the same offset (``comm.alloc``:
-  zero copy, ``ctx.zero_copy`` True), else a copy into scratch half ``epoch % 2`` of ``name``.
+* ``halves(name, numel, dtype)``: ``(base, half)``, both parity halves of scratch ``name``;
+  the kernel uses ``base + (epoch % 2) * half`` with the epoch it loads (rule 3), staging
+  local inputs there itself. ``ctx.zero_copy`` is True when the input is a heap tensor
+  (every rank must then pass one at the same offset; checked at check points and in debug
+  mode), and kernels read it in place. (``staged``/``half`` choose on the host: eager only.)
 * ``programs(n)``, ``block``: grid size for ``n`` elements per chunk and the block size.
 * ``host_all_gather(ints)``: list of every rank's list of ints (host communicator; for
   counts).
@@ -73,7 +79,8 @@ pad and scratch safe, see docs/device-api.md "Collective kernels"):
 2. A call completes on a rank only after every rank has *started* it (every rank's data, or
    a barrier, reaches every rank). Hence when a rank starts call k+1 every rank has finished
    call k-1.
-3. Data peers read or write lives in a parity half (``epoch % 2``) of a scratch buffer, or in
+3. Data peers read or write lives in a parity half (``epoch % 2`` of the loaded epoch) of a
+   scratch buffer, or in
    the caller's heap tensor (``ctx.zero_copy``) -- then the kernel syncs once more before it
    returns or before it overwrites that tensor (the caller may modify it right after).
 4. In the interpreter a grid's programs run one after another: program ``i`` may wait only on
