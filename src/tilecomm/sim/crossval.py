@@ -4,11 +4,12 @@ Every published system is described by **classes only** (:data:`SYSTEMS`: a gene
 GPU generation, NVLink generation, NVSwitch with or without NVLS, NIC rate - plus the GPU and
 NIC counts of the measured machine; nothing fitted to that machine). The model's free class
 parameters (:class:`~tilecomm.sim.ncclsim.NcclParams`: ``host_us``, ``ring_eff``, ``nvls_eff``,
-``net_eff``) are fitted by :func:`fit` on a set of rows; :func:`cross_validate` fits them on all
+``net_eff``, ``fill_MB``) are fitted by :func:`fit` on a set of rows; :func:`cross_validate` fits them on all
 systems but one, predicts the held-out one, and repeats for every system.
 
 Fit (robust, per-system weighted): ``host_us`` = median over systems of the median latency-regime
-residual (measured - predicted without host), >= 0; each efficiency is rescaled by the median
+residual (measured - predicted without host), >= 0; ``fill_MB`` likewise from middle-regime
+rows of >= FILL_BYTES (residual x the row's bandwidth); each efficiency is rescaled by the median
 over systems of (predicted / measured transfer time) of its bandwidth-regime rows bound by it
 (three passes). A parameter no training row informs keeps its sourced default.
 
@@ -29,7 +30,7 @@ import numpy as np
 from tilecomm.algorithms import BUSBW_FACTOR
 from tilecomm.topology import Topology, build, get_preset
 
-from .ncclsim import DEFAULT, NcclParams, nccl_choice
+from .ncclsim import DEFAULT, FILL_BYTES, NcclParams, nccl_choice
 
 LAT_MAX, BW_MIN = 64 << 10, 256 << 20
 REGIMES = ("latency", "middle", "bandwidth")
@@ -150,6 +151,13 @@ def fit(rows: list[Row], passes: int = 3) -> NcclParams:
         changes = {}
         if h is not None:
             changes["host_us"] = max(0.0, h)
+        # fill: middle-regime residual (as bytes at the row's bandwidth) where it is whole
+        fill_us = [prm.fill_MB * 1e3 / p.bw_GBps for p in preds]
+        fl = _sys_median([(r.system, (r.time_us - (p.time_us - f)) * p.bw_GBps / 1e3)
+                          for r, p, f in zip(rows, preds, fill_us)
+                          if r.regime == "middle" and r.nbytes >= FILL_BYTES])
+        if fl is not None:
+            changes["fill_MB"] = max(0.0, fl)
         for bound, name in EFF_OF_BOUND.items():
             ratios = []
             for r, p in zip(rows, preds):

@@ -7,7 +7,8 @@ Two steps, kept apart:
    NVIDIA/nccl src/graph/tuning.cc, see :data:`BASE_LAT`, :data:`HW_LAT`); the cheapest wins, as
    in ``ncclTopoGetAlgoTime``/``getAlgoInfo``. The set can be restricted to what a measurement
    allowed (``NCCL_ALGO=NVLS`` or ``Ring`` in a published sweep).
-2. **Time** (ours): ``host_us + latency + bytes / realizedBw`` for the chosen pair, where
+2. **Time** (ours): ``host_us + latency + (bytes + fill) / realizedBw`` for the chosen pair
+   (``fill`` = ``fill_MB x min(1, bytes / FILL_BYTES)``: the pipeline's buffers), where
    ``latency`` is the same NCCL constant and ``realizedBw`` comes from hardware classes:
 
    * ring busbw = protocol fraction x min(NVLink line x ``ring_eff``, node NIC line x
@@ -21,7 +22,7 @@ Two steps, kept apart:
 
    ``host_us`` is the per-call overhead nccl-tests' timing loop sees (launch, enqueue, completion)
    beyond NCCL's latency constants; ``ring_eff``, ``nvls_eff``, ``net_eff`` are per-class
-   efficiencies. Their defaults carry sources; ``calibrate --cross-validate`` refits them
+   efficiencies; ``fill_MB`` the pipeline fill. Their defaults carry sources; ``calibrate --cross-validate`` refits them
    leaving each system out.
 """
 
@@ -65,6 +66,7 @@ class NcclParams:
     ring_eff: float = 0.80   # Simple ring busbw / NVLink line rate
     nvls_eff: float = 0.61   # NVLS all_reduce algbw / NVLink line rate
     net_eff: float = 0.90    # achieved / NIC line (as the preset states it) across nodes
+    fill_MB: float = 0.0     # pipeline fill (MB moved at the row's bandwidth), see FILL_BYTES
     sources: dict = field(default_factory=lambda: dict(DEFAULT_SOURCES), compare=False,
                           hash=False)
 
@@ -82,9 +84,15 @@ DEFAULT_SOURCES = {
     "ring_eff": "0.8: NVIDIA/nccl-tests#212 (sjeaugey: ~20% protocol overhead on NVLink)",
     "nvls_eff": "0.61: NVIDIA/nccl-tests#212 (sjeaugey: 8x H100 NVLS algbw ~275 of 450 GB/s)",
     "net_eff": "0.9: assumed; refitted leave-one-system-out on multi-node sweeps",
+    "fill_MB": "0: refitted leave-one-system-out on the middle regime (FILL_BYTES shape)",
     "latency": TUNING_SRC,
 }
 DEFAULT = NcclParams()
+# Pipeline fill: before a pipelined collective streams at its bandwidth its buffers must fill
+# (chunks in flight on every channel and step); modeled as moving fill_MB more at the row's
+# bandwidth, fill_MB x min(1, bytes / FILL_BYTES). FILL_BYTES = 32 MiB = 8 x NCCL_BUFFSIZE
+# (4 MiB default per channel): an assumed shape, not fitted.
+FILL_BYTES = 32 << 20
 
 
 def gpu_class(topo: Topology) -> str:
@@ -108,7 +116,8 @@ class NcclRow:
     time_us: float       # our prediction of the nccl-tests time
     tuner_us: float      # NCCL's own estimate (what its choice is based on)
     bound: str           # which class parameter bounds the transfer: nvlink|nvls|net|latency
-    lat_us: float        # NCCL latency constant part (without host_us)
+    lat_us: float        # NCCL latency constant part and pipeline fill (without host_us)
+    bw_GBps: float = 0.0  # realized streaming algbw of the row
 
     @property
     def algbw_GBps(self) -> float:
@@ -239,10 +248,11 @@ def nccl_rows(collective: str, nbytes: int, topo: Topology, prm: NcclParams = DE
         lat = _latency(topo, collective, a, p)
         bw, bound = _bandwidth(topo, collective, a, p, prm)
         tuner = lat + nbytes / (1e3 * _tuner_bw(topo, collective, a, p))
-        t = prm.host_us + lat + nbytes / (1e3 * bw)
-        if lat + prm.host_us >= nbytes / (1e3 * bw):
+        fill = prm.fill_MB * 1e6 * min(1.0, nbytes / FILL_BYTES) / (1e3 * bw)
+        t = prm.host_us + lat + fill + nbytes / (1e3 * bw)
+        if lat + prm.host_us + fill >= nbytes / (1e3 * bw):
             bound = "latency"
-        rows.append(NcclRow(collective, a, p, int(nbytes), n, t, tuner, bound, lat))
+        rows.append(NcclRow(collective, a, p, int(nbytes), n, t, tuner, bound, lat + fill, bw))
     if not rows:
         raise ValueError(f"none of {algos} is enabled for {collective} on {topo.spec.name}")
     return sorted(rows, key=lambda r: r.tuner_us)
