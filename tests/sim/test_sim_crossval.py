@@ -159,3 +159,13 @@ def test_api_predict_nccl_and_band():
     assert lo <= r.time_us <= hi
     with pytest.raises(ValueError, match="GPU system"):
         predict_nccl("all_reduce", 1024, system="cpu-shm")
+
+
+def test_oversubscribed_spine_bounds_multinode_ring():
+    from dataclasses import replace
+    spec = get_preset("dgx-h100")
+    thin = spec.with_(fabric=replace(spec.fabric, oversubscription=2.0, nodes_per_leaf=4))
+    rows = lambda sp, n: [r for r in nccl_rows("all_reduce", 8 << 30, build(sp, nodes=n),
+                                               algos=("ring",)) if r.protocol == "Simple"][0]
+    assert rows(thin, 4).busbw_GBps == pytest.approx(rows(spec, 4).busbw_GBps)   # one leaf
+    assert rows(thin, 8).busbw_GBps == pytest.approx(rows(spec, 8).busbw_GBps / 2, rel=0.02)

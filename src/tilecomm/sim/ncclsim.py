@@ -189,6 +189,11 @@ def _bandwidth(topo: Topology, collective: str, algo: str, proto: str,
     n, nodes = topo.world_size, topo.nodes
     link = s.gpu_link_GBps * prm.ring_eff
     node_nic = s.nic_GBps * topo.nics * prm.net_eff if nodes > 1 else math.inf
+    if nodes > s.fabric.nodes_per_leaf:
+        # rings and trees span leaves: every node's traffic climbs to the spine, whose uplinks
+        # carry 1 / oversubscription of the leaf's NIC bandwidth (rail-optimized or not: NCCL
+        # keeps each channel on one rail, so only the leaf-spine ratio matters)
+        node_nic /= max(1.0, s.fabric.oversubscription)
     if algo == "ring":
         bus, bound = (link, "nvlink") if link <= node_nic else (node_nic, "net")
         bus = _proto_frac(topo, proto, bus)
