@@ -11,7 +11,7 @@ Fit (robust, per-system weighted): ``host_us`` = median over systems of the medi
 residual (measured - predicted without host), >= 0; ``fill_MB`` likewise from middle-regime
 rows of >= FILL_BYTES (residual x the row's bandwidth); each efficiency is rescaled by the median
 over systems of (predicted / measured transfer time) of its bandwidth-regime rows bound by it
-(three passes). A parameter no training row informs keeps its sourced default.
+(``ring_eff``/``nvls_eff`` from single-domain rows only; three passes). A parameter no training row informs keeps its sourced default.
 
 Bands: the 16th and 84th percentiles of the signed LOSO errors of a regime give a prediction's
 ``low``/``high`` (:func:`bands`); ``--write-bands`` stores them with the all-systems fit in
@@ -61,6 +61,9 @@ SYSTEMS = {
     # 8x 200 Gb/s per node (GCP A3 Mega); achievable fraction as CX7's 48.5 of 50 GB/s
     "GCP A3 Mega": ("gcp-a3-mega", lambda: _spec("dgx-h100", nic_GBps=24.25), None),
     "CoreWeave GB200 NVL72": ("coreweave-nvl72", lambda: _spec("gb200-nvl72"), None),
+    "CoreWeave 20 racks GB200 NVL72": ("coreweave-nvl72-x20", lambda: _spec("gb200-nvl72"), None),
+    "CoreWeave 2 nodes x 8 B200": ("coreweave-b200-2node", lambda: _spec("dgx-b200"), None),
+    "CoreWeave 2 nodes x 8 H100": ("coreweave-h100-2node", lambda: _spec("dgx-h100"), None),
     "8x H20 HGX": ("h20-deepep303", lambda: _spec("dgx-h100", gpu="H20"), None),
     "2 nodes x 8 H20 HGX": ("h20-2node-nccl1244", lambda: _spec("dgx-h100", gpu="H20"),
                             ("nvls_tree",)),
@@ -163,8 +166,11 @@ def fit(rows: list[Row], passes: int = 3) -> NcclParams:
             for r, p in zip(rows, preds):
                 if r.regime != "bandwidth":
                     continue
-                if (bound == "net") != (p.bound == "net") or (bound != "net" and p.bound != bound):
+                if p.bound != bound:
                     continue
+                if bound != "net" and r.nodes > 1:
+                    continue   # NVLink/NVLS efficiencies: from one NVLink domain only, where
+                    # nothing else (tree depth, NICs, channels across nodes) can be mixed in
                 moved = p.time_us - prm.host_us - p.lat_us
                 meas = r.time_us - prm.host_us - p.lat_us
                 if moved > 0 and meas > 0:
