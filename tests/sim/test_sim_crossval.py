@@ -169,3 +169,20 @@ def test_oversubscribed_spine_bounds_multinode_ring():
                                                algos=("ring",)) if r.protocol == "Simple"][0]
     assert rows(thin, 4).busbw_GBps == pytest.approx(rows(spec, 4).busbw_GBps)   # one leaf
     assert rows(thin, 8).busbw_GBps == pytest.approx(rows(spec, 8).busbw_GBps / 2, rel=0.02)
+
+
+@pytest.mark.skipif(not os.path.exists(cv.SHARED_CSV), reason="shared data not present")
+def test_docs_headline_and_fit_file_are_current():
+    rows = cv.load(cv.default_paths())
+    checks, _ = cv.cross_validate(rows)
+    t = cv.table(checks)["ALL"]
+    head = (f"**{t['latency'][1]:.1%} at <= 64 KB, {t['middle'][1]:.1%} in the middle, "
+            f"{t['bandwidth'][1]:.1%} at >= 256 MB**")
+    docs = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "model.md")).read()
+    assert head.replace("\n", " ") in docs.replace("\n", " "), head
+    prm, bands = cv.load_fit()
+    assert prm.as_dict() == pytest.approx(cv.fit(rows).as_dict(), rel=1e-9)
+    fresh = cv.bands(checks)
+    assert set(bands) == set(fresh)
+    for reg, b in fresh.items():
+        assert bands[reg] == pytest.approx(b)
