@@ -59,6 +59,7 @@ class Communicator:
         self._alloc = HeapAllocator(lay.heap_offset, lay.heap_bytes)
         self._closed = False
         self._memos: dict = {}
+        self._call_backend: Backend | None = None
         seg = heap.segment(self.rank)
         self._heap_lo = seg.ctypes.data + lay.heap_offset
         self._heap_hi = seg.ctypes.data + lay.heap_offset + lay.heap_bytes
@@ -183,7 +184,7 @@ class Communicator:
         Returns ``out`` of shape ``(world_size * tensor.shape[0], *tensor.shape[1:])``.
         """
         w = self.world_size
-        with self._validating("all_gather"):
+        with self._validating("all_gather", tensor):
             d = self._dtype(tensor, "all_gather")
             be = self._backend_for(tensor)
             shape = (w * tensor.shape[0], *tensor.shape[1:]) if tensor.dim() else (w,)
@@ -199,7 +200,7 @@ class Communicator:
                        algo: str = "auto") -> torch.Tensor:
         """Reduce over ranks and keep this rank's ``tensor.shape[0] // world_size`` rows."""
         w = self.world_size
-        with self._validating("reduce_scatter"):
+        with self._validating("reduce_scatter", tensor):
             rop = ReduceOp.parse(op)
             d = self._dtype(tensor, "reduce_scatter", rop)
             be = self._backend_for(tensor)
@@ -230,7 +231,7 @@ class Communicator:
         if memo is not None:   # the same small call again: skip validation and view-making
             memo[0].run(memo[1])
             return tensor
-        with self._validating(name):
+        with self._validating(name, tensor):
             if name != "all_reduce":
                 self._check_rank(root, name, "root")
             rop = None if op is None else ReduceOp.parse(op)
@@ -252,7 +253,7 @@ class Communicator:
                    algo: str = "auto") -> torch.Tensor:
         """Block ``j`` of ``tensor`` (dim 0 cut in ``world_size``) goes to rank ``j``; ``out``
         holds, in rank order, the block each rank sent here."""
-        with self._validating("all_to_all"):
+        with self._validating("all_to_all", tensor):
             d = self._dtype(tensor, "all_to_all")
             be = self._backend_for(tensor)
             self._check_rows(tensor, "all_to_all")
@@ -274,7 +275,7 @@ class Communicator:
         (which needs ``recv_counts``) receives the rows instead of a new tensor.
         """
         holder: list[torch.Tensor] = []
-        with self._validating("all_to_all_v"):
+        with self._validating("all_to_all_v", tensor):
             d = self._dtype(tensor, "all_to_all_v")
             be = self._backend_for(tensor)
             if tensor.dim() == 0:
@@ -383,7 +384,9 @@ class Communicator:
     # is created on the first call that needs it; creating it is collective, which holds
     # because every rank makes the same calls in the same order.
     def _backend_for(self, t: torch.Tensor) -> Backend:
-        return self._backend_for_device(t.device.type)
+        be = self._backend_for_device(t.device.type)
+        self._call_backend = be          # where a rejection of this call is announced
+        return be
 
     def _backend_for_device(self, kind: str) -> Backend:
         be = self._backends.get(kind)
@@ -413,15 +416,22 @@ class Communicator:
         self._backends["cpu"] = _triton_backend(self, "cpu") if want_triton else self._backend
 
     @contextlib.contextmanager
-    def _validating(self, collective: str):
+    def _validating(self, collective: str, tensor=None):
         """Any error while checking arguments or preparing buffers is announced to the peers
         (so they raise instead of waiting) before being raised here."""
         self._check_open()
+        # the existing backend of the tensor's device (never created here: that is collective)
+        self._call_backend = self._backends.get(tensor.device.type) \
+            if isinstance(tensor, torch.Tensor) else None
         try:
             yield
         except Exception as e:  # noqa: BLE001 - re-raised after telling the peers
-            self._backend.reject(collective, f"{type(e).__name__}: {e}")
+            # The backend the call was going to announces it: the peers of an asynchronous
+            # GPU backend are not waiting on the host (TritonBackend.reject).
+            (self._call_backend or self._backend).reject(collective, f"{type(e).__name__}: {e}")
             raise
+        finally:
+            self._call_backend = None
 
     def _check_open(self) -> None:
         if self._closed:

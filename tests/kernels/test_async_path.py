@@ -221,7 +221,10 @@ def _silent_peer_found_at_synchronize(comm):
             comm._backends["cpu"] = saved
         else:
             comm._backends.pop("cpu", None)
-        b.close()
+        try:
+            b.close()
+        except tilecomm.CommMismatch:
+            pass        # the ranks' calls differ on purpose, and close compares them
 
 
 def _error_found_at_periodic_check(comm):
@@ -320,3 +323,68 @@ def test_device_error_raised_at_the_periodic_check_names_the_failed_call(ranks):
     k, kernel, seq, rank, peer, msg = got[3]
     assert (k, kernel, seq, rank, peer) == (4, "all_gather/direct", 2, 1, 0), got
     assert "at the check point after call #4" in msg
+
+
+def _short_run_mismatch_and_rejection(comm):
+    """Fewer calls than a check interval: a placement mismatch (heap tensors at different
+    offsets) is still reported, at close; a call one rank rejects raises the original error
+    there at once and CommMismatch on every rank at the next check point (no later call pairs
+    with the refused one); a call every rank rejects leaves the backend usable."""
+    from tilecomm.backends.triton import TritonBackend
+
+    out = []
+    b = TritonBackend(comm, "cpu", timeout=2)
+    saved = comm._backends.get("cpu")
+    comm._backends["cpu"] = b
+    try:
+        x = torch.ones(8)
+        comm.all_reduce(x)
+        try:                                        # every rank refuses alike
+            comm.all_reduce(torch.ones(8), op="bogus")
+        except ValueError:
+            out.append("ValueError")
+        y = torch.ones(8)
+        comm.all_reduce(y)
+        out.append(y[0].item())
+        try:                                        # only rank 0 refuses
+            comm.all_reduce(torch.ones(8), op="bogus" if comm.rank == 0 else "sum")
+            out.append("launched")
+        except ValueError:
+            out.append("ValueError")
+        try:
+            comm.all_reduce(torch.ones(8))          # rank 0: the check point comes first
+            comm.barrier()
+            out.append("no error")
+        except (tilecomm.CommMismatch, tilecomm.CommTimeout) as e:
+            out.append(type(e).__name__)
+    finally:
+        comm._backends["cpu"] = saved if saved is not None else comm._backends.pop("cpu")
+        # the ranks' calls are out of step now (rank 1 launched two more); drop what is left
+        # to compare so that the two closes below stay in step, then release
+        b._digest_from, b._force_check = b.calls + 1, False
+        b.close()
+    # a fresh backend: heap tensors at different offsets, two calls, then close
+    b = TritonBackend(comm, "cpu", timeout=2)
+    comm._backends["cpu"] = b
+    try:
+        first, second = b.alloc((16,)), b.alloc((16,))     # collective: same on every rank
+        t = first if comm.rank == 0 else second              # ...but used at other offsets
+        t.fill_(1.0)
+        comm.all_reduce(t, algo="two_shot")
+        del first, second, t
+    finally:
+        comm._backends["cpu"] = saved if saved is not None else comm._backends.pop("cpu")
+    try:
+        b.close()
+        out.append("closed quietly")
+    except tilecomm.CommMismatch as e:
+        out.append("CommMismatch at close" if "heap offset" in str(e) else str(e))
+    return out
+
+
+def test_short_runs_and_rejections_are_reported(ranks):
+    res = ranks(2).run(call, _short_run_mismatch_and_rejection)
+    assert res[0][:3] == ["ValueError", 2.0, "ValueError"]
+    assert res[1][:3] == ["ValueError", 2.0, "launched"]
+    assert res[0][3] == "CommMismatch" and res[1][3] in ("CommMismatch", "CommTimeout"), res
+    assert res[0][4] == res[1][4] == "CommMismatch at close", res

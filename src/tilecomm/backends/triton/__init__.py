@@ -175,6 +175,7 @@ class TritonBackend(Backend):
         self._digests: dict = {}          # call signature -> crc32
         self._digest = 0                  # rolling digest of the calls since the last compare
         self._digest_from = 1             # first call number the rolling digest covers
+        self._force_check = False         # a call was rejected here: compare before the next
         #: (collective, algo, call number) of the calls captured into CUDA graphs (NOTE
         #: [CUDA graphs]): they have no host epochs, their replays take device epochs
         self.captured: deque = deque(maxlen=64)
@@ -223,6 +224,9 @@ class TritonBackend(Backend):
     # which ``synchronize`` (and a raised device error) brings up to it, and a device error
     # with an epoch the host did not count is named as a graph replay.
     def run(self, call: CollectiveCall) -> None:
+        if self._force_check and not self.debug:
+            self._force_check = False
+            self._check_point()
         opv = None if call.op is None else call.op.value
         # fused_enabled is part of the key: flipping registry.FUSED between calls must switch
         # kernels (a cache without it once let a conformance test compare fused with fused)
@@ -244,6 +248,17 @@ class TritonBackend(Backend):
                 d = self._digests[dkey] = zlib.crc32(
                     (self._describe(call, opv) + f"|{off}").encode())
             self._digest = (self._digest * 1000003 + d) & 0x3FFFFFFF
+        if call.count == 0 and call.send_rows is None:
+            # Empty: nothing is launched on any rank (a rank that disagrees on the count is
+            # caught by the digest like any mismatch). It must not consume an epoch: a call
+            # that takes an epoch but launches nothing would let a rank reuse a parity half
+            # that a lagging peer still reads (rule 2 holds only between calls that launch).
+            self.calls += 1
+            if self.debug:
+                self._digest, self._digest_from = 0, self.calls + 1
+            elif self.calls % self.check_every == 0:
+                self._check_point()
+            return
         ctx = self.ctx
         ctx.begin(off >= 0)
         first = ctx.epoch
@@ -351,7 +366,20 @@ class TritonBackend(Backend):
 
     # ---- the rest goes to the host backend ---------------------------------------------------
     def reject(self, collective: str, message: str) -> None:
-        self.host._backend.reject(collective, message)
+        """A call this rank refused before launching (bad argument). Debug mode: announced on
+        the host, so every rank raises at this call. Asynchronous mode: the peers are not on
+        the host (they may have launched the call), so waiting there would hang; the refusal
+        is folded into the rolling digest and this rank's next call (or close) starts with a
+        check point, which raises CommMismatch on every rank unless all refused alike. The
+        caller raises the original error at once. Until then a peer that launched the call
+        waits on the device for this rank and records a timeout naming it; this rank launches
+        nothing before the check point, so no later call pairs with the refused one."""
+        if self.debug:
+            self.host._backend.reject(collective, message)
+            return
+        marker = zlib.crc32(f"rejected|{collective}".encode())
+        self._digest = (self._digest * 1000003 + marker) & 0x3FFFFFFF
+        self._force_check = True
 
     def rendezvous(self, name: str, count: int, extra: int) -> list[int]:
         return self.host._backend.rendezvous(name, count, extra)
@@ -366,8 +394,19 @@ class TritonBackend(Backend):
         return self.host._backend.probe(peer)
 
     def close(self) -> None:
-        """Release the device heap. ``Communicator.close`` calls :meth:`synchronize` first."""
-        self.heap.close()
+        """Compare the calls since the last check point (collective: every rank closes), then
+        release the device heap. ``Communicator.close`` calls :meth:`synchronize` first."""
+        try:
+            if not self.debug and (self._force_check or self._digest_from <= self.calls):
+                self._force_check = False
+                try:
+                    self._check_point()
+                except CommMismatch:
+                    raise
+                except CommError:
+                    pass    # unusable already, or a peer is gone: nothing left to compare
+        finally:
+            self.heap.close()
 
 
 __all__ = ["TritonBackend", "KernelContext", "registry"]
