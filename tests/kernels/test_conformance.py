@@ -10,13 +10,9 @@ executor (``comm.use_cpu_kernels("executor")``). The CPU executor defines the bi
 for 16-bit inputs, ``avg`` divided before the one rounding); the three results are compared as
 bit patterns (``view(int16 / int32)``), not values.
 
-NOTE [interpreter bf16 rounding]
-    The Triton interpreter (3.9) converts float32 to bfloat16 by *truncation*
-    (``InterpreterBuilder.cast_impl`` calls ``_convert_float`` with no rounding mode), while a
-    GPU rounds to nearest even (``cvt.rn.bf16.f32``) as torch does. Unpatched, every Triton
-    kernel's bf16 reductions differ from the executor in the last bit (fused and plan kernels
-    agree with each other). The rank processes here patch that one conversion to round to
-    nearest even (:func:`gpu_bf16_rounding`), so the comparison is the one a GPU makes.
+NOTE [interpreter bf16 rounding] (``tilecomm.device.interpreter``): the Triton interpreter
+truncates float32 -> bfloat16 where a GPU rounds to nearest even; the Triton backend patches
+that one conversion in interpreted ranks, so the comparison here is the one a GPU makes.
 """
 
 from __future__ import annotations
@@ -29,7 +25,8 @@ import test_plan_kernel as tpk
 #: (collective, algo) of the fused kernels checked here
 PAIRS = [("all_reduce", "one_shot"), ("all_reduce", "two_shot"),
          ("reduce_scatter", "direct"), ("all_gather", "direct"),
-         ("broadcast", "direct"), ("all_to_all", "pairwise")]
+         ("broadcast", "direct"), ("all_to_all", "pairwise"),
+         ("reduce_scatter", "ring"), ("all_gather", "ring")]
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 SIZES = (131, 3, 517, 1000, 1, 258)
@@ -63,26 +60,11 @@ def random_input(coll, w, r, n, k, dtype, op):
 
 
 def gpu_bf16_rounding(comm=None):
-    """Make the interpreter round float32 -> bfloat16 to nearest even, as GPUs and torch do
-    (NOTE [interpreter bf16 rounding]). Idempotent; rank side."""
-    import numpy as np
-    import triton.language as tl
-    from triton.runtime import interpreter as itp
+    """The backend installs it in interpreted ranks; called here too in case a case runs
+    before any backend exists (NOTE [interpreter bf16 rounding], tilecomm.device.interpreter)."""
+    from tilecomm.device.interpreter import round_bf16_like_gpu
 
-    if getattr(itp.InterpreterBuilder, "_tilecomm_rne", False):
-        return
-    orig = itp.InterpreterBuilder.cast_impl
-
-    def cast_impl(self, src, dst_type):
-        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
-            a = np.ascontiguousarray(src.data, dtype=np.float32)
-            out = torch.from_numpy(a.reshape(-1)).to(torch.bfloat16).view(torch.int16)
-            return itp.TensorHandle(out.numpy().view(np.uint16).reshape(a.shape),
-                                    dst_type.scalar)
-        return orig(self, src, dst_type)
-
-    itp.InterpreterBuilder.cast_impl = cast_impl
-    itp.InterpreterBuilder._tilecomm_rne = True
+    assert round_bf16_like_gpu()
 
 
 def bits(t):
@@ -139,3 +121,41 @@ def test_fused_plan_and_executor_bits_agree(coll, algo, w):
                 bad.append(f"rank {r} {tag}: fused==plan {fp}, fused==executor {fe}, "
                            f"plan==executor {pe} ({ndiff} elements differ, first {first})")
     assert not bad, "\n".join(bad)
+
+
+def _deterministic_on_kernels(comm):
+    """Deterministic mode on the kernel backend: random data, every size class, auto and the
+    explicit rank-order algorithms, bits of reference.rank_order_reduced (the backend rounds
+    bf16 like a GPU in the interpreter: NOTE [interpreter bf16 rounding])."""
+    from tilecomm import reference
+
+    comm.use_cpu_kernels("triton")
+    comm.deterministic = True
+    bad = []
+    try:
+        for k, (algo, dt, op, n) in enumerate(
+                [(a, dt, op, n) for a in ("auto", "one_shot", "two_shot")
+                 for dt in DTYPES for op in ("sum", "avg") for n in (131, 1000)]):
+            g = [torch.Generator().manual_seed(1000 * k + r) for r in range(comm.world_size)]
+            xs = [(torch.randn(n, generator=g[r]) * 64).to(dt) for r in range(comm.world_size)]
+            x = xs[comm.rank].clone()
+            comm.all_reduce(x, op, algo=algo)
+            if not torch.equal(bits(x), bits(reference.rank_order_reduced(xs, op))):
+                bad.append((algo, str(dt), op, n))
+        xs = [(torch.randn(77, generator=torch.Generator().manual_seed(7 + r)) * 64)
+              .to(torch.bfloat16) for r in range(comm.world_size)]
+        x = xs[comm.rank].clone()
+        comm.reduce(x, comm.world_size - 1, "sum")          # the plan kernel (direct reduce)
+        if comm.rank == comm.world_size - 1 and \
+                not torch.equal(bits(x), bits(reference.rank_order_reduced(xs))):
+            bad.append("reduce")
+        comm.synchronize()
+    finally:
+        comm.deterministic = False
+        comm.use_cpu_kernels("executor")
+    return bad
+
+
+def test_deterministic_mode_on_the_kernels_gives_rank_order_bits():
+    res = tpk._run(3, _deterministic_on_kernels)
+    assert res == [[]] * 3, res

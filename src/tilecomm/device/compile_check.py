@@ -265,6 +265,15 @@ def ordering_problems(ptx: str) -> list[str]:
 _SYNC_OP = re.compile(r"^\s*(?:@!?%p\d+\s+)?((?:atom|red|fence|membar|ld)\.[\w.:]*)", re.M)
 
 
+def arithmetic_problems(ptx: str) -> list[str]:
+    """Arithmetic that would not give the CPU executor's bits: an approximate division
+    (Triton's ``/`` on fp32 lowers to ``div.approx.f32``/``div.full.f32``; avg must use
+    ``tl.div_rn``, which lowers to ``div.rn``)."""
+    return [f"approximate division ({op}): divide with tl.div_rn"
+            for op in ("div.approx.f32", "div.full.f32", "div.approx.ftz.f32")
+            if op in ptx]
+
+
 def sync_counts(ptx: str) -> dict[str, int]:
     """Synchronizing instructions of a PTX listing (static count, one per line):
 
@@ -318,7 +327,7 @@ def check_modules(specs: list[str], arch: int = 90, out=print) -> list[tuple[str
                 failures.append((name, f"{type(e).__name__}: {e}"))
                 out(f"FAIL {name}: {type(e).__name__}: {str(e)[:2000]}")
                 continue
-            bad = ordering_problems(k.asm["ptx"])
+            bad = ordering_problems(k.asm["ptx"]) + arithmetic_problems(k.asm["ptx"])
             if bad:
                 failures.append((name, "memory ordering: " + "; ".join(bad[:5])))
                 out(f"FAIL {name} {consts}: memory ordering: {'; '.join(bad[:5])}")

@@ -149,6 +149,10 @@ class TritonBackend(Backend):
         device = torch.device(device)
         if device.type == "cuda" and device.index is None and torch.cuda.is_available():
             device = torch.device("cuda", torch.cuda.current_device())
+        if interpreted():
+            # NOTE [interpreter bf16 rounding]: round float32 -> bf16 as a GPU does
+            from ...device.interpreter import round_bf16_like_gpu
+            round_bf16_like_gpu()
         self.heap = DeviceHeap.create(self.host, device=device,
                                       nbytes=nbytes or settings().device_heap_bytes,
                                       timeout=timeout)

@@ -122,9 +122,13 @@ def combine(acc, v, OP: tl.constexpr):
 
 @triton.jit
 def finish(acc, OP: tl.constexpr, WORLD: tl.constexpr):
-    """Apply avg's division by the world size."""
+    """Apply avg's division by the world size, correctly rounded (``div_rn``: Triton's ``/``
+    on fp32 compiles to ``div.approx.f32`` on sm_90, which would not give the executor's and
+    the reference's IEEE quotient)."""
     if OP == 1:
-        acc = acc / WORLD
+        if not acc.dtype.is_floating():     # (the Communicator refuses integer avg)
+            acc = acc.to(tl.float32)
+        acc = tl.div_rn(acc, tl.full(acc.shape, WORLD, acc.dtype))
     return acc
 
 

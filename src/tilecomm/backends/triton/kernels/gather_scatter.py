@@ -23,7 +23,8 @@ reduce_scatter direct (``out_r = in_0[r] + ... + in_{W-1}[r]``, rank order)::
     barrier group pid;  out = sum_q src_q[r*m + blk];  (zero copy) barrier group G+pid
 
 reduce_scatter ring (step s: ``tmp_r[c] = in_r[c] + left's partial of c``, ``c = r - 2 - s``;
-the last step lands chunk r in out; partials are fp32 for fp16/bf16)::
+the last step lands chunk r in out; each step adds in fp32 for fp16/bf16 and stores its partial
+in the input dtype, as the schedule's reductions do, so the bits are the plan's)::
 
     stage (or zero copy); signal right, group pid*W + 0
     step s = 0..W-2: wait left's group pid*W + s; c = r - 2 - s;
@@ -169,10 +170,7 @@ def _ring_reduce_block(out, tmp, mine_p, lsrc, offs, m, s: tl.constexpr, OP: tl.
     stored into ``tmp`` (``s < WORLD - 2``) or, finished, into ``out``."""
     mk = offs < m
     mine = load_acc(mine_p + offs, mk, ACC_F32, FULL)
-    if s == 0:
-        theirs = load_acc(lsrc + offs, mk, ACC_F32, FULL)
-    else:
-        theirs = load_acc(lsrc + offs, mk, False, FULL)
+    theirs = load_acc(lsrc + offs, mk, ACC_F32, FULL)
     p = combine(mine, theirs, OP)
     if s == WORLD - 2:
         p = finish(p, OP, WORLD)
@@ -231,10 +229,6 @@ def reduce_scatter_ring_kernel(x, out, src, src_half, tmp, tmp_half, pad, m, bas
         if not STAGE:
             lang.barrier(pad, (WORLD * G + pid) * WORLD, epoch, bases, rank, err, timeout_ns,
                          WORLD, site=WORLD + 1)
-
-
-def _acc_dtype(dt: torch.dtype) -> torch.dtype:
-    return torch.float32 if acc_f32(dt) else dt
 
 
 @kernel("all_gather", "direct", dtypes=ALL_DTYPES)
@@ -300,7 +294,9 @@ def reduce_scatter_ring(ctx, call) -> None:
     pad = ctx.signals(g * (w + 1))
     src, src_half = (x, 0) if ctx.zero_copy else \
         ctx.halves("reduce_scatter.ring.src", w * m, x.dtype)
-    tmp, tmp_half = ctx.halves("reduce_scatter.ring.tmp", w * m, _acc_dtype(x.dtype))
+    # partials in the input dtype: the schedule rounds each step's reduction (NOTE
+    # [reduction order] in algorithms/lower.py), so fp32 partials would give other bits
+    tmp, tmp_half = ctx.halves("reduce_scatter.ring.tmp", w * m, x.dtype)
     bases, rank, err, tmo = ctx.kernel_args()
     reduce_scatter_ring_kernel[(g,)](x, out, src, src_half, tmp, tmp_half, pad, m, bases, rank,
                                      err, tmo, ctx.epoch_dev,
@@ -328,9 +324,9 @@ def _compile_entries():
         out.append((reduce_scatter_direct_kernel, signature(rs, dt),
                     {"WORLD": world, "BLOCK": 1024, "OP": op, "ACC_F32": acc_f32(dt),
                      "STAGE": stage}))
-        rr = {"x": "*T", "out": "*T", "src": "*T", "src_half": "i32", "tmp": "*A",
+        rr = {"x": "*T", "out": "*T", "src": "*T", "src_half": "i32", "tmp": "*T",
               "tmp_half": "i32", "m": "i32", **COMMON_SIG}
-        out.append((reduce_scatter_ring_kernel, signature(rr, dt, _acc_dtype(dt)),
+        out.append((reduce_scatter_ring_kernel, signature(rr, dt),
                     {"WORLD": world, "BLOCK": 1024, "OP": op, "ACC_F32": acc_f32(dt),
                      "STAGE": stage}))
         return out

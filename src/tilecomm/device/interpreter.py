@@ -1,0 +1,42 @@
+"""Make the Triton interpreter compute what a GPU computes, where it does not.
+
+NOTE [interpreter bf16 rounding]
+    The Triton interpreter (3.9) converts float32 to bfloat16 by *truncation*
+    (``InterpreterBuilder.cast_impl`` calls ``_convert_float`` without a rounding mode), while a
+    GPU rounds to nearest even (``cvt.rn.bf16.f32``), as torch and the CPU executor do.
+    Unpatched, every kernel's bf16 reduction run in the interpreter differs from the GPU's (and
+    the executor's) in the last bit. :func:`round_bf16_like_gpu` replaces that one conversion
+    with torch's round-to-nearest-even; the Triton backend installs it in every rank process
+    that runs kernels in the interpreter (``TILECOMM_CPU_KERNELS=triton``), and only there.
+"""
+
+from __future__ import annotations
+
+
+def round_bf16_like_gpu() -> bool:
+    """Patch the interpreter's float32 -> bfloat16 conversion to round to nearest even.
+    Idempotent; returns False when this triton has no interpreter builder to patch."""
+    import numpy as np
+    import torch
+    import triton.language as tl
+
+    try:
+        from triton.runtime import interpreter as itp
+        builder = itp.InterpreterBuilder
+        orig = builder.cast_impl
+    except (ImportError, AttributeError):      # pragma: no cover - another triton layout
+        return False
+    if getattr(builder, "_tilecomm_rne", False):
+        return True
+
+    def cast_impl(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            a = np.ascontiguousarray(src.data, dtype=np.float32)
+            out = torch.from_numpy(a.reshape(-1)).to(torch.bfloat16).view(torch.int16)
+            return itp.TensorHandle(out.numpy().view(np.uint16).reshape(a.shape),
+                                    dst_type.scalar)
+        return orig(self, src, dst_type)
+
+    builder.cast_impl = cast_impl
+    builder._tilecomm_rne = True
+    return True
