@@ -446,3 +446,18 @@ def test_silent_peer_raises_commtimeout():
     name, rank, peer, msg, elapsed = res[1]
     assert (name, rank, peer) == ("DeviceTimeout", 1, 0), res[1]
     assert "all_reduce/ring" in msg and 0.3 <= elapsed < 15, msg
+
+
+def test_plan_kernel_refuses_more_ranks_than_its_masks_hold():
+    """Waits travel as int64 rank masks: beyond 63 ranks the plan kernel is refused with a
+    clear error at check time (on every rank alike), while fused kernels stay available."""
+    import types
+
+    from tilecomm.backends.triton import TritonBackend
+    from tilecomm.types import ReduceOp
+
+    big, ok = types.SimpleNamespace(world_size=64), types.SimpleNamespace(world_size=63)
+    with pytest.raises(ValueError, match="at most 63 ranks"):
+        TritonBackend.check(big, "all_reduce", "ring", torch.float32, ReduceOp.SUM)
+    TritonBackend.check(ok, "all_reduce", "ring", torch.float32, ReduceOp.SUM)
+    TritonBackend.check(big, "all_reduce", "one_shot", torch.float32, ReduceOp.SUM)

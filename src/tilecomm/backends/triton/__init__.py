@@ -189,7 +189,14 @@ class TritonBackend(Backend):
         return registry.supported(collective)
 
     def check(self, collective: str, algo: str, dtype: torch.dtype, op) -> None:
-        registry.lookup(collective, algo, dtype, None if op is None else op.value)
+        spec = registry.lookup(collective, algo, dtype, None if op is None else op.value)
+        if getattr(spec.launch, "__name__", "") == "launch_plan":
+            from .kernels.plan import MAX_WORLD
+            if self.world_size > MAX_WORLD:
+                raise ValueError(
+                    f"{collective}/{algo}: the plan kernel keeps its waits as 64-bit rank "
+                    f"masks, so it serves at most {MAX_WORLD} ranks ({self.world_size} here); "
+                    f"use an algorithm with a fused GPU kernel")
 
     def alloc(self, shape, dtype=torch.float32) -> torch.Tensor:
         """A zero-filled symmetric tensor on this backend's device (collective)."""

@@ -191,6 +191,10 @@ class Encoded:
         self.io, self.nin, self.nout = io, nin, nout
 
 
+#: waits and notifies travel as int64 bit masks of ranks
+MAX_WORLD = 63
+
+
 def _mask(ranks) -> int:
     m = 0
     for q in ranks:
