@@ -79,3 +79,27 @@ def test_programs_of_a_two_dimensional_grid_stay_within_the_cap():
     assert ctx.programs(10**9, width=32) == 1
     ctx.sharing = 1                                   # own GPU: the same cap (co-residency)
     assert ctx.programs(10**9, width=8) == 2
+
+
+def test_buffers_a_captured_graph_uses_are_never_freed(monkeypatch):
+    """After a CUDA graph captured a call (advance() while capturing), growing scratch or the
+    signal pad (which frees the old buffer) is refused with a message, not done under the
+    graph's feet. (No GPU here: capturing() is what torch reports during a capture.)"""
+    import types
+
+    import pytest as _pytest
+
+    from tilecomm.backends.triton.context import KernelContext
+    from tilecomm.errors import CommError
+
+    ctx = KernelContext.__new__(KernelContext)
+    ctx.graph_captured, ctx.exact_upto, ctx.epoch = False, None, 7
+    ctx._epoch_dev = torch.zeros(1, dtype=torch.int64)
+    ctx.heap = types.SimpleNamespace(barrier=lambda: None, free=lambda t: None,
+                                     next_epoch=lambda: 8)
+    ctx._retire(torch.empty(1))                       # eager: fine
+    monkeypatch.setattr(KernelContext, "capturing", lambda self: True)
+    ctx.advance()
+    assert ctx.graph_captured and ctx.epoch == 7      # the host count waits for replays
+    with _pytest.raises(CommError, match="Warm up with the largest sizes"):
+        ctx._retire(torch.empty(1))

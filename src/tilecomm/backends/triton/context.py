@@ -58,6 +58,8 @@ class KernelContext:
         #: host epoch when a CUDA graph was first captured since the last :meth:`resync`
         #: (host epochs above it may differ from the device's), or None
         self.exact_upto: int | None = None
+        #: a CUDA graph captured kernels of this context: buffers they use must stay alive
+        self.graph_captured = False
         self.zero_copy = False
         self._sym_offset = -1
         self._pad = None
@@ -93,6 +95,8 @@ class KernelContext:
         loads it (a CUDA graph captures and replays it), and the host count (not while a
         graph is captured: the captured add runs only at replay)."""
         self.epoch_dev.add_(1)
+        if self.capturing():
+            self.graph_captured = True
         if not self.capturing():
             self.epoch = self.heap.next_epoch()
         elif self.exact_upto is None:
@@ -210,6 +214,14 @@ class KernelContext:
 
     def _retire(self, t: torch.Tensor) -> None:
         """Drop a symmetric tensor once no peer can still use it (collective)."""
+        if self.graph_captured:
+            # a captured graph holds this buffer's address: freeing it would make replays
+            # write into whatever is allocated there next
+            from ...errors import CommError
+            raise CommError("a GPU collective needs more scratch or signal slots than when a "
+                            "CUDA graph captured collectives of this communicator; growing "
+                            "would free memory the graph uses. Warm up with the largest "
+                            "sizes before capturing")
         self.heap.barrier()
         free = getattr(self.heap, "free", None)
         if free is not None:

@@ -282,7 +282,8 @@ def encoded(ctx, collective: str, algo: str, root: int, count: int, counts=None)
         e = Encoded(t[:a], t[a:b] if op else t[:1], t[b:c] if src else t[:1], len(ph) - 1,
                     base, starts, total, longest, len(op), t[c:] if ins or outs else t[:1],
                     len(ins), len(outs))
-        if len(_CACHE) >= _CACHE_MAX:
+        if len(_CACHE) >= _CACHE_MAX and not ctx.graph_captured:
+            # (after a CUDA graph capture nothing is evicted: a replay reads these tables)
             _CACHE.pop(next(iter(_CACHE)))
         _CACHE[key] = e
     return e
