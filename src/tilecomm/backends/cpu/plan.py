@@ -198,8 +198,13 @@ class Runner:
             acc = ([t] if op.first_reduce else []) + [typed_view(x, d) for x in srcs]
             scale = self.world_size if (avg and op.completes) else 0
             if d.numpy is None:
-                out.append(partial(_reduce_f32, t, acc, self.op, scale,
-                                   torch.empty(n, dtype=torch.float32)))
+                if len(acc) == 2 and not scale:
+                    # torch's fp16/bf16 CPU kernels widen both operands to float32, combine
+                    # and round once: the same bits as the float32 accumulation, no temporary
+                    out.append(partial(self.fn, acc[0], acc[1], out=t))
+                else:
+                    out.append(partial(_reduce_f32, t, acc, self.op, scale,
+                                       torch.empty(n, dtype=torch.float32)))
                 continue
             # Writing dst before its last read would corrupt a source that is dst itself (an
             # aliased buffer): accumulate elsewhere then. dst as the first or second operand
