@@ -61,12 +61,13 @@ def _config(interpret: bool) -> dict:
         return dict(interpret=True, worlds=[[2, "cpu"]], check_sizes=[8, 148],
                     full_sizes=[148], mix_mems=True, cover=True, time_sizes=[1024], iters=2,
                     rounds=2, warmup=1, device_timeout=5.0, latency_iters=3, seq_len=6,
-                    copy_bytes=8 << 20, budget=45.0)
+                    copy_bytes=8 << 20, budget=45.0, plan_sizes=[148], bits_sizes=[600])
     return dict(interpret=False, worlds=[[2, "cuda:0"], [4, "cuda:0"], [8, "cuda:0"]],
                 check_sizes=[4, 4012, 262164, 4 << 20], full_sizes=[4012, 262164],
                 mix_mems=False, time_sizes=[8 << 10, 1 << 20, 16 << 20], iters=20, rounds=5,
                 warmup=3, device_timeout=5.0, latency_iters=200, seq_len=24,
-                copy_bytes=256 << 20, budget=240.0)
+                copy_bytes=256 << 20, budget=240.0, plan_sizes=[4012, 262164],
+                bits_sizes=[4012, 262164])
 
 
 # =============================================================================================
@@ -92,6 +93,24 @@ class _Rank:
         if cfg.get("kernels"):
             self.kernels = {k: v for k, v in self.kernels.items()
                             if f"{k[0]}/{k[1]}" in cfg["kernels"]}
+        # the plan kernel as the kernel of every registered schedule (fused kernels off)
+        from tilecomm.algorithms.registry import algorithms
+        from tilecomm.bench.cases import CASES
+        self.plans = {}
+        for op in CASES:
+            for a in algorithms(op):
+                spec = registry.plan_spec(op, a)
+                if spec is not None and (not cfg.get("kernels") or f"{op}/{a}" in cfg["kernels"]
+                                         or f"{op}/{a}/plan" in cfg["kernels"]):
+                    self.plans[(op, a)] = spec
+
+    def engine(self, name: str):
+        """Route the next calls to the fused kernels (``fused``: the setting, as the bench
+        does) or to the plan kernel (``plan``: registry.FUSED = False)."""
+        self.registry.FUSED = False if name == "plan" else None
+        specs = getattr(self.backend(), "_specs", None)
+        if isinstance(specs, dict):
+            specs.clear()
 
     # ---- agreement among ranks (host executor, never the kernels under test) -----------------
     def gather(self, ints):
@@ -137,9 +156,37 @@ class _Rank:
         check = kernel_table(self.kernels, self.w, c["check_sizes"], full_sizes=c["full_sizes"],
                              mix_mems=c["mix_mems"], dtypes=c.get("dtypes"),
                              cover=c.get("cover", False))
+        check += kernel_table(self.plans, self.w, c["check_sizes"], full_sizes=c["plan_sizes"],
+                              mix_mems=True, dtypes=["float32", "bfloat16"],
+                              redops=["sum", "avg"], engine="plan")
         timing = kernel_table(self.kernels, self.w, c["time_sizes"], dtypes=["float32"],
                               redops=["sum"])
         return check, timing
+
+    def bits_table(self):
+        """Reducing collectives on random floats: every fused kernel (fp32/bf16/fp16, sum and
+        avg) against its plan-kernel twin, and the plan kernel's rank-ordered schedules that
+        have no fused kernel against the host reference."""
+        from tilecomm.algorithms.lower import deterministic_algorithms
+        from tilecomm.bench.cases import CASES, BenchCase, _callable
+        rows, turn = [], 0
+        for (op, algo), plan in sorted(self.plans.items()):
+            if not CASES[op].reduces:
+                continue
+            fused = self.kernels.get((op, algo))
+            if fused is None and algo not in deterministic_algorithms(op, self.w):
+                continue        # nothing to compare the plan kernel's bits with
+            spec = fused or plan
+            for dt in ("float32", "bfloat16", "float16"):
+                if getattr(self.torch, dt) not in spec.dtypes:
+                    continue
+                for red in ("sum", "avg"):
+                    if red not in spec.ops or not _callable(dt, red):
+                        continue
+                    for n in self.cfg["bits_sizes"]:
+                        mem, turn = ("user", "heap")[turn % 2], turn + 1
+                        rows.append(BenchCase(op, algo, dt, n, mem, red, self.w, "bits"))
+        return rows
 
     # ---- 1. warm-up ----------------------------------------------------------------------------
     def warm(self):
@@ -157,6 +204,22 @@ class _Rank:
                 self.realign()
             bufs = None
             gc.collect()
+        self.engine("plan")
+        try:
+            for (op, algo) in self.plans:
+                case = BenchCase(op, algo, "float32", 4096, "user", "sum", self.w, "plan")
+                try:
+                    bufs = self.runner.make_buffers(self.comm, case, self.dev)
+                    self.runner.check_case(self.comm, case, bufs, self.dev, calls=1)
+                    ok = True
+                except Exception:  # noqa: BLE001 - judged in the correctness pass
+                    ok = False
+                if not all(s[0] for s in self.gather([int(ok)])):
+                    self.realign()
+                bufs = None
+                gc.collect()
+        finally:
+            self.engine("fused")
         return round(time.perf_counter() - t0, 3)
 
     # ---- 2. correctness --------------------------------------------------------------------
@@ -182,7 +245,8 @@ class _Rank:
     def _rec(self, case):
         n, _, _ = self.runner.case_counts(case)
         return dict(case=case.id, kernel=case.kernel, world=self.w, dtype=case.dtype,
-                    redop=case.redop, mem=case.mem, bytes=case.nbytes, count=n)
+                    redop=case.redop, mem=case.mem, bytes=case.nbytes, count=n,
+                    engine=case.engine)
 
     def check_all(self, table, deadline):
         out = []
@@ -194,13 +258,135 @@ class _Rank:
 
             def fn(case=case, i=i):
                 bufs = self.runner.make_buffers(self.comm, case, self.dev)
-                return self.runner.check_case(self.comm, case, bufs, self.dev, seed=100 + i,
-                                              calls=2)
+                self.engine(case.engine)
+                try:
+                    return self.runner.check_case(self.comm, case, bufs, self.dev,
+                                                  seed=100 + i, calls=2)
+                finally:
+                    self.engine("fused")
             rec = self._judged(rec, fn)
             if not rec["ok"]:   # a traceback may hold heap tensors: free them in step
                 gc.collect()
             out.append(rec)
             self.log(dict(phase="check", **rec))
+        return out
+
+    # ---- 2b. bits (random floats) -------------------------------------------------------
+    _BITS = {"float32": "int32", "bfloat16": "int16", "float16": "int16"}
+
+    def _bits(self, t, dtype):
+        return t.detach().reshape(-1).cpu().contiguous().view(getattr(self.torch, self._BITS[dtype]))
+
+    def _differ(self, a, b):
+        return int(b.numel()) if a.shape != b.shape else int((a != b).sum())
+
+    def bits_all(self, table, deadline):
+        """Each row: random floats of mixed magnitudes (every rank's seeded inputs), one call
+        through the fused kernel and one through the plan kernel on the same inputs; the bit
+        patterns must be equal, and equal to reference.rank_order_reduced of every rank's
+        inputs (computed here) for the rank-ordered schedules (lower.deterministic_algorithms)."""
+        from tilecomm.algorithms.lower import deterministic_algorithms
+        from tilecomm.bench.cases import CASES, POISON, BenchCase, random_data
+        from tilecomm.types import DTYPE_BY_NAME
+        out = []
+        for i, case in enumerate(table):
+            rec = self._rec(case)
+            if not self.agree(time.time() < deadline):
+                out.append(dict(rec, ok=None, error="skipped: world budget spent"))
+                continue
+            seed = 5000 + i
+            root = seed % self.w
+            ordered = case.algo in deterministic_algorithms(case.op, self.w, root)
+            engines = (["fused"] if (case.op, case.algo) in self.kernels else []) + ["plan"]
+            rec.update(engines=engines, vs_reference=ordered, root=root)
+            detail = []
+
+            def fn(case=case, seed=seed, root=root, ordered=ordered, engines=engines,
+                   detail=detail):
+                c = CASES[case.op]
+                plain = BenchCase(case.op, case.algo, case.dtype, case.nbytes, case.mem,
+                                  case.redop, case.world)
+                bufs = self.runner.make_buffers(self.comm, plain, self.dev)
+                dt = DTYPE_BY_NAME[case.dtype].torch
+                inputs = [random_data(seed, j, bufs.inp.numel(), dt) for j in range(self.w)]
+                got = {}
+                for eng in engines:
+                    self.engine(eng)
+                    try:
+                        bufs.inp.copy_(inputs[self.r])
+                        bufs.root, bufs.redop = root, case.redop
+                        if bufs.out is not None:
+                            bufs.out.fill_(POISON)
+                        c.run(self.comm, bufs, case.algo)
+                        self.sync()
+                    finally:
+                        self.engine("fused")
+                    got[eng] = self._bits(self.runner.result_of(plain, bufs), case.dtype)
+                wrong = 0
+                if "fused" in got:
+                    k = self._differ(got["fused"], got["plan"])
+                    if k:
+                        detail.append(f"fused vs plan kernel: {k}")
+                    wrong = max(wrong, k)
+                if ordered:
+                    want = self._bits(c.expected(inputs, self.r, self.w, bufs), case.dtype)
+                    for eng, g in got.items():
+                        k = self._differ(g, want)
+                        if k:
+                            detail.append(f"{eng} vs rank-order reference: {k}")
+                        wrong = max(wrong, k)
+                return wrong
+            rec = self._judged(rec, fn)
+            if detail:
+                rec["error"] = f"bits differ ({'; '.join(detail)} elements)"
+            if not rec["ok"]:
+                gc.collect()
+            out.append(rec)
+            self.log(dict(phase="check", **rec))
+        return out
+
+    def deterministic_case(self, deadline):
+        """comm.deterministic = True, algo auto, random bf16 sum at the smallest size auto sends
+        to two_shot: the bits must be reference.rank_order_reduced's."""
+        from tilecomm import reference, tuner
+        from tilecomm.algorithms.lower import deterministic_algorithms
+        from tilecomm.bench.cases import random_data
+        torch = self.torch
+        be = self.comm._backend_for_device(self.dev.type)
+        avail = deterministic_algorithms("all_reduce", self.w,
+                                         among=be.algorithms("all_reduce"))
+        nbytes = 8 << 10
+        while nbytes < (64 << 20) and tuner.choose("all_reduce", nbytes, self.w, kind=be.kind,
+                                                   available=avail) != "two_shot":
+            nbytes *= 2
+        count = nbytes // 2
+        from tilecomm.units import format_size
+        rec = dict(case=f"all_reduce/auto/sum/bfloat16/heap/{format_size(nbytes)}/w{self.w}"
+                        f"/deterministic", kernel="all_reduce/deterministic", world=self.w,
+                   dtype="bfloat16", redop="sum", mem="heap", bytes=nbytes, count=count,
+                   engine="fused", algo_auto=tuner.choose("all_reduce", nbytes, self.w,
+                                                          kind=be.kind, available=avail))
+        if not self.agree(time.time() < deadline):
+            return dict(rec, ok=None, error="skipped: world budget spent")
+
+        def fn():
+            inputs = [random_data(77, j, count, torch.bfloat16) for j in range(self.w)]
+            x = self.runner.heap_alloc(self.comm, count, torch.bfloat16, self.dev)
+            x.copy_(inputs[self.r])
+            self.comm.deterministic = True
+            try:
+                self.comm.all_reduce(x, "sum")
+                self.sync()
+            finally:
+                self.comm.deterministic = False
+            return self._differ(self._bits(x, "bfloat16"),
+                                self._bits(reference.rank_order_reduced(inputs), "bfloat16"))
+        out = self._judged(rec, fn)
+        if out["error"] and "wrong elements" in out["error"]:
+            out["error"] = out["error"].replace("wrong elements",
+                                                "elements' bits differ from rank order")
+        gc.collect()
+        self.log(dict(phase="check", **out))
         return out
 
     # ---- 3. back-to-back -------------------------------------------------------------------
@@ -233,8 +419,12 @@ class _Rank:
             wants = [self.runner.prepare_call(self.comm, c, b, 7000 + i)
                      for i, (c, b) in enumerate(made)]
             self.sync()
-            for c, b in made:
-                CASES[c.op].run(self.comm, b, c.algo)
+            try:
+                for c, b in made:
+                    self.engine(c.engine)
+                    CASES[c.op].run(self.comm, b, c.algo)
+            finally:
+                self.engine("fused")
             self.sync()
             total = 0
             for (c, b), want in zip(made, wants):
@@ -447,8 +637,11 @@ def rank_task(comm, cfg, device, partial_path, deadline, flags, bounds, rank_set
         check_table, time_table = rk.tables()
     except Exception as e:  # noqa: BLE001 - e.g. no CUDA IPC: reported for the whole world
         return dict(out, fatal=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
-    out["kernels"] = [f"{c}/{a}" for c, a in rk.kernels]
+    out["kernels"] = [f"{c}/{a}" for c, a in rk.kernels] + \
+        [f"{c}/{a}/plan" for c, a in rk.plans]
+    bits_table = rk.bits_table()
     out["table"] = [c.id for c in check_table]
+    out["bits_table"] = [c.id for c in bits_table]
     out["timing_table"] = [c.id for c in time_table]
     out["warm_s"] = rk.warm()
     if flags.get("copy"):
@@ -460,7 +653,10 @@ def rank_task(comm, cfg, device, partial_path, deadline, flags, bounds, rank_set
     rk_bounds["copy_GBps"] = g[0][0] / 1000 or None
     now = time.time()
     reserve = 6 if flags.get("latency") else 2
-    out["correctness"] = rk.check_all(check_table, now + 0.55 * (deadline - now - reserve))
+    span = deadline - now - reserve
+    out["correctness"] = rk.check_all(check_table, now + 0.45 * span)
+    out["correctness"] += rk.bits_all(bits_table, now + 0.6 * span)
+    out["correctness"].append(rk.deterministic_case(now + 0.65 * span))
     out["correctness"].append(rk.sequence(check_table, deadline - reserve))
     out["timing"] = rk.time_all(time_table, deadline - reserve, rk_bounds)
     if flags.get("latency"):
@@ -817,7 +1013,7 @@ def run_check(cfg: dict, out_dir: str, rank_setup=None, log=print) -> tuple[dict
         os.environ["TRITON_INTERPRET"] = "1"
     os.makedirs(out_dir, exist_ok=True)
     res = dict(env=environment(interpret), config=cfg, worlds={}, kernels=[], table=[],
-               timing_table=[], correctness=[], timing=[], copy_bandwidth=None,
+               bits_table=[], timing_table=[], correctness=[], timing=[], copy_bandwidth=None,
                latency_8k=None, graph_8k=None)
     pf = res["preflight"] = preflight(interpret)
     res["env"]["nvidia_smi"] = (pf.get("nvidia_smi") or {}).get("gpus") or \
@@ -860,7 +1056,7 @@ def run_check(cfg: dict, out_dir: str, rank_setup=None, log=print) -> tuple[dict
             for k in summary.get("kernels", []):
                 if k not in res["kernels"]:
                     res["kernels"].append(k)
-            for name in ("table", "timing_table"):
+            for name in ("table", "bits_table", "timing_table"):
                 res[name] += [c for c in summary.get(name, []) if c not in res[name]]
             res["correctness"] += summary.get("correctness", [])
             res["timing"] += summary.get("timing", [])

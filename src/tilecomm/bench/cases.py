@@ -204,16 +204,22 @@ class BenchCase:
     mem: str = "user"
     redop: str = "sum"
     world: int = 2
+    #: which GPU kernel runs the row (gpu_check): ``fused`` (the hand-fused kernel, or whatever
+    #: the setting picks: the bench's rows), ``plan`` (the generic plan kernel, fused kernels
+    #: off), ``bits`` (random floats, fused and plan kernel compared bit for bit)
+    engine: str = "fused"
 
     @property
     def id(self) -> str:
         red = f"/{self.redop}" if CASES[self.op].reduces else ""
+        eng = "" if self.engine == "fused" else f"/{self.engine}"
         return (f"{self.op}/{self.algo}{red}/{self.dtype}/{self.mem}/{format_size(self.nbytes)}"
-                f"/w{self.world}")
+                f"/w{self.world}{eng}")
 
     @property
     def kernel(self) -> str:
-        return f"{self.op}/{self.algo}"
+        eng = "" if self.engine == "fused" else f"/{self.engine}"
+        return f"{self.op}/{self.algo}{eng}"
 
 
 def bench_table(op: str, algos: list[str], sizes: list[int], dtype: str = "float32",
@@ -239,14 +245,15 @@ def _callable(dt: str, red: str) -> bool:
 def kernel_table(kernels: dict, world: int, sizes: list[int], *, mems=("user", "heap"),
                  dtypes: list[str] | None = None, redops: list[str] | None = None,
                  full_sizes: list[int] | None = None, mix_mems: bool = False,
-                 cover: bool = False) -> list[BenchCase]:
+                 cover: bool = False, engine: str = "fused") -> list[BenchCase]:
     """Rows for every registered GPU kernel (``registry.KERNELS``: ``(op, algo) -> spec``),
     every dtype and reduction it registers (or those of ``dtypes``/``redops`` it registers)
     that the Communicator accepts, both memory kinds. float32 sum runs at every size of
     ``sizes`` in every memory kind; the other dtype/reduction pairs at ``full_sizes``
     (default: ``sizes``), in every memory kind, or (``mix_mems``) in one, alternating.
     ``cover``: instead of every dtype x reduction, every dtype with sum and every reduction
-    with float32 and with bfloat16 (each registered dtype and op still runs)."""
+    with float32 and with bfloat16 (each registered dtype and op still runs). ``engine``: the
+    rows' :attr:`BenchCase.engine` (``plan``: ``kernels`` are ``registry.plan_spec``'s)."""
     rows = []
     turn = 0
     for (op, algo), spec in sorted(kernels.items()):
@@ -270,5 +277,15 @@ def kernel_table(kernels: dict, world: int, sizes: list[int], *, mems=("user", "
                     if mix_mems and not base:
                         use, turn = [mems[turn % len(mems)]], turn + 1
                     for mem in use:
-                        rows.append(BenchCase(op, algo, dt, n, mem, red, world))
+                        rows.append(BenchCase(op, algo, dt, n, mem, red, world, engine))
     return rows
+
+
+def random_data(seed: int, rank: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+    """Random floats of mixed magnitudes (``randn * 2**k``, k in -6..6), fresh per ``seed``:
+    sums round, so the bits depend on the reduction order, the accumulation type and the
+    division (gpu_check's bits check). Magnitudes stay far below float16's range."""
+    g = torch.Generator().manual_seed(seed * 7919 + rank)
+    x = torch.randn(count, generator=g)
+    k = torch.randint(-6, 7, (count,), generator=g).to(torch.float32)
+    return (x * torch.pow(2.0, k)).to(dtype)
