@@ -38,11 +38,17 @@ def _expected_table():
         from tilecomm.bench.cases import kernel_table
         c = gpu_check._config(True)
         ks = registry.load()
+        from tilecomm.algorithms.registry import algorithms
+        from tilecomm.bench.cases import CASES
         rows = kernel_table(ks, 2, c['check_sizes'], full_sizes=c['full_sizes'],
                             mix_mems=c['mix_mems'], cover=c['cover'])
+        plans = {{(o, a): registry.plan_spec(o, a) for o in CASES for a in algorithms(o)}}
+        rows += kernel_table(plans, 2, c['check_sizes'], full_sizes=c['plan_sizes'],
+                             mix_mems=True, dtypes=['float32', 'bfloat16'],
+                             redops=['sum', 'avg'], engine='plan')
         reg = {{f'{{o}}/{{a}}': [[str(d)[6:] for d in s.dtypes], list(s.ops)]
                for (o, a), s in ks.items()}}
-        print(json.dumps([[x.id for x in rows], reg]))
+        print(json.dumps([[x.id for x in rows], reg, [f'{{o}}/{{a}}' for o, a in plans]]))
         """)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -56,13 +62,13 @@ def _run(out, *extra, timeout=60):
 
 
 def test_dry_run_passes_and_reports_the_case_table(tmp_path):
-    ids, registered = _expected_table()
+    ids, registered, schedules = _expected_table()
     r, res = _run(tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert res["verdict"] == "PASS" and res["all_correct"] and res["skipped_cases"] == 0
     assert res["env"]["mode"] == "interpret" and res["worlds"] == {"2": "ok"}
     assert res["preflight"]["summary"] == "no GPU (interpret mode)"
-    assert set(res["kernels"]) == set(registered)
+    assert set(res["kernels"]) == set(registered) | {f"{k}/plan" for k in schedules}
     assert res["table"] == ids                           # the case table, by its ids
     by_case = {c["case"]: c for c in res["correctness"]}
     assert set(ids) <= set(by_case)
@@ -77,6 +83,27 @@ def test_dry_run_passes_and_reports_the_case_table(tmp_path):
             assert {c["redop"] for c in mine} == set(ops), k
         rows = [t for t in res["timing"] if t["kernel"] == k]
         assert rows and all(t.get("us", 0) > 0 and not t.get("error") for t in rows), rows
+    # the plan kernel: every registered schedule, fp32 and bf16, sum and avg, both memories
+    for k in schedules:
+        mine = [c for c in res["correctness"] if c["kernel"] == f"{k}/plan"]
+        assert mine and all(c["case"].endswith("/plan") and c["engine"] == "plan"
+                            for c in mine), k
+        assert {c["dtype"] for c in mine} >= {"float32", "bfloat16"}, k
+        assert {c["mem"] for c in mine} == {"user", "heap"}, k
+        if k.split("/")[0] in ("all_reduce", "reduce_scatter", "reduce"):
+            assert {c["redop"] for c in mine} >= {"sum", "avg"}, k
+    # bits on random floats: every fused kernel of a reducing collective vs its plan twin
+    bits = [c for c in res["correctness"] if c.get("engine") == "bits"]
+    for k, (dtypes, ops) in registered.items():
+        if k.split("/")[0] in ("all_reduce", "reduce_scatter", "reduce"):
+            mine = [c for c in bits if c["kernel"] == f"{k}/bits"]
+            assert {c["dtype"] for c in mine} == {"float32", "bfloat16", "float16"} & \
+                set(dtypes), k
+            assert {c["redop"] for c in mine} == {"sum", "avg"} & set(ops), k
+            assert all(c["engines"] == ["fused", "plan"] for c in mine), k
+    assert any(c["vs_reference"] for c in bits)
+    det = [c for c in res["correctness"] if c["case"].endswith("/deterministic")]
+    assert len(det) == 1 and det[0]["ok"] and det[0]["algo_auto"] == "two_shot", det
     seq = [c for c in res["correctness"] if c["case"].startswith("sequence/")]
     assert seq and seq[0]["ok"] and len(seq[0]["calls"]) >= 6
     assert len({c.split("/")[0] for c in seq[0]["calls"]}) >= 3     # different operations
@@ -152,3 +179,4 @@ def test_gpu_check_fails_when_a_kernel_is_wrong(tmp_path):
     with open(os.path.join(tmp_path, "gpu_check.txt")) as f:
         text = f.read()
     assert "RESULT: FAIL" in text and "FAIL all_reduce/one_shot" in text
+
