@@ -49,3 +49,51 @@ def compile_for_sm90(module: str) -> str:
         pytest.skip(r.stderr.strip())
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout
+
+
+def kernel_ranks(comm):
+    """Rank-side setup of a kernel-path pool: the interpreter on, CPU tensors on the kernels."""
+    interpret(comm)
+    comm.use_cpu_kernels("triton")
+
+
+class RankPools:
+    """Live rank groups per world size whose communicators run CPU tensors on the Triton
+    kernels (``kernel_ranks``), kept across the tests of a module (starting ranks and
+    compiling in the interpreter is slow). ``run(w, fn, *args)`` runs ``call(comm, fn,
+    *args)`` on every rank; a group whose call raised is stopped and restarted next time."""
+
+    def __init__(self, setup=kernel_ranks, heap_bytes: int = 8 << 20,
+                 scratch_bytes: int = 64 << 10):
+        self.setup, self.heap_bytes, self.scratch_bytes = setup, heap_bytes, scratch_bytes
+        self.groups: dict = {}
+
+    def group(self, w: int):
+        import tilecomm
+
+        g = self.groups.get(w)
+        if g is None or not all(p.is_alive() for p in g.procs):
+            if g is not None:
+                g.stop()
+            g = tilecomm.RankGroup(w, timeout=60, heap_bytes=self.heap_bytes,
+                                   scratch_bytes=self.scratch_bytes).start()
+            g.run(call, self.setup)
+            self.groups[w] = g
+        return g
+
+    def run(self, w: int, fn, *args):
+        try:
+            return self.group(w).run(call, fn, *args)
+        except BaseException:
+            self.discard(w)
+            raise
+
+    def discard(self, w: int) -> None:
+        """Stop the group of ``w`` ranks (its ranks' epochs may be out of step)."""
+        g = self.groups.pop(w, None)
+        if g is not None:
+            g.stop()
+
+    def stop(self) -> None:
+        for w in list(self.groups):
+            self.discard(w)

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import tilecomm
+from interp_ranks import RankPools
 
 KERNELS = [("all_reduce", "one_shot"), ("all_reduce", "two_shot"), ("all_gather", "direct"),
            ("all_gather", "ring"), ("reduce_scatter", "direct"), ("reduce_scatter", "ring")]
@@ -35,11 +36,6 @@ def _setup(comm):
     comm.use_cpu_kernels("triton")
 
 
-def _call(comm, fn, *args):
-    try:
-        return fn(comm, *args)
-    finally:
-        gc.collect()      # symmetric tensors die with their last view: keep frees in step
 
 
 def _poison(shape, dtype):
@@ -258,37 +254,14 @@ def _auto(comm):
 
 # ---- pools -------------------------------------------------------------------------------------
 
-_POOLS: dict[int, tilecomm.RankGroup] = {}
-
-
-def _pool(w):
-    g = _POOLS.get(w)
-    if g is None or not all(p.is_alive() for p in g.procs):
-        if g is not None:
-            g.stop()
-        g = tilecomm.RankGroup(w, timeout=60, heap_bytes=8 << 20,
-                               scratch_bytes=64 << 10).start()
-        g.run(_call, _setup)
-        _POOLS[w] = g
-    return g
-
-
-def _run(w, fn, *args):
-    try:
-        return _pool(w).run(_call, fn, *args)
-    except BaseException:
-        g = _POOLS.pop(w, None)
-        if g is not None:
-            g.stop()
-        raise
+_POOLS = RankPools(_setup)
+_run = _POOLS.run
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _stop_pools():
     yield
-    for g in _POOLS.values():
-        g.stop()
-    _POOLS.clear()
+    _POOLS.stop()
 
 
 # ---- tests -------------------------------------------------------------------------------------
@@ -345,9 +318,7 @@ def test_silent_peer_raises_commtimeout():
     try:
         res = _run(2, _silent_peer, 0.3)
     finally:
-        g = _POOLS.pop(2, None)      # the ranks' epochs are out of step now: fresh pool
-        if g is not None:
-            g.stop()
+        _POOLS.discard(2)            # the ranks' epochs are out of step now: fresh pool
     assert time.perf_counter() - t < 40
     assert res[0] is None
     assert len(res[1]) == len(KERNELS)

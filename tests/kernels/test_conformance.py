@@ -105,9 +105,7 @@ def compare(comm, coll, algo):
 @pytest.fixture(scope="module", autouse=True)
 def _stop_pools():
     yield
-    for g in tpk._POOLS.values():
-        g.stop()
-    tpk._POOLS.clear()
+    tpk._POOLS.stop()
 
 
 @pytest.mark.parametrize("w", [2, 3, 4])
