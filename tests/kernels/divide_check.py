@@ -26,6 +26,14 @@ def divide_with_finish(x, n, W: tl.constexpr):
 
 
 if __name__ == "__main__":
+    import sys
+
+    from tilecomm.device.compile_check import cuda_backend_available
+
+    why = cuda_backend_available()
+    if why:
+        print(why, file=sys.stderr)
+        sys.exit(3)
     sig = {"x": "*fp32", "n": "i32"}
     old = arithmetic_problems(compile_for(divide_with_slash, sig, {"W": 3}).asm["ptx"])
     new = arithmetic_problems(compile_for(divide_with_finish, sig, {"W": 3}).asm["ptx"])

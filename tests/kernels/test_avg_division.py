@@ -19,14 +19,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def test_approximate_division_is_flagged_and_finish_divides_exactly():
-    from tilecomm.device.compile_check import cuda_backend_available
-
-    why = cuda_backend_available()
-    if why:
-        pytest.skip(why)
+    # (the availability check runs in the subprocess: importing triton here, without the
+    # interpreter, would break the interpreter in rank processes forked from this one later)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, os.path.join(HERE, "divide_check.py")], env=env,
                        capture_output=True, text=True, timeout=300)
+    if r.returncode == 3:
+        pytest.skip(r.stderr.strip())
     assert r.returncode == 0, r.stderr[-3000:]
     line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")][-1]
     assert line.split()[1:] == ["1", "0"], line
