@@ -275,7 +275,9 @@ class _Rank:
     _BITS = {"float32": "int32", "bfloat16": "int16", "float16": "int16"}
 
     def _bits(self, t, dtype):
-        return t.detach().reshape(-1).cpu().contiguous().view(getattr(self.torch, self._BITS[dtype]))
+        # a copy: on CPU tensors .cpu()/.contiguous() return views, and the next engine's
+        # call overwrites the buffer (the fused result then read as the plan kernel's)
+        return t.detach().reshape(-1).cpu().clone().view(getattr(self.torch, self._BITS[dtype]))
 
     def _differ(self, a, b):
         return int(b.numel()) if a.shape != b.shape else int((a != b).sum())

@@ -180,3 +180,51 @@ def test_gpu_check_fails_when_a_kernel_is_wrong(tmp_path):
         text = f.read()
     assert "RESULT: FAIL" in text and "FAIL all_reduce/one_shot" in text
 
+
+
+ORDER_DRIVER = """
+import dataclasses, os, sys, json
+os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, {scripts!r})
+import gpu_check
+
+
+def register_reordering_kernel(comm):
+    # all_reduce/one_shot that sums in ring order (through the plan kernel on the ring
+    # schedule): the right values on small integers, other bits on random floats at 3 ranks
+    from tilecomm.backends.triton import registry
+    from tilecomm.backends.triton.kernels.plan import launch_plan
+    registry.load()
+    key = ("all_reduce", "one_shot")
+    spec = registry.KERNELS[key]
+
+    def launch(ctx, call):
+        launch_plan(ctx, dataclasses.replace(call, algo="ring"))
+    registry.KERNELS[key] = dataclasses.replace(spec, launch=launch)
+
+
+cfg = gpu_check._config(True)
+cfg["kernels"] = ["all_reduce/one_shot"]
+cfg["worlds"] = [[3, "cpu"]]
+res, code = gpu_check.run_check(cfg, {out!r}, rank_setup=register_reordering_kernel,
+                                log=lambda s: None)
+rows = [c for c in res["correctness"]
+        if str(c.get("kernel", "")).startswith("all_reduce/one_shot")]
+print(json.dumps(dict(code=code, verdict=res["verdict"],
+                      ints=[c["ok"] for c in rows if c.get("engine") == "fused"],
+                      bits=[c["ok"] for c in rows if c.get("engine") == "bits"],
+                      errors=[c.get("error") for c in rows if c.get("ok") is False][:3])))
+"""
+
+
+def test_gpu_check_bits_rows_catch_a_kernel_that_sums_in_another_order(tmp_path):
+    """Integer data hides the reduction order; the bits rows (random floats, fused vs plan
+    kernel vs rank-order reference) must not. At 3 ranks, a one_shot that sums in ring order
+    passes every integer row and fails the bits rows, so the verdict is FAIL."""
+    r = _py(ORDER_DRIVER.format(scripts=os.path.join(ROOT, "scripts"), out=str(tmp_path)),
+            timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["verdict"] == "FAIL" and got["code"] == 1, got
+    assert got["bits"] and not all(got["bits"]), got
+    assert got["ints"] and all(ok is not False for ok in got["ints"]), got
