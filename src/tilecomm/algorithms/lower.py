@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import accumulate
 from typing import Sequence
 
 from .collectives import COLLECTIVES, chunk_lengths
@@ -107,11 +106,6 @@ class RankPlan:
         r = self.rank if rank is None else rank
         return chunk_lengths(self.sched, r, buf, count, counts)
 
-    def chunk_starts(self, buf: str, count: int, counts=None, rank: int | None = None
-                     ) -> list[int]:
-        """Element offset of every chunk of ``buf`` (and the total as the last entry)."""
-        return list(accumulate(self.chunk_lengths(buf, count, counts, rank), initial=0))
-
 
 @lru_cache(maxsize=1024)
 def lower(collective: str, algo: str, world_size: int, root: int, rank: int) -> RankPlan:
@@ -170,14 +164,6 @@ def _wait_tables(sched: Schedule):
                     told[r].append(q)
         notify.append([tuple(sorted(t)) for t in told])
     return waits, notify
-
-
-def first_notify(sched: Schedule, rank: int) -> tuple[int, ...]:
-    """Ranks whose phase-0 wait names ``rank`` (they wait for it to have arrived/staged)."""
-    if not sched.phases:
-        return ()
-    return tuple(q for q in range(sched.world_size)
-                 if q != rank and rank in sched.waits_before(q, 0))
 
 
 # ---- what the reductions compute ------------------------------------------------------------

@@ -14,7 +14,8 @@ import time
 import numpy as np
 
 from ..algorithms.collectives import COLLECTIVES
-from ..backends.cpu.plan import USER_BUFFERS, make_layout, program
+from ..algorithms.lower import USER_BUFFERS, lower
+from ..backends.cpu.plan import make_layout
 
 
 def measure_rates(comm, nbytes: int = 64 << 20, reps: int = 5) -> dict:
@@ -51,7 +52,7 @@ def schedule_bytes(collective: str, algo: str, world_size: int, count: int, item
     out = []
     spec = COLLECTIVES[collective]
     for r in range(world_size):
-        prog = program(collective, algo, world_size, root, r)
+        prog = lower(collective, algo, world_size, root, r)
         lay = make_layout(prog, world_size, count, _Item(itemsize), None)
         lens = lay.lens[r]
         alias = {b.name: b.like for b in prog.sched.buffers if b.alias and not staged}

@@ -30,6 +30,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from ...algorithms.lower import SMALL_CALL_BYTES, USER_BUFFERS, RankPlan, lower, piece_elems
 from ...settings import settings
 from ...errors import CommError, CommMismatch, CommTimeout
 from ...types import OP_BY_ID, OP_ID
@@ -37,10 +38,9 @@ from ..base import CollectiveCall
 from .channel import (COLL_IDS, COLL_NAMES, D_ALGO, D_COLL, D_COUNT, D_DTYPE, D_EXTRA, D_MSGLEN,
                       D_OP, D_PIECE, D_PLACE, D_ROOT, D_SEQ, ERROR_ID, NUM_PLACES, Channel,
                       algo_id)
-from .plan import (PLACE_LOCAL, PLACE_SCRATCH, USER_BUFFERS, Addresser, Program, Runner,
-                   make_layout, phase_template, piece_elems, program, stage_template)
+from .plan import (PLACE_LOCAL, PLACE_SCRATCH, Addresser, Runner, make_layout, phase_template,
+                   stage_template)
 
-from ...algorithms.lower import SMALL_CALL_BYTES as CACHED_PLAN_BYTES
 _CACHE_ENTRIES = 64
 
 
@@ -195,7 +195,7 @@ class Executor:
         return off if off is not None and off >= self.layout.heap_offset else None
 
     def _template(self, call: CollectiveCall, seq: int, counts=None) -> _Template:
-        prog = program(call.collective, call.algo, self.world_size, call.root, self.rank)
+        prog = lower(call.collective, call.algo, self.world_size, call.root, self.rank)
         places = tuple(self._place(b, call, prog) for b in prog.names)
         key = (call.collective, call.algo, call.root, call.dtype.id, call.count, call.op,
                seq & 1, places, None if counts is None else tuple(map(tuple, counts)))
@@ -235,7 +235,8 @@ class Executor:
         key = None
         if call.cache_key is not None:
             key = (call.cache_key, seq & 1)
-        elif sum(a.nbytes for a in call.buffers.values()) <= CACHED_PLAN_BYTES:
+        elif sum(a.nbytes for a in call.buffers.values()) <= SMALL_CALL_BYTES:
+            # small calls also keep their ready-made callables
             key = (call.collective, call.algo, call.root, call.dtype.id, call.count, call.op,
                    seq & 1, tuple((b, a.ctypes.data, a.nbytes) for b, a in call.buffers.items()))
         ready = self._ready.get(key) if key is not None else None
@@ -264,7 +265,7 @@ class Executor:
         """all_to_all_v: chunk lengths come from the count matrix, known after the handshake."""
         ch, me, w = self.ch, self.rank, self.world_size
         self._post_rows(seq, call)
-        prog = program(call.collective, call.algo, w, call.root, me)
+        prog = lower(call.collective, call.algo, w, call.root, me)
         places = tuple(self._place(b, call, prog) for b in prog.names)
         # The piece size depends only on the settings: announce it like every collective does.
         piece = piece_elems(prog, call.dtype.itemsize, self.half_bytes)
@@ -322,7 +323,7 @@ class Executor:
                 ch.wait_progress(prog.end_waits, ch.step,
                                  (call.collective, seq, f"readers of piece {k}"))
 
-    def _place(self, buf: str, call: CollectiveCall, prog: Program) -> int:
+    def _place(self, buf: str, call: CollectiveCall, prog: RankPlan) -> int:
         if buf not in USER_BUFFERS:
             spec = prog.sched.buffer(buf)
             if spec.alias:   # scratch that may share a symmetric user buffer's storage
@@ -360,7 +361,7 @@ class Executor:
         return send
 
 
-def _peer_places(descs: list[list[int]], prog: Program) -> tuple:
+def _peer_places(descs: list[list[int]], prog: RankPlan) -> tuple:
     """Where every rank announced its buffers (``places[rank][buffer index]``)."""
     n = len(prog.names)
     return tuple(tuple(d[D_PLACE:D_PLACE + n]) for d in descs)

@@ -24,16 +24,11 @@ import numpy as np
 import torch
 
 from ...algorithms.collectives import COLLECTIVES, chunk_lengths
-from ...algorithms.lower import (USER_BUFFERS, RankPlan, lower, piece_elems,  # noqa: F401
-                                 piece_len)
+from ...algorithms.lower import USER_BUFFERS, RankPlan, piece_elems, piece_len
 from ...types import _NP_UFUNC, _TORCH_FN, DType, ReduceOp, typed_view
 
 PLACE_SCRATCH = -1   # staged in (or lives in) the scratch area
 PLACE_LOCAL = -2     # no peer reads it: it stays in the caller's memory
-
-#: the executor's name for the lowered plan of one rank
-Program = RankPlan
-program = lower
 
 
 @dataclass
@@ -47,7 +42,7 @@ class Layout:
     d: DType
 
 
-def make_layout(prog: Program, world_size: int, count: int, d: DType, half_bytes: int | None,
+def make_layout(prog: RankPlan, world_size: int, count: int, d: DType, half_bytes: int | None,
                 counts=None) -> Layout:
     """``half_bytes``: bytes of one scratch half (None: no limit, one piece)."""
     sched = prog.sched
@@ -89,7 +84,7 @@ class Op(NamedTuple):
 class Addresser:
     """Operands of ``(rank, buffer, chunk)`` for one call, from every rank's places."""
 
-    def __init__(self, prog: Program, layout: Layout, places, scratch_off: int):
+    def __init__(self, prog: RankPlan, layout: Layout, places, scratch_off: int):
         self.prog, self.layout = prog, layout
         self.places, self.scratch_off = places, scratch_off   # places[rank][buffer index]
         self._starts: dict = {}
