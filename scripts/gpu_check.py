@@ -192,34 +192,23 @@ class _Rank:
     def warm(self):
         from tilecomm.bench.cases import BenchCase
         t0 = time.perf_counter()
-        for (op, algo) in self.kernels:
-            case = BenchCase(op, algo, "float32", 4096, "user", "sum", self.w)
+        for engine, keys in (("fused", self.kernels), ("plan", self.plans)):
+            self.engine(engine)
             try:
-                bufs = self.runner.make_buffers(self.comm, case, self.dev)
-                self.runner.check_case(self.comm, case, bufs, self.dev, calls=1)
-                ok = True
-            except Exception:  # noqa: BLE001 - judged in the correctness pass
-                ok = False
-            if not all(s[0] for s in self.gather([int(ok)])):
-                self.realign()
-            bufs = None
-            gc.collect()
-        self.engine("plan")
-        try:
-            for (op, algo) in self.plans:
-                case = BenchCase(op, algo, "float32", 4096, "user", "sum", self.w, "plan")
-                try:
-                    bufs = self.runner.make_buffers(self.comm, case, self.dev)
-                    self.runner.check_case(self.comm, case, bufs, self.dev, calls=1)
-                    ok = True
-                except Exception:  # noqa: BLE001 - judged in the correctness pass
-                    ok = False
-                if not all(s[0] for s in self.gather([int(ok)])):
-                    self.realign()
-                bufs = None
-                gc.collect()
-        finally:
-            self.engine("fused")
+                for (op, algo) in keys:
+                    case = BenchCase(op, algo, "float32", 4096, "user", "sum", self.w, engine)
+                    try:
+                        bufs = self.runner.make_buffers(self.comm, case, self.dev)
+                        self.runner.check_case(self.comm, case, bufs, self.dev, calls=1)
+                        ok = True
+                    except Exception:  # noqa: BLE001 - judged in the correctness pass
+                        ok = False
+                    if not all(s[0] for s in self.gather([int(ok)])):
+                        self.realign()
+                    bufs = None
+                    gc.collect()
+            finally:
+                self.engine("fused")
         return round(time.perf_counter() - t0, 3)
 
     # ---- 2. correctness --------------------------------------------------------------------

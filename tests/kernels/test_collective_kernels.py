@@ -30,12 +30,6 @@ KERNELS = [("all_reduce", "one_shot"), ("all_reduce", "two_shot"), ("all_gather"
 
 # ---- rank side ---------------------------------------------------------------------------------
 
-def _setup(comm):
-    assert "tilecomm.device.lang" not in sys.modules, "kernels imported without the interpreter"
-    os.environ["TRITON_INTERPRET"] = "1"
-    comm.use_cpu_kernels("triton")
-
-
 
 
 def _poison(shape, dtype):
@@ -254,7 +248,7 @@ def _auto(comm):
 
 # ---- pools -------------------------------------------------------------------------------------
 
-_POOLS = RankPools(_setup)
+_POOLS = RankPools()          # interp_ranks.kernel_ranks on every rank
 _run = _POOLS.run
 
 

@@ -12,8 +12,6 @@ exact in any order) and bit for bit with the CPU executor's answer to the same c
 
 from __future__ import annotations
 
-import os
-import sys
 import time
 
 import numpy as np
@@ -27,12 +25,6 @@ REDUCING = ("all_reduce", "reduce_scatter", "reduce")
 
 
 # ---- rank side ---------------------------------------------------------------------------------
-
-def setup(comm):
-    assert "tilecomm.device.lang" not in sys.modules, "kernels imported without the interpreter"
-    os.environ["TRITON_INTERPRET"] = "1"
-    comm.use_cpu_kernels("triton")
-
 
 def set_fused(comm, fused):
     """Fused kernels on (True), off (False: every call takes the plan kernel) or as the
@@ -362,7 +354,7 @@ def lookups(comm):
 
 # ---- pools -------------------------------------------------------------------------------------
 
-_POOLS = RankPools(setup)
+_POOLS = RankPools()          # interp_ranks.kernel_ranks on every rank
 _run = _POOLS.run
 
 
