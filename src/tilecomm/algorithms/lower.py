@@ -31,7 +31,7 @@ from typing import Sequence
 
 from .collectives import COLLECTIVES, chunk_lengths
 from .registry import get_schedule
-from .schedule import Loc, Schedule
+from .schedule import Reduction, Schedule
 
 #: buffers the caller passes (the rest are scratch the engine provides)
 USER_BUFFERS = ("buf", "in", "out")
@@ -43,22 +43,12 @@ SMALL_CALL_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
-class PlanOp:
-    """``dst (=|op=) srcs[0] op srcs[1] ...`` on this rank (NOTE [reduction order]).
+class PlanOp(Reduction):
+    """One of the schedule's reductions (``dst (=|op=) srcs[0] op srcs[1] ...``, NOTE
+    [reduction order]) as this rank executes it, plus ``completes``: the result holds every
+    rank's contribution (``avg`` divides here)."""
 
-    ``srcs``: ``(src_rank, Loc)`` in combination order; ``accumulate``: ``dst``'s value is the
-    first operand; ``completes``: the result holds every rank's contribution (``avg`` divides
-    here). A single source without ``accumulate`` is a copy.
-    """
-
-    dst: Loc
-    srcs: tuple[tuple[int, Loc], ...]
-    accumulate: bool
     completes: bool = False
-
-    @property
-    def is_copy(self) -> bool:
-        return len(self.srcs) == 1 and not self.accumulate
 
 
 @dataclass(frozen=True)
