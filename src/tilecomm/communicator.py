@@ -59,7 +59,6 @@ class Communicator:
         self._alloc = HeapAllocator(lay.heap_offset, lay.heap_bytes)
         self._closed = False
         self._memos: dict = {}
-        self._call_backend: Backend | None = None
         seg = heap.segment(self.rank)
         self._heap_lo = seg.ctypes.data + lay.heap_offset
         self._heap_hi = seg.ctypes.data + lay.heap_offset + lay.heap_bytes
@@ -384,9 +383,7 @@ class Communicator:
     # is created on the first call that needs it; creating it is collective, which holds
     # because every rank makes the same calls in the same order.
     def _backend_for(self, t: torch.Tensor) -> Backend:
-        be = self._backend_for_device(t.device.type)
-        self._call_backend = be          # where a rejection of this call is announced
-        return be
+        return self._backend_for_device(t.device.type)
 
     def _backend_for_device(self, kind: str) -> Backend:
         be = self._backends.get(kind)
@@ -420,18 +417,16 @@ class Communicator:
         """Any error while checking arguments or preparing buffers is announced to the peers
         (so they raise instead of waiting) before being raised here."""
         self._check_open()
-        # the existing backend of the tensor's device (never created here: that is collective)
-        self._call_backend = self._backends.get(tensor.device.type) \
-            if isinstance(tensor, torch.Tensor) else None
         try:
             yield
         except Exception as e:  # noqa: BLE001 - re-raised after telling the peers
             # The backend the call was going to announces it: the peers of an asynchronous
-            # GPU backend are not waiting on the host (TritonBackend.reject).
-            (self._call_backend or self._backend).reject(collective, f"{type(e).__name__}: {e}")
+            # GPU backend are not waiting on the host (TritonBackend.reject). Only an existing
+            # backend (the call may have just created it); creating one is collective.
+            be = self._backends.get(tensor.device.type) \
+                if isinstance(tensor, torch.Tensor) else None
+            (be or self._backend).reject(collective, f"{type(e).__name__}: {e}")
             raise
-        finally:
-            self._call_backend = None
 
     def _check_open(self) -> None:
         if self._closed:
