@@ -265,10 +265,7 @@ class TritonBackend(Backend):
             # that takes an epoch but launches nothing would let a rank reuse a parity half
             # that a lagging peer still reads (rule 2 holds only between calls that launch).
             self.calls += 1
-            if self.debug:
-                self._digest, self._digest_from = 0, self.calls + 1
-            elif self.calls % self.check_every == 0:
-                self._check_point()
+            self._after_call(None)
             return
         ctx = self.ctx
         ctx.begin(off >= 0)
@@ -281,8 +278,15 @@ class TritonBackend(Backend):
                 self.captured.append((call.collective, call.algo, self.calls))
             else:
                 self._ring.append((first, ctx.epoch, call.collective, call.algo, self.calls))
+        self._after_call(f"{call.collective}/{call.algo}")
+
+    def _after_call(self, launched: str | None) -> None:
+        """Debug mode: read the error word of the kernels just launched (``launched`` names
+        them; None: nothing was launched) and restart the digest, which the handshake checked.
+        Asynchronous mode: a check point every ``check_every`` calls."""
         if self.debug:
-            self.heap.check(f"{call.collective}/{call.algo}")
+            if launched is not None:
+                self.heap.check(launched)
             self._digest, self._digest_from = 0, self.calls + 1
         elif self.calls % self.check_every == 0:
             self._check_point()
