@@ -41,7 +41,9 @@ class Communicator:
     """
 
     def __init__(self, backend: Backend, heap, *, timeout: float,
-                 deterministic: bool | None = None):
+                 deterministic: bool | None = None, heap_rank: int | None = None,
+                 backends: dict[str, Backend] | None = None, layout=None):
+        from .hier.layout import HostLayout
         from .settings import settings
 
         self.rank = backend.rank
@@ -53,13 +55,18 @@ class Communicator:
         self.world_size = backend.world_size
         self.timeout = timeout
         self._backend = backend             # host backend: handshakes, send/recv, CPU tensors
-        self._backends: dict[str, Backend] = {}   # device type -> backend of its collectives
+        # device type -> backend of its collectives (created on first use unless given)
+        self._backends: dict[str, Backend] = dict(backends or {})
         self._heap = heap
+        #: which ranks share a host (one host unless ranks span hosts; see ``topology``)
+        self.layout = layout or HostLayout((tuple(range(self.world_size)),))
+        # this rank's index in the heap it maps (the host's ranks only)
+        self._heap_rank = self.rank if heap_rank is None else heap_rank
         lay = heap.layout
         self._alloc = HeapAllocator(lay.heap_offset, lay.heap_bytes)
         self._closed = False
         self._memos: dict = {}
-        seg = heap.segment(self.rank)
+        seg = heap.segment(self._heap_rank)
         self._heap_lo = seg.ctypes.data + lay.heap_offset
         self._heap_hi = seg.ctypes.data + lay.heap_offset + lay.heap_bytes
 
@@ -101,9 +108,11 @@ class Communicator:
         wait that gave up raises ``CommTimeout`` naming the call (collective/algorithm, rank,
         peer, epoch). Local: the other ranks do not take part."""
         self._check_open()
+        seen = set()
         for be in list(self._backends.values()):
             sync = getattr(be, "synchronize", None)
-            if be is not self._backend and sync is not None:
+            if id(be) not in seen and sync is not None:
+                seen.add(id(be))
                 sync()
 
     def _cancel_waits(self, reason: str) -> None:
@@ -121,6 +130,12 @@ class Communicator:
 
     def __repr__(self) -> str:
         return f"Communicator(rank={self.rank}, world_size={self.world_size})"
+
+    @property
+    def topology(self) -> "Topology":
+        """Where this rank sits: ``host`` (index), ``local_rank``, ``local_size``, ``rails``
+        (the inter-host rails it is on), ``num_hosts`` and the whole ``layout``."""
+        return Topology(self.layout, self.rank)
 
     # ---- symmetric memory -----------------------------------------------------------------
     def alloc(self, shape: int | Sequence[int], dtype: torch.dtype = torch.float32,
@@ -143,7 +158,7 @@ class Communicator:
             nbytes = int(np.prod(shape, dtype=np.int64)) * d.itemsize
             off = self._alloc.alloc(nbytes)
         # Zero before the rendezvous: after it, a fast peer may already write into our copy.
-        raw = self._heap.block(self.rank, off, nbytes)
+        raw = self._heap.block(self._heap_rank, off, nbytes)
         raw[:] = 0
         try:
             offsets = self._backend.rendezvous("alloc", nbytes, off)
@@ -168,7 +183,11 @@ class Communicator:
             raise ValueError("peer: tensor is not in symmetric memory; allocate it with "
                              "comm.alloc")
         d = lookup_dtype(tensor.dtype, what="peer")
-        praw = self._heap.segment(rank)[off:off + raw.nbytes]
+        if self.layout.host_of(rank) != self.layout.host_of(self.rank):
+            raise ValueError(f"peer: rank {rank} is on another host "
+                             f"({self.topology.describe(rank)}); only the ranks of this host "
+                             f"share memory with it")
+        praw = self._heap.segment(self.layout.local_rank(rank))[off:off + raw.nbytes]
         return _as_tensor(praw, d).reshape(tensor.shape)
 
     # ---- collectives ----------------------------------------------------------------------
@@ -372,7 +391,7 @@ class Communicator:
         if not self._heap_lo <= ptr < self._heap_hi:
             return None
         off = ptr - self._heap_lo + self._heap.layout.heap_offset
-        return self._heap.segment(self.rank)[off:off + t.numel() * t.element_size()]
+        return self._heap.segment(self._heap_rank)[off:off + t.numel() * t.element_size()]
 
     def _run(self, be: Backend, collective, algo, d: DType, count, buffers, **kw) -> None:
         be.run(CollectiveCall(collective, algo, d, count, buffers, **kw))
@@ -501,6 +520,28 @@ class Communicator:
             raise TypeError(f"{what}: out must be a {dtype} tensor on {like.device}, got "
                             f"{out.dtype} on {out.device}")
         return out
+
+
+class Topology:
+    """A rank's place in a :class:`~tilecomm.hier.layout.HostLayout`."""
+
+    def __init__(self, layout, rank: int):
+        self.layout, self.rank = layout, rank
+        self.host = layout.host_of(rank)
+        self.local_rank = layout.local_rank(rank)
+        self.local_size = len(layout.hosts[self.host])
+        self.num_hosts = layout.num_hosts
+        self.rails = layout.rails_of(rank) if layout.num_hosts > 1 else ()
+        self.host_ranks = layout.hosts[self.host]
+
+    def describe(self, rank: int | None = None) -> str:
+        r = self.rank if rank is None else rank
+        return (f"rank {r}: host {self.layout.host_of(r)} of {self.num_hosts}, local rank "
+                f"{self.layout.local_rank(r)}")
+
+    def __repr__(self) -> str:
+        return (f"Topology(host={self.host}, local_rank={self.local_rank}, "
+                f"local_size={self.local_size}, num_hosts={self.num_hosts}, rails={self.rails})")
 
 
 class _Bytes:

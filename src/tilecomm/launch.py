@@ -267,7 +267,7 @@ def init(*, timeout: float | None = None, heap_bytes: int | None = None,
     """The communicator of this process under torchrun (``RANK``, ``WORLD_SIZE``,
     ``MASTER_ADDR``, ``MASTER_PORT``), rendezvousing through torch.distributed's store.
 
-    All ranks must be on one host (the heap is shared memory).
+    Ranks may span hosts (``torchrun --nnodes N``): see :func:`connect`.
     """
     import torch.distributed as dist
 
@@ -287,30 +287,74 @@ def init(*, timeout: float | None = None, heap_bytes: int | None = None,
 def connect(store, rank: int, world_size: int, *, timeout: float | None = None,
             heap_bytes: int | None = None, scratch_bytes: int | None = None,
             deterministic: bool | None = None) -> Communicator:
-    """A communicator for ``rank`` of ``world_size`` local processes that meet through ``store``
+    """A communicator for ``rank`` of ``world_size`` processes that meet through ``store``
     (any ``torch.distributed.Store``; give each group its own prefix).
 
-    Every rank creates its segment file, publishes its path under ``seg/<rank>`` and maps the
-    others'. All ranks must be on one host (the heap is shared memory).
+    Ranks that can map each other's shared memory form a host (``hier/discover.py``). On one
+    host the communicator is the shared-memory one; across hosts each host gets its own, and
+    the hosts are joined by torch.distributed groups on the rails (``hier/``).
     """
+    from .hier.discover import discover_hosts
+
     tmo = settings().timeout if timeout is None else float(timeout)
+    layout = discover_hosts(dist_prefix(store, "hosts"), rank, world_size, settings().shm_dir)
+    if layout.num_hosts == 1:
+        return _connect_host(store, rank, world_size, tmo, heap_bytes, scratch_bytes,
+                             deterministic)
+    from .hier.backend import HierBackend
+    from .hier.rails import Rails
+
+    h = layout.host_of(rank)
+    host = layout.hosts[h]
+    local = _connect_host(dist_prefix(store, f"host{host[0]}"), layout.local_rank(rank),
+                          len(host), tmo, heap_bytes, scratch_bytes, deterministic)
+    try:
+        addr = _gloo_host()
+        rails = Rails(store, layout, rank, tmo, "cpu", host=addr)
+        factory = lambda device: Rails(store, layout, rank, tmo, device, host=addr)  # noqa: E731
+        be = HierBackend(local, layout, rank, rails, factory)
+    except BaseException:
+        local.close()
+        raise
+    comm = Communicator(be, local._heap, timeout=tmo, deterministic=deterministic,
+                        heap_rank=local.rank, backends={"cpu": be, "cuda": be},
+                        layout=layout)
+    be.rendezvous("init", 0, 0)
+    return comm
+
+
+def _gloo_host() -> str | None:
+    """TILECOMM_GLOO_HOST, else loopback when the rendezvous is on loopback."""
+    if settings().gloo_host:
+        return settings().gloo_host
+    master = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    if master in ("localhost", "::1") or master.startswith("127."):
+        return "127.0.0.1"
+    return None
+
+
+def dist_prefix(store, prefix: str):
+    import torch.distributed as dist
+
+    return dist.PrefixStore(prefix, store)
+
+
+def _connect_host(store, rank: int, world_size: int, tmo: float, heap_bytes, scratch_bytes,
+                  deterministic) -> Communicator:
+    """The shared-memory communicator of ``world_size`` ranks of one host."""
     layout = _layout(world_size, heap_bytes, scratch_bytes)
     path = create_segment_file(settings().shm_dir, layout.total_bytes)
     # torchrun stops the other ranks with SIGTERM when one fails: make that unwind through the
     # finally below (which removes the file) instead of killing the process on the spot.
     previous = _raise_on_sigterm()
     try:
-        store.set(f"seg/{rank}", f"{socket.gethostname()}|{layout.total_bytes}|{path}")
-        infos = [store.get(f"seg/{r}").decode().split("|", 2) for r in range(world_size)]
-        hosts = sorted({h for h, _, _ in infos})
-        if len(hosts) > 1:
-            raise CommError(f"tilecomm: ranks span hosts {hosts}; the shared-memory heap "
-                            f"needs every rank on one host")
-        sizes = {int(s) for _, s, _ in infos}
+        store.set(f"seg/{rank}", f"{layout.total_bytes}|{path}")
+        infos = [store.get(f"seg/{r}").decode().split("|", 1) for r in range(world_size)]
+        sizes = {int(s) for s, _ in infos}
         if len(sizes) > 1:
             raise CommError(f"tilecomm: ranks use different heap sizes {sorted(sizes)}; set "
                             f"TILECOMM_HEAP_BYTES / TILECOMM_SCRATCH_BYTES alike on every rank")
-        return _make_comm(rank, layout, [p for _, _, p in infos], tmo, deterministic)
+        return _make_comm(rank, layout, [p for _, p in infos], tmo, deterministic)
     finally:
         unlink_quietly(path)
         if previous is not None:

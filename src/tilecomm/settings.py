@@ -74,6 +74,10 @@ class Settings:
     #: and the device error word is polled without blocking; comm.synchronize() and close
     #: wait for the device and read it.
     device_check_every: int = 64
+    #: TILECOMM_GLOO_HOST: the address the inter-host Gloo groups bind to when ranks span
+    #: hosts. Empty (default): 127.0.0.1 when MASTER_ADDR is a loopback address (simulated
+    #: hosts on one machine: no traffic leaves it), else Gloo's default (this host's name).
+    gloo_host: str = ""
 
 
 def _parse(kind, text: str):

@@ -5,6 +5,7 @@ Two rule sets, chosen by the backend's ``kind``:
 * ``"cpu"`` (the schedule executor): thresholds from measurements on the CPU shared-memory
   backend (docs/benchmarks.md: 2 and 4 ranks, one_shot wins up to 128-256 KB, two_shot from
   512 KB).
+* ``"hier"`` (ranks on several hosts): see :func:`_choose_hier`.
 * ``"gpu"`` (the Triton kernels, also when they run in the interpreter): all_reduce is
   one_shot up to TILECOMM_GPU_ONE_SHOT_MAX (256 KiB: one synchronization, latency-bound),
   else two_shot (each rank reads 2(W-1)/W of the message instead of W-1 times it);
@@ -28,6 +29,8 @@ def choose(collective: str, nbytes: int, world_size: int, *, kind: str = "cpu",
     arguments; ranks that passed different sizes are caught by the descriptor check anyway."""
     if kind == "gpu":
         algo = _choose_gpu(collective, nbytes, world_size)
+    elif kind == "hier":
+        algo = _choose_hier(collective, nbytes, world_size)
     elif kind == "cpu":
         algo = _choose_cpu(collective, nbytes, world_size)
     else:
@@ -37,6 +40,15 @@ def choose(collective: str, nbytes: int, world_size: int, *, kind: str = "cpu",
             raise ValueError(f"{collective}: this backend has no algorithm for it")
         algo = available[0]
     return algo
+
+
+def _choose_hier(collective: str, nbytes: int, world_size: int) -> str:
+    """Ranks on several hosts (``hier/plans.py``): the rail algorithms where the layout is
+    even (every host's ranks busy on the inter-host leg), the leader ones otherwise (the
+    fallback of ``available``), point-to-point for all_to_all(_v)."""
+    if collective in ("all_to_all", "all_to_all_v"):
+        return "hier_direct"
+    return "hier_rail"
 
 
 def _choose_gpu(collective: str, nbytes: int, world_size: int) -> str:

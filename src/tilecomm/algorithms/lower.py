@@ -228,7 +228,8 @@ def deterministic_algorithms(collective: str, world_size: int, root: int = 0,
     """The registered algorithms of ``collective`` that :func:`rank_ordered` accepts."""
     from .registry import algorithms
 
-    names = algorithms(collective) if among is None else list(among)
+    registered = algorithms(collective)
+    names = registered if among is None else [a for a in among if a in registered]
     return [a for a in names if rank_ordered(collective, a, world_size, root)]
 
 

@@ -178,7 +178,14 @@ class Executor:
         for r, d in enumerate(descs):
             if d[D_COLL] == ERROR_ID:
                 text = ch.read_message(r, seq, d[D_MSGLEN])
-                raise CommError(f"{coll} #{seq}: rank {r} rejected its call: {text}")
+                # a rank that gave up because of a mismatch or a timeout elsewhere (another
+                # host's leg of a hierarchical call) passes the same kind of error on
+                reason = text.split(": ", 1)[-1]
+                cls = CommMismatch if reason.startswith("CommMismatch") else CommError
+                if reason.startswith("CommTimeout"):
+                    raise CommTimeout(f"{coll} #{seq}: rank {r} gave up: {text}",
+                                      collective=coll, seq=seq)
+                raise cls(f"{coll} #{seq}: rank {r} rejected its call: {text}")
         count_label = "bytes" if coll == "alloc" else "count"
         for idx, label in ((D_COLL, "collective"), (D_DTYPE, "dtype"), (D_COUNT, count_label),
                            (D_OP, "op"), (D_ROOT, "root"), (D_ALGO, "algorithm"),

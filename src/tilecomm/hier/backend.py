@@ -1,0 +1,357 @@
+"""HierBackend: runs hierarchical plans (``plans.py``) for a communicator whose ranks span hosts.
+
+The Communicator hands it flat tensors and a resolved algorithm, as to any backend. Local steps
+run on the host's own tilecomm communicator (``local``: shared memory on CPU, the Triton
+kernels over CUDA IPC for CUDA tensors); rail and exchange steps run on torch.distributed
+groups (``Rails``: Gloo for CPU tensors, NCCL for CUDA tensors, queued on the current stream
+so the two legs stay stream-ordered).
+
+Errors: a rank that fails in a local step still joins its next rail header round with an
+error header (so the other hosts raise at once, with the cause), then raises; a rank that
+fails in a rail step rejects its next local step (so host peers that were not on that rail
+raise too), then raises.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ..backends.base import Backend, CollectiveCall
+from ..errors import CommError, CommMismatch
+from ..types import OP_ID, DType, ReduceOp, lookup_dtype
+from .layout import HostLayout
+from .plans import Copy, Exchange, HierPlan, Local, Rail, Region, hier_algorithms, hier_plan
+from .rails import Rails
+
+_WIDE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+_FN = {ReduceOp.SUM: torch.add, ReduceOp.AVG: torch.add, ReduceOp.PROD: torch.mul,
+       ReduceOp.MIN: torch.minimum, ReduceOp.MAX: torch.maximum}
+
+
+class HierBackend(Backend):
+    """Collectives over ranks on several hosts; see the module docstring."""
+
+    tensor_buffers = True
+    kind = "hier"
+
+    def __init__(self, local, layout: HostLayout, rank: int, rails: Rails, rails_factory=None):
+        self.local = local                  # this host's Communicator
+        self.layout = layout
+        self.rank, self.world_size = rank, layout.world_size
+        self._rails = {"cpu": rails}
+        self._rails_factory = rails_factory  # device -> Rails (NCCL groups on first use)
+        self.seq = 0
+        self.p2p_sent: dict[int, int] = {}
+        self.p2p_recvd: dict[int, int] = {}
+
+    # ---- Backend interface -------------------------------------------------------------------
+    def algorithms(self, collective: str) -> list[str]:
+        return hier_algorithms(collective, self.layout)
+
+    def check(self, collective, algo, dtype, op) -> None:
+        if algo not in hier_algorithms(collective, self.layout):
+            raise ValueError(f"{collective}: algorithm {algo!r} does not run on ranks that span "
+                             f"hosts ({self.layout.describe()}); choose one of "
+                             f"{', '.join(hier_algorithms(collective, self.layout))} or 'auto'")
+
+    def run(self, call: CollectiveCall) -> None:
+        self.seq += 1
+        if call.collective == "all_to_all_v" and call.recv_rows is None:
+            call.recv_rows = self._learn_recv_rows(call)
+            call.buffers["out"] = call.make_out(sum(call.recv_rows))
+        plan = hier_plan(call.collective, call.algo, self.layout, call.root, self.rank)
+        _Run(self, plan, call).execute()
+
+    def reject(self, collective: str, message: str) -> None:
+        """This rank refused a call: its host peers learn it from the local communicator,
+        the other hosts from an error header in the first rail round of the call."""
+        self.seq += 1
+        err = CommError(message)
+        try:
+            self.local._backend.reject(collective, message)
+        finally:
+            for c in self.layout.rails_of(self.rank):
+                r = self.rails_for("cpu")
+                hdr = r.header(self.seq, collective, "?", 0, 0, 0, 0, 0, error=err)
+                try:
+                    r.round1(c, hdr, collective, self.seq)
+                except CommError:
+                    pass
+
+    def rendezvous(self, name: str, count: int, extra: int) -> list[int]:
+        """Host peers meet (comparing ``count``), then every rail; ``extra`` of every rank."""
+        self.seq += 1
+        local = self.local._backend.rendezvous(name, count, extra)
+        r = self.rails_for("cpu")
+        out = {p: local[i] for i, p in enumerate(self.layout.hosts[self.layout.host_of(self.rank)])}
+        for c in self.layout.rails_of(self.rank):
+            hdr = r.header(self.seq, name, "hier_rail", 0, count, 0, 0, 8)
+            hdr[128:136].view(torch.int64)[0] = extra
+            for m, blk in zip(self.layout.rail(c), r.round1(c, hdr, name, self.seq)):
+                out[m] = int(blk[128:136].view(torch.int64)[0])
+        # ranks of other hosts not on a shared rail: their host's value travels with the rail
+        # member, which only knows its own host; alloc only needs agreement, so fill from it.
+        return [out.get(p, out[self.rank]) for p in range(self.world_size)]
+
+    def send(self, data: np.ndarray, dtype: DType, numel: int, peer: int, tag: int = 0) -> None:
+        if self.layout.host_of(peer) == self.layout.host_of(self.rank):
+            return self.local._backend.send(data, dtype, numel, self.layout.local_rank(peer), tag)
+        from .p2p import send
+        send(self, torch.from_numpy(data), dtype, numel, peer, tag)
+
+    def recv(self, out: np.ndarray, dtype: DType, numel: int, peer: int, tag: int = 0) -> None:
+        if self.layout.host_of(peer) == self.layout.host_of(self.rank):
+            return self.local._backend.recv(out, dtype, numel, self.layout.local_rank(peer), tag)
+        from .p2p import recv
+        recv(self, torch.from_numpy(out), dtype, numel, peer, tag)
+
+    def probe(self, peer: int) -> bool:
+        if self.layout.host_of(peer) == self.layout.host_of(self.rank):
+            return self.local._backend.probe(self.layout.local_rank(peer))
+        raise CommError(f"probe: rank {peer} is on another host; probe works between ranks of "
+                        f"one host only")
+
+    def close(self) -> None:
+        for r in self._rails.values():
+            r.close()
+        self._rails.clear()
+        self.local.close()
+
+    @property
+    def channel(self):
+        """The host communicator's wait channel (``Communicator._cancel_waits`` ends its waits)."""
+        return getattr(self.local._backend, "channel", None)
+
+    def alloc(self, shape, dtype):
+        """Symmetric device memory among this host's ranks (collective over all ranks)."""
+        t = self.local.alloc(shape, dtype, device="cuda")
+        self.rendezvous("alloc", 0, 0)
+        return t
+
+    def synchronize(self) -> None:
+        self.local.synchronize()
+
+    # ---- helpers -----------------------------------------------------------------------------
+    def rails_for(self, device: str) -> Rails:
+        r = self._rails.get(device)
+        if r is None:
+            if self._rails_factory is None:
+                raise TypeError(f"no inter-host groups for {device} tensors")
+            r = self._rails[device] = self._rails_factory(device)
+        return r
+
+    def _learn_recv_rows(self, call: CollectiveCall) -> list[int]:
+        """all_to_all_v without recv_counts: a hierarchical all_to_all of the send counts."""
+        send = torch.tensor([int(c) for c in call.send_rows], dtype=torch.int64)
+        got = torch.empty_like(send)
+        d = lookup_dtype(torch.int64)
+        sub = CollectiveCall("all_to_all", "hier_direct", d, self.world_size,
+                             {"in": send, "out": got})
+        plan = hier_plan("all_to_all", "hier_direct", self.layout, 0, self.rank)
+        _Run(self, plan, sub, label="all_to_all_v").execute()
+        self.seq += 1
+        return [int(x) for x in got]
+
+
+class _Run:
+    """One call of a hierarchical plan on this rank."""
+
+    def __init__(self, be: HierBackend, plan: HierPlan, call: CollectiveCall, label=None):
+        self.be, self.plan, self.call = be, plan, call
+        self.what = label or call.collective
+        self.lay = be.layout
+        first = next(iter(call.buffers.values()), None)
+        self.device = first.device if first is not None else torch.device("cpu")
+        self.dtype = call.dtype.torch
+        self.bufs: dict[str, torch.Tensor] = {}
+        self.bounds: dict[str, list[int]] = {}
+        self._padded = None
+        self._setup()
+
+    # chunk lengths (elements) of every buffer of the plan
+    def _setup(self) -> None:
+        call, plan, w = self.call, self.plan, self.lay.world_size
+        host = self.lay.hosts[self.lay.host_of(self.be.rank)]
+        lengths: dict[str, list[int]] = {}
+        for name, n in plan.buffers:
+            if call.collective == "all_to_all_v":
+                row = call.count
+                sr, rr = list(call.send_rows), list(call.recv_rows)
+                lengths = {"in": [c * row for c in sr], "out": [c * row for c in rr],
+                           "t1": [sr[p] * row for p in host], "t2": [rr[p] * row for p in host]}
+                break
+            if call.collective in ("all_reduce", "broadcast", "reduce"):
+                unit = -(-call.count // plan.nchunks("buf"))
+            elif call.collective == "all_gather":
+                unit = call.count
+            elif call.collective == "barrier":
+                unit = 0
+            else:
+                unit = call.count // w
+            lengths[name] = [unit] * n
+        for name, ls in lengths.items():
+            b = [0]
+            for x in ls:
+                b.append(b[-1] + x)
+            self.bounds[name] = b
+            if name in call.buffers:
+                t = call.buffers[name]
+                if t.numel() != b[-1]:          # all_reduce padded to whole chunks
+                    self._padded = (name, t)
+                    t = torch.zeros(b[-1], dtype=self.dtype, device=self.device)
+                    t[:call.count] = call.buffers[name]
+                self.bufs[name] = t
+            else:
+                self.bufs[name] = torch.empty(b[-1], dtype=self.dtype, device=self.device)
+
+    def view(self, reg: Region) -> torch.Tensor:
+        b = self.bounds[reg.buf]
+        return self.bufs[reg.buf][b[reg.first]:b[reg.first + reg.n]]
+
+    @property
+    def local_op(self):
+        op = self.call.op
+        return "sum" if op in (None, ReduceOp.AVG) else op.value
+
+    # ---- walking the steps -------------------------------------------------------------------
+    def execute(self) -> None:
+        failed: BaseException | None = None
+        for st in self.plan.steps:
+            if failed is not None:
+                if isinstance(st, Rail):
+                    self._rail(st, failed)
+                    break          # the other hosts have been told; nothing more to do
+                continue
+            try:
+                if isinstance(st, Copy):
+                    for d, s in st.pairs:
+                        self.view(d).copy_(self.view(s))
+                elif isinstance(st, Local):
+                    self._local(st)
+                elif isinstance(st, Rail):
+                    try:
+                        self._rail(st, None)
+                    except CommError as e:
+                        self._reject_next_local(st, e)
+                        raise
+                else:
+                    self._exchange(st)
+            except CommError as e:
+                failed = e
+        if failed is not None:
+            raise failed
+        if self._padded is not None:
+            name, t = self._padded
+            t.copy_(self.bufs[name][:t.numel()])
+
+    def _reject_next_local(self, st: Rail, err: CommError) -> None:
+        steps = self.plan.steps
+        nxt = steps.index(st) + 1
+        if any(isinstance(s, Local) for s in steps[nxt:]):
+            self.be.local._backend.reject(self.what, f"{type(err).__name__}: {err}")
+
+    def _local(self, st: Local) -> None:
+        lc = self.be.local
+        c = st.collective
+        src = self.view(st.src) if st.src.buf != "none" else None
+        if c == "all_reduce":
+            lc.all_reduce(src, op=self.local_op)
+        elif c == "reduce_scatter":
+            lc.reduce_scatter(src, op=self.local_op, out=self.view(st.dst))
+        elif c == "all_gather":
+            lc.all_gather(src, out=self.view(st.dst))
+        elif c == "broadcast":
+            lc.broadcast(src, root=st.root)
+        elif c == "reduce":
+            lc.reduce(src, root=st.root, op=self.local_op)
+        elif c == "all_to_all":
+            lc.all_to_all(src, out=self.view(st.dst))
+        elif c == "all_to_all_v":
+            host = self.lay.hosts[self.lay.host_of(self.be.rank)]
+            row = self.call.count
+            send = [self.call.send_rows[p] for p in host]
+            recv = [self.call.recv_rows[p] for p in host]
+            dst = self.view(st.dst)
+            lc.all_to_all_v(src.view(-1, row) if row else src.view(sum(send), 0), send, recv,
+                            out=dst.view(-1, row) if row else dst.view(sum(recv), 0))
+        elif c == "barrier":
+            lc.barrier()
+        else:
+            raise AssertionError(f"no local step {c}")
+
+    def _header(self, rails, nbytes: int, error=None):
+        call = self.call
+        op_id = OP_ID[call.op] if call.op is not None else 0
+        return rails.header(self.be.seq, self.what, call.algo, call.dtype.id, call.count,
+                            op_id, call.root, nbytes, error=error)
+
+    def _rail(self, st: Rail, error) -> None:
+        rails = self.be.rails_for(self.device.type if st.kind != "sync" else "cpu")
+        hdr_rails = self.be.rails_for("cpu")
+        seq, what = self.be.seq, self.what
+        for part in st.parts:
+            mine = self.view(part.src) if part.src is not None else None
+            if part.lengths:        # all_gather of host blocks of different sizes: pad
+                unit = self.bounds[part.src.buf][1] - self.bounds[part.src.buf][0]
+                padded = torch.zeros(part.stride * unit, dtype=self.dtype, device=self.device)
+                padded[:mine.numel()] = mine
+                mine = padded
+            nbytes = 0 if mine is None else mine.numel() * mine.element_size()
+            hdr = self._header(hdr_rails, nbytes, error)
+            if mine is not None and nbytes <= 4096 and mine.device.type == "cpu":
+                hdr[128:128 + nbytes] = _bytes(mine)
+            r1 = hdr_rails.round1(part.rail, hdr, what, seq)
+            if error is not None:
+                continue
+            if st.kind == "sync":
+                continue
+            if st.kind == "broadcast":
+                rails.broadcast(part.rail, _bytes(self.view(part.dst)), part.root,
+                                r1, what, seq, nbytes)
+                continue
+            got = rails.all_gather(part.rail, _bytes(mine), r1, what, seq, nbytes)
+            vals = [g.view(self.dtype) for g in got]
+            self._combine(st, part, vals)
+
+    def _combine(self, st: Rail, part, vals: list[torch.Tensor]) -> None:
+        members = part.members
+        dst = self.view(part.dst) if part.dst is not None else None
+        if st.kind == "all_gather":
+            b = self.bounds[part.src.buf]
+            unit = b[1] - b[0]                   # every chunk of an all_gather is one block
+            for k, v in enumerate(vals):
+                n = part.lengths[k] * unit if part.lengths else v.numel()
+                off = k * (part.stride * unit if part.stride else v.numel())
+                dst[off:off + n] = v[:n]
+            return
+        if st.kind == "reduce" and self.be.rank != part.root:
+            return
+        if st.kind == "reduce_scatter":
+            i = members.index(self.be.rank)
+            n = dst.numel()
+            vals = [v[i * n:(i + 1) * n] for v in vals]
+        dst.copy_(self._reduce(vals, st.completes))
+
+    def _reduce(self, vals: list[torch.Tensor], completes: bool) -> torch.Tensor:
+        """Host-order reduction, 16-bit floats accumulated in float32 and rounded once."""
+        op = self.call.op or ReduceOp.SUM
+        wide = _WIDE.get(self.dtype, self.dtype)
+        acc = vals[0].to(wide, copy=True)
+        fn = _FN[op]
+        for v in vals[1:]:
+            fn(acc, v.to(wide) if wide != self.dtype else v, out=acc)
+        if op is ReduceOp.AVG and completes:
+            acc.div_(self.lay.world_size)
+        return acc
+
+    def _exchange(self, st: Exchange) -> None:
+        rails = self.be.rails_for(self.device.type)
+        sends = [(p, _bytes(self.view(r))) for p, r in st.sends]
+        recvs = [(p, _bytes(self.view(r))) for p, r in st.recvs]
+        rails.sendrecv(sends, recvs, self.what, self.be.seq)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8,
+                                                             device=t.device)

@@ -1,0 +1,197 @@
+"""The inter-host leg: rail and world process groups of torch.distributed, and the call header.
+
+Every rail exchange starts with one fixed-size ``all_gather`` of a *header* (the call's
+collective, algorithm, dtype, count, op, root, sequence number, or an error this rank hit) and,
+when it fits, the payload itself: a small call costs one inter-host round, and ranks whose
+calls disagree see every member's header before any variable-size message is sent (Gloo
+aborts the process on mismatched sizes, so sizes must be proven equal first). A rank that
+failed before a rail step still takes part in its header round with an error header, so the
+other hosts raise at once, naming the cause, instead of timing out.
+
+Groups are built straight from the store (``ProcessGroupGloo(store, rank, size)``), so this
+works inside ``init_process_group("tilecomm")`` too, before any default group exists; on
+CUDA tensors the same rails use ``ProcessGroupNCCL`` (created on first use).
+"""
+
+from __future__ import annotations
+
+import zlib
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from ..errors import CommError, CommMismatch, CommTimeout
+
+MAGIC = 0x7443_6F6D_6D48   # "tComH"
+SMALL = 4096               # payload bytes carried inside the header round
+HDR_WORDS = 16
+HDR_BYTES = HDR_WORDS * 8
+ROUND1 = HDR_BYTES + SMALL
+# header words
+H_MAGIC, H_STATUS, H_SEQ, H_COLL, H_ALGO, H_DTYPE, H_COUNT, H_OP, H_ROOT, H_NBYTES, \
+    H_MSGLEN, H_NMISS = range(12)
+H_MISS = 12                # up to 4 missing ranks
+ERR_KINDS = {1: CommError, 2: CommMismatch, 3: CommTimeout}
+KIND_OF = {CommMismatch: 2, CommTimeout: 3}
+FIELDS = ((H_COLL, "collective"), (H_ALGO, "algorithm"), (H_DTYPE, "dtype"),
+          (H_COUNT, "count"), (H_OP, "op"), (H_ROOT, "root"), (H_NBYTES, "message bytes"))
+
+
+def name_id(text: str) -> int:
+    return zlib.crc32(text.encode()) & 0x7FFF_FFFF
+
+
+class Rails:
+    """This rank's process groups across hosts: one per rail it sits on, and one over all ranks
+    (point-to-point between hosts). ``device``: "cpu" (Gloo) or "cuda" (NCCL)."""
+
+    def __init__(self, store, layout, rank: int, timeout: float, device: str = "cpu",
+                 host: str | None = None):
+        self.layout, self.rank, self.device = layout, rank, device
+        self.timeout = timeout
+        self._names: dict[int, str] = {}
+        td = timedelta(seconds=timeout)
+        prefix = f"tilecomm/{device}"
+
+        def make(tag: str, members):
+            st = dist.PrefixStore(f"{prefix}/{tag}", store)
+            idx = members.index(rank)
+            if device == "cuda":
+                opts = dist.ProcessGroupNCCL.Options()
+                opts._timeout = td
+                return dist.ProcessGroupNCCL(st, idx, len(members), opts)
+            opts = dist.ProcessGroupGloo._Options()
+            opts._timeout = td
+            opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)
+                             if host else dist.ProcessGroupGloo.create_default_device()]
+            return dist.ProcessGroupGloo(st, idx, len(members), opts)
+
+        self.groups = {}
+        for c in layout.rails_of(rank):
+            self.groups[c] = make(f"rail{c}", list(layout.rail(c)))
+        self.world = make("world", list(range(layout.world_size)))
+
+    def close(self) -> None:
+        for pg in list(self.groups.values()) + [self.world]:
+            try:
+                pg.shutdown()
+            except Exception:  # noqa: BLE001 - best effort at teardown
+                pass
+        self.groups.clear()
+
+    # ---- header round -----------------------------------------------------------------------
+    def header(self, seq: int, collective: str, algo: str, dtype_id: int, count: int,
+               op_id: int, root: int, nbytes: int, error: BaseException | None = None):
+        h = torch.zeros(ROUND1, dtype=torch.uint8)
+        words = h[:HDR_BYTES].view(torch.int64)
+        words[H_MAGIC], words[H_SEQ] = MAGIC, seq
+        words[H_COLL], words[H_ALGO] = name_id(collective), name_id(algo)
+        words[H_DTYPE], words[H_COUNT], words[H_OP], words[H_ROOT] = dtype_id, count, op_id, root
+        words[H_NBYTES] = nbytes
+        if error is not None:
+            words[H_STATUS] = KIND_OF.get(type(error), 1)
+            missing = tuple(getattr(error, "missing", ()))[:4]
+            words[H_NMISS] = len(missing)
+            for i, m in enumerate(missing):
+                words[H_MISS + i] = m
+            text = f"{type(error).__name__}: {error}".encode()[:SMALL]
+            words[H_MSGLEN] = len(text)
+            h[HDR_BYTES:HDR_BYTES + len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+        return h
+
+    def round1(self, c: int, hdr: torch.Tensor, what: str, seq: int) -> list[torch.Tensor]:
+        """All-gather the fixed-size header block on rail ``c``; raise what any member reports."""
+        members = self.layout.rail(c)
+        outs = [torch.empty(ROUND1, dtype=torch.uint8) for _ in members]
+        self._wait(self.groups[c].allgather([outs], [hdr]), what, seq, members)
+        words = [o[:HDR_BYTES].view(torch.int64) for o in outs]
+        for m, wd in zip(members, words):
+            if int(wd[H_STATUS]):
+                text = bytes(outs[members.index(m)][HDR_BYTES:HDR_BYTES + int(wd[H_MSGLEN])]
+                             .numpy()).decode(errors="replace")
+                cls = ERR_KINDS.get(int(wd[H_STATUS]), CommError)
+                missing = tuple(int(wd[H_MISS + i]) for i in range(int(wd[H_NMISS])))
+                msg = f"{what} #{seq}: rank {m} (another host) reports: {text}"
+                if cls is CommTimeout:
+                    raise CommTimeout(msg, collective=what, seq=seq, missing=missing or (m,))
+                raise cls(msg)
+        mine = words[members.index(self.rank)]
+        for idx, label in FIELDS + ((H_SEQ, "sequence number"),):
+            vals = [int(wd[idx]) for wd in words]
+            if len(set(vals)) > 1:
+                shown = ", ".join(f"rank {m}: {_show(idx, v, what)}" for m, v in zip(members, vals))
+                raise CommMismatch(f"{what} #{seq}: ranks on different hosts disagree on "
+                                   f"{label}: {shown}")
+        assert int(mine[H_MAGIC]) == MAGIC
+        return outs
+
+    # ---- data -------------------------------------------------------------------------------
+    def all_gather(self, c: int, mine: torch.Tensor, round1, what: str, seq: int,
+                   nbytes: int) -> list[torch.Tensor]:
+        """Every rail member's ``nbytes`` payload (uint8); from ``round1`` when it fitted."""
+        members = self.layout.rail(c)
+        if nbytes <= SMALL:
+            return [o[HDR_BYTES:HDR_BYTES + nbytes] for o in round1]
+        outs = [torch.empty(nbytes, dtype=torch.uint8, device=mine.device) for _ in members]
+        self._wait(self.groups[c].allgather([outs], [mine]), what, seq, members)
+        return outs
+
+    def broadcast(self, c: int, buf: torch.Tensor, root: int, round1, what: str, seq: int,
+                  nbytes: int) -> None:
+        members = self.layout.rail(c)
+        ri = members.index(root)
+        if nbytes <= SMALL:
+            if self.rank != root:
+                buf.copy_(round1[ri][HDR_BYTES:HDR_BYTES + nbytes])
+            return
+        opts = dist.BroadcastOptions()
+        opts.rootRank = ri
+        self._wait(self.groups[c].broadcast([buf], opts), what, seq, members)
+
+    def sendrecv(self, sends, recvs, what: str, seq: int) -> None:
+        """Post every send and recv on the world group, then wait for all (uint8 tensors)."""
+        works = [(self.world.send([t], p, 0), p) for p, t in sends if t.numel()]
+        works += [(self.world.recv([t], p, 0), p) for p, t in recvs if t.numel()]
+        for w, p in works:
+            self._wait(w, what, seq, (p,))
+
+    def _wait(self, work, what: str, seq: int, members) -> None:
+        try:
+            work.wait()
+        except RuntimeError as e:
+            others = tuple(m for m in members if m != self.rank)
+            raise CommTimeout(f"{what} #{seq}: the inter-host exchange with rank(s) "
+                              f"{list(others)} failed (peer died, stopped or timed out after "
+                              f"{self.timeout:g} s): {str(e).splitlines()[0][:200]}",
+                              collective=what, seq=seq, missing=others) from None
+
+
+def _show(idx: int, v: int, what: str) -> str:
+    from ..types import DTYPE_BY_ID, OP_BY_ID
+    if idx == H_DTYPE and v in DTYPE_BY_ID:
+        return DTYPE_BY_ID[v].name
+    if idx == H_OP:
+        return OP_BY_ID[v].value if v in OP_BY_ID else "none"
+    if idx in (H_COLL, H_ALGO):
+        return _NAMES.get(v, f"#{v}")
+    return str(v)
+
+
+def _names() -> dict[int, str]:
+    from ..algorithms.collectives import COLLECTIVES
+    from .plans import _REGISTRY
+    names = list(COLLECTIVES) + ["send", "recv"] + [a for _, a in _REGISTRY]
+    return {name_id(n): n for n in names}
+
+
+class _LazyNames(dict):
+    def __missing__(self, key):
+        self.update(_names())
+        return dict.get(self, key, f"#{key}")
+
+    def get(self, key, default=None):
+        return self[key]
+
+
+_NAMES = _LazyNames()
