@@ -161,7 +161,8 @@ class Communicator:
         raw = self._heap.block(self._heap_rank, off, nbytes)
         raw[:] = 0
         try:
-            offsets = self._backend.rendezvous("alloc", nbytes, off)
+            # offsets within the user heap: they agree on every host when the allocations do
+            offsets = self._backend.rendezvous("alloc", nbytes, off - self._heap.layout.heap_offset)
         except BaseException:
             self._alloc.free(off)
             raise
@@ -480,7 +481,8 @@ class Communicator:
             algo = tuner.choose(collective, nbytes, self.world_size, kind=be.kind,
                                 available=avail)
         else:
-            names = algorithms(collective)
+            names = algorithms(collective) + [a for a in (be.algorithms(collective) or [])
+                                              if a not in algorithms(collective)]
             if algo not in names:
                 raise ValueError(f"{collective}: unknown algorithm {algo!r}; choose one of "
                                  f"{', '.join(names)} or 'auto'")

@@ -18,11 +18,11 @@ import numpy as np
 import torch
 
 from ..backends.base import Backend, CollectiveCall
-from ..errors import CommError, CommMismatch
+from ..errors import CommError, CommMismatch, CommTimeout
 from ..types import OP_ID, DType, ReduceOp, lookup_dtype
 from .layout import HostLayout
 from .plans import Copy, Exchange, HierPlan, Local, Rail, Region, hier_algorithms, hier_plan
-from .rails import Rails
+from .rails import HDR_BYTES, SMALL, Rails
 
 _WIDE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 _FN = {ReduceOp.SUM: torch.add, ReduceOp.AVG: torch.add, ReduceOp.PROD: torch.mul,
@@ -228,7 +228,10 @@ class _Run:
                     for d, s in st.pairs:
                         self.view(d).copy_(self.view(s))
                 elif isinstance(st, Local):
-                    self._local(st)
+                    try:
+                        self._local(st)
+                    except CommError as e:
+                        raise self._globalized(e) from None
                 elif isinstance(st, Rail):
                     try:
                         self._rail(st, None)
@@ -244,6 +247,17 @@ class _Run:
         if self._padded is not None:
             name, t = self._padded
             t.copy_(self.bufs[name][:t.numel()])
+
+    def _globalized(self, e: CommError) -> CommError:
+        """A host communicator's error in the call's terms: global ranks, the call's number."""
+        host = self.lay.hosts[self.lay.host_of(self.be.rank)]
+        names = ", ".join(f"local {i} = rank {g}" for i, g in enumerate(host))
+        msg = (f"{self.what} #{self.be.seq}: the step inside host {self.lay.host_of(self.be.rank)}"
+               f" failed ({names}): {e}")
+        if isinstance(e, CommTimeout):
+            missing = tuple(host[m] for m in e.missing if 0 <= m < len(host))
+            return CommTimeout(msg, collective=self.what, seq=self.be.seq, missing=missing)
+        return type(e)(msg)
 
     def _reject_next_local(self, st: Rail, err: CommError) -> None:
         steps = self.plan.steps
@@ -299,8 +313,9 @@ class _Run:
                 mine = padded
             nbytes = 0 if mine is None else mine.numel() * mine.element_size()
             hdr = self._header(hdr_rails, nbytes, error)
-            if mine is not None and nbytes <= 4096 and mine.device.type == "cpu":
-                hdr[128:128 + nbytes] = _bytes(mine)
+            if error is None and mine is not None and nbytes <= SMALL \
+                    and mine.device.type == "cpu":
+                hdr[HDR_BYTES:HDR_BYTES + nbytes] = _bytes(mine)   # small: one round
             r1 = hdr_rails.round1(part.rail, hdr, what, seq)
             if error is not None:
                 continue

@@ -107,7 +107,7 @@ class Rails:
         self._wait(self.groups[c].allgather([outs], [hdr]), what, seq, members)
         words = [o[:HDR_BYTES].view(torch.int64) for o in outs]
         for m, wd in zip(members, words):
-            if int(wd[H_STATUS]):
+            if int(wd[H_STATUS]) and m != self.rank:
                 text = bytes(outs[members.index(m)][HDR_BYTES:HDR_BYTES + int(wd[H_MSGLEN])]
                              .numpy()).decode(errors="replace")
                 cls = ERR_KINDS.get(int(wd[H_STATUS]), CommError)
@@ -131,7 +131,7 @@ class Rails:
                    nbytes: int) -> list[torch.Tensor]:
         """Every rail member's ``nbytes`` payload (uint8); from ``round1`` when it fitted."""
         members = self.layout.rail(c)
-        if nbytes <= SMALL:
+        if nbytes <= SMALL and mine.device.type == "cpu":     # it came with the header
             return [o[HDR_BYTES:HDR_BYTES + nbytes] for o in round1]
         outs = [torch.empty(nbytes, dtype=torch.uint8, device=mine.device) for _ in members]
         self._wait(self.groups[c].allgather([outs], [mine]), what, seq, members)
@@ -141,7 +141,7 @@ class Rails:
                   nbytes: int) -> None:
         members = self.layout.rail(c)
         ri = members.index(root)
-        if nbytes <= SMALL:
+        if nbytes <= SMALL and buf.device.type == "cpu":
             if self.rank != root:
                 buf.copy_(round1[ri][HDR_BYTES:HDR_BYTES + nbytes])
             return

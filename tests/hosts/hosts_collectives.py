@@ -1,0 +1,102 @@
+"""Run under torchrun on simulated hosts (tests/hosts/test_hosts.py): every collective and
+algorithm across hosts against the reference, on random float data and small integers."""
+
+import sys
+
+import torch
+
+import tilecomm
+from tilecomm import reference
+from tilecomm.hier.plans import hier_algorithms
+
+
+def main() -> None:
+    comm = tilecomm.init(timeout=30)
+    r, w = comm.rank, comm.world_size
+    lay = comm.layout
+    assert lay.num_hosts > 1, lay
+    g = torch.Generator().manual_seed(1234)
+    # every rank builds every rank's inputs from the same seed: the reference needs them all
+    def inputs(shape, dtype):
+        xs = [torch.randn(shape, generator=g) for _ in range(w)]
+        if dtype in (torch.int32, torch.int64):
+            xs = [(x * 10).round() for x in xs]
+        return [x.to(dtype) for x in xs]
+
+    n_checked = 0
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        for n in (1, 7, 1000, 5000):
+            ops = ("sum", "max", "avg") if dtype.is_floating_point else ("sum", "min")
+            for algo in hier_algorithms("all_reduce", lay) + ["auto"]:
+                for op in ops:
+                    xs = inputs((n,), dtype)
+                    x = xs[r].clone()
+                    comm.all_reduce(x, op=op, algo=algo)
+                    want = reference.all_reduce(xs, op)[r] if dtype != torch.bfloat16 \
+                        else reference.rank_order_reduced(xs, op)
+                    _close(x, want, dtype, f"all_reduce {algo} {op} {dtype} n={n}")
+                    n_checked += 1
+            for algo in hier_algorithms("all_gather", lay) + ["auto"]:
+                xs = inputs((n, 2), dtype)
+                out = comm.all_gather(xs[r], algo=algo)
+                assert torch.equal(out, reference.all_gather(xs)[r]), (algo, n, dtype)
+                n_checked += 1
+            for algo in hier_algorithms("reduce_scatter", lay) + ["auto"]:
+                xs = inputs((w * n,), dtype)
+                out = comm.reduce_scatter(xs[r], algo=algo)
+                want = reference.reduce_scatter([x.to(torch.float32) for x in xs])[r].to(dtype) \
+                    if dtype == torch.bfloat16 else reference.reduce_scatter(xs)[r]
+                _close(out, want, dtype, f"reduce_scatter {algo} {dtype} n={n}")
+                n_checked += 1
+            for root in range(w):
+                xs = inputs((n,), dtype)
+                x = xs[r].clone()
+                comm.broadcast(x, root=root)
+                assert torch.equal(x, xs[root]), ("broadcast", root, n)
+                x = xs[r].clone()
+                comm.reduce(x, root=root)
+                want = reference.reduce(xs, root)[r] if dtype != torch.bfloat16 else (
+                    reference.rank_order_reduced(xs) if r == root else xs[r])
+                _close(x, want, dtype, f"reduce root={root} {dtype} n={n}")
+                n_checked += 2
+            xs = inputs((w * n, 3), dtype)
+            out = comm.all_to_all(xs[r])
+            assert torch.equal(out, reference.all_to_all(xs)[r]), ("all_to_all", n)
+            counts = [[(i * 3 + j * 5 + n) % 4 for j in range(w)] for i in range(w)]
+            xs = [torch.randn(sum(counts[i]), 2, generator=g).to(dtype) for i in range(w)]
+            out = comm.all_to_all_v(xs[r], counts[r])
+            assert torch.equal(out, reference.all_to_all_v(xs, counts)[r]), ("a2av", n)
+            out2 = comm.all_to_all_v(xs[r], counts[r], [counts[j][r] for j in range(w)])
+            assert torch.equal(out2, out)
+            n_checked += 3
+    # symmetric tensors, send/recv within and across hosts, barrier
+    y = comm.alloc((64,), torch.float32)
+    y.fill_(r)
+    comm.all_reduce(y)
+    assert torch.all(y == sum(range(w))), y
+    for peer_shift in (1, w - 1):
+        dst, src = (r + peer_shift) % w, (r - peer_shift) % w
+        t = torch.full((10,), float(r))
+        if r % 2 == 0:
+            comm.send(t, dst)
+            got = comm.recv(torch.empty(10), src)
+        else:
+            got = comm.recv(torch.empty(10), src)
+            comm.send(t, dst)
+        assert torch.all(got == src), got
+    comm.barrier()
+    comm.close()
+    print(f"rank {r}: {n_checked} checks OK on {lay.describe()}", flush=True)
+
+
+def _close(got, want, dtype, what):
+    if dtype.is_floating_point and dtype != torch.bfloat16:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=what)
+    elif dtype == torch.bfloat16:
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2, msg=what)
+    else:
+        assert torch.equal(got, want), what
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""Run under torchrun on simulated hosts (tests/hosts/test_hosts.py): promises across hosts.
+
+Argument ``scenario``: mismatch (count differs between hosts, then within one host, then a bad
+argument on one rank: every rank raises), shm (nothing of tilecomm left in this host's
+/dev/shm once the communicator exists), dies (the last rank exits: every other rank raises
+CommTimeout naming it, within the timeout)."""
+
+import os
+import sys
+import time
+
+import torch
+
+import tilecomm
+from tilecomm.errors import CommError, CommMismatch, CommTimeout
+
+
+def main(scenario: str) -> None:
+    comm = tilecomm.init(timeout=8)
+    r, w = comm.rank, comm.world_size
+    last = w - 1
+    if scenario == "mismatch":
+        host = comm.topology.host
+        for case in ("hosts", "one_rank"):
+            n = 10 + host if case == "hosts" else (11 if r == last else 10)
+            for algo in ("auto", "hier_leader"):
+                try:
+                    comm.all_reduce(torch.ones(n), algo=algo)
+                except CommMismatch as e:
+                    print(f"rank {r}: {case}/{algo}: CommMismatch: {str(e)[:160]}", flush=True)
+                else:
+                    raise AssertionError(f"rank {r}: {case}/{algo}: no CommMismatch")
+                comm.barrier()
+        try:
+            comm.all_reduce(torch.ones(3), op="bogus" if r == last else "sum")
+        except (CommError, ValueError) as e:
+            print(f"rank {r}: bad op: {type(e).__name__}: {str(e)[:160]}", flush=True)
+        else:
+            raise AssertionError(f"rank {r}: a bad op on rank {last} raised nothing here")
+        comm.barrier()
+        x = torch.ones(5)
+        comm.all_reduce(x)                      # still usable after all that
+        assert torch.all(x == w)
+        print(f"rank {r}: mismatch OK", flush=True)
+    elif scenario == "shm":
+        comm.barrier()
+        left = [f for f in os.listdir("/dev/shm") if f.startswith("tilecomm")]
+        assert not left, f"rank {r}: left in /dev/shm: {left}"
+        comm.barrier()
+        print(f"rank {r}: shm OK", flush=True)
+    elif scenario == "dies":
+        comm.all_reduce(torch.ones(4))
+        if r == last:
+            os._exit(0)
+        t0 = time.monotonic()
+        try:
+            for _ in range(3):
+                comm.all_reduce(torch.ones(4))
+        except CommTimeout as e:
+            dt = time.monotonic() - t0
+            assert e.missing == (last,), (e.missing, str(e))
+            assert dt < 8 + 5, dt
+            print(f"rank {r}: dies OK after {dt:.1f}s: {str(e)[:200]}", flush=True)
+            os._exit(0)
+        raise AssertionError(f"rank {r}: no CommTimeout after rank {last} died")
+    comm.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
