@@ -5,6 +5,7 @@
     tilecomm topo [--system NAME]
     tilecomm model llama3-70b --system dgx-h100 --gpus 1024 --tp 8 --pp 4 [--search] [--plot F]
     tilecomm doctor
+    tilecomm hosts run --hosts 2 --per-host 2 -- train.py   (simulated hosts, torchrun in each)
 """
 
 from __future__ import annotations
@@ -157,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     from .workloads.cli import add_model_parser
     add_model_parser(sub)
     add_doctor_parser(sub)
+    from .simhosts import add_hosts_parser
+    add_hosts_parser(sub)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -9,6 +9,7 @@ Needs root (or user namespaces); :func:`available` says whether this machine all
 
 from __future__ import annotations
 
+import argparse
 import os
 import shlex
 import signal
@@ -56,53 +57,74 @@ def host_commands(per_host: list[int], argv: list[str], *, port: int,
     return cmds
 
 
-def run(per_host: list[int], argv: list[str], *, timeout: float | None = None,
-        env: dict | None = None, capture: bool = False) -> "Result":
-    """Run ``argv`` (a script and its arguments, as for torchrun) on simulated hosts with
-    ``per_host[h]`` ranks each; returns exit codes (and output when ``capture``). Every host
-    is stopped when one fails or ``timeout`` passes."""
+def start(per_host: list[int], argv: list[str], *, env: dict | None = None,
+          capture: bool = False) -> list[subprocess.Popen]:
+    """Start torchrun with ``argv`` on simulated hosts; one process (tree) per host."""
     reason = available()
     if reason:
         raise RuntimeError(f"simulated hosts need mount and UTS namespaces: {reason}")
     port = free_port()
     e = dict(os.environ if env is None else env)
     e.setdefault("OMP_NUM_THREADS", "1")
-    procs = []
     out = subprocess.PIPE if capture else None
-    for cmd in host_commands(per_host, argv, port=port):
-        procs.append(subprocess.Popen(cmd, env=e, stdout=out, stderr=subprocess.STDOUT
-                                      if capture else None, text=True, start_new_session=True))
-    deadline = None if timeout is None else time.monotonic() + timeout
-    codes: list[int | None] = [None] * len(procs)
-    outputs = [""] * len(procs)
+    procs = []
     try:
-        if capture:
-            import threading
+        for cmd in host_commands(per_host, argv, port=port):
+            procs.append(subprocess.Popen(cmd, env=e, stdout=out,
+                                          stderr=subprocess.STDOUT if capture else None,
+                                          text=True, start_new_session=True))
+    except BaseException:
+        stop(procs)
+        raise
+    return procs
 
-            def drain(i):
-                outputs[i] = procs[i].stdout.read()
-            threads = [threading.Thread(target=drain, args=(i,), daemon=True)
-                       for i in range(len(procs))]
-            for t in threads:
-                t.start()
-        while any(c is None for c in codes):
-            for i, p in enumerate(procs):
-                if codes[i] is None:
-                    codes[i] = p.poll()
-            failed = any(c not in (None, 0) for c in codes)
-            if failed or (deadline is not None and time.monotonic() > deadline):
-                time.sleep(0.0 if not failed else 2.0)   # let the others report their error
+
+def stop(procs: list[subprocess.Popen]) -> list[int]:
+    """End every host's process tree (politely, then by force); their exit codes."""
+    for p in procs:
+        if p.poll() is None:
+            _kill_tree(p)
+    return [p.wait() for p in procs]
+
+
+def run(per_host: list[int], argv: list[str], *, timeout: float | None = None,
+        env: dict | None = None, capture: bool = False) -> "Result":
+    """Run ``argv`` (a script and its arguments, as for torchrun) on simulated hosts with
+    ``per_host[h]`` ranks each; returns exit codes (and output when ``capture``). Every host
+    is stopped when one fails or ``timeout`` passes."""
+    import threading
+
+    procs = start(per_host, argv, env=env, capture=capture)
+    outputs = [""] * len(procs)
+    threads = []
+    if capture:
+        def drain(i):
+            outputs[i] = procs[i].stdout.read()
+        threads = [threading.Thread(target=drain, args=(i,), daemon=True)
+                   for i in range(len(procs))]
+        for t in threads:
+            t.start()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while any(p.poll() is None for p in procs):
+            if any(p.poll() not in (None, 0) for p in procs):
+                _wait_all(procs, 3.0)      # let the others report their error, then stop
+                break
+            if deadline is not None and time.monotonic() > deadline:
                 break
             time.sleep(0.05)
     finally:
-        for i, p in enumerate(procs):
-            if p.poll() is None:
-                _kill_tree(p)
-            codes[i] = p.wait()
-        if capture:
-            for t in threads:
-                t.join(timeout=5)
-    return Result(codes, outputs)
+        codes = stop(procs)
+        for t in threads:
+            t.join(timeout=5)
+    return Result(codes, outputs, timed_out=deadline is not None and
+                  time.monotonic() > deadline)
+
+
+def _wait_all(procs, seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and any(p.poll() is None for p in procs):
+        time.sleep(0.05)
 
 
 def _kill_tree(p: subprocess.Popen) -> None:
@@ -119,8 +141,10 @@ def _kill_tree(p: subprocess.Popen) -> None:
 
 
 class Result:
-    def __init__(self, codes, outputs):
-        self.codes, self.outputs = codes, outputs
+    """Exit codes (one per host), captured output, and whether the run hit its timeout."""
+
+    def __init__(self, codes, outputs, timed_out: bool = False):
+        self.codes, self.outputs, self.timed_out = codes, outputs, timed_out
 
     @property
     def ok(self) -> bool:
@@ -140,3 +164,43 @@ def parse_per_host(hosts: int, per_host: str) -> list[int]:
     if len(vals) != hosts or any(v < 1 for v in vals):
         raise ValueError(f"--per-host must be one count or {hosts} counts >= 1, got {per_host!r}")
     return vals
+
+
+# ---- command line: tilecomm hosts ... ----------------------------------------------------------
+def add_hosts_parser(sub) -> None:
+    p = sub.add_parser("hosts", help="run a torchrun program on simulated hosts",
+                       description="Simulated hosts on this machine: each host is torchrun "
+                                   "in its own mount and UTS namespaces with a private "
+                                   "/dev/shm and hostname; all traffic stays on 127.0.0.1.")
+    hs = p.add_subparsers(dest="hosts_command", required=True)
+    r = hs.add_parser("run", help="run SCRIPT [ARGS] under torchrun on simulated hosts")
+    r.add_argument("--hosts", type=int, default=2, help="number of simulated hosts")
+    r.add_argument("--per-host", default="2",
+                   help="ranks per host: one count, or one per host (e.g. 2,1)")
+    r.add_argument("--timeout", type=float, default=None, help="stop every host after S s")
+    r.add_argument("argv", nargs=argparse.REMAINDER, help="-- script.py [args]")
+    r.set_defaults(func=_run_cli)
+    c = hs.add_parser("check", help="say whether simulated hosts can be made here")
+    c.set_defaults(func=_check_cli)
+
+
+def _run_cli(args) -> int:
+    argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    if not argv:
+        raise ValueError("hosts run: give the program after --, e.g. "
+                         "tilecomm hosts run --hosts 2 -- train.py")
+    per_host = parse_per_host(args.hosts, args.per_host)
+    res = run(per_host, argv, timeout=args.timeout)
+    if res.timed_out:
+        print(f"tilecomm hosts: stopped after {args.timeout:g} s", file=sys.stderr)
+    bad = [h for h, c in enumerate(res.codes) if c]
+    if bad:
+        print(f"tilecomm hosts: host(s) {bad} exited with {[res.codes[h] for h in bad]}",
+              file=sys.stderr)
+    return 0 if res.ok else 1
+
+
+def _check_cli(args) -> int:
+    reason = available()
+    print("simulated hosts: available" if reason is None else f"simulated hosts: {reason}")
+    return 0 if reason is None else 1

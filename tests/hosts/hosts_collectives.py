@@ -93,7 +93,8 @@ def _close(got, want, dtype, what):
     if dtype.is_floating_point and dtype != torch.bfloat16:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=what)
     elif dtype == torch.bfloat16:
-        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2, msg=what)
+        # hierarchical sums round twice (inside the host, then across hosts): 2 bf16 ulps
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=6e-2, msg=what)
     else:
         assert torch.equal(got, want), what
 

@@ -61,6 +61,7 @@ def main(scenario: str) -> None:
             assert e.missing == (last,), (e.missing, str(e))
             assert dt < 8 + 5, dt
             print(f"rank {r}: dies OK after {dt:.1f}s: {str(e)[:200]}", flush=True)
+            time.sleep(2)     # stay until the others have read this rank's error header
             os._exit(0)
         raise AssertionError(f"rank {r}: no CommTimeout after rank {last} died")
     comm.close()

@@ -42,6 +42,9 @@ class HierBackend(Backend):
         self._rails = {"cpu": rails}
         self._rails_factory = rails_factory  # device -> Rails (NCCL groups on first use)
         self.seq = 0
+        ch = getattr(local._backend, "channel", None)
+        if ch is not None:      # host peers wait here while this rank talks to other hosts
+            ch.spin, ch.sleep_after = min(ch.spin, 200), 5e-5
         self.p2p_sent: dict[int, int] = {}
         self.p2p_recvd: dict[int, int] = {}
 
@@ -87,9 +90,9 @@ class HierBackend(Backend):
         out = {p: local[i] for i, p in enumerate(self.layout.hosts[self.layout.host_of(self.rank)])}
         for c in self.layout.rails_of(self.rank):
             hdr = r.header(self.seq, name, "hier_rail", 0, count, 0, 0, 8)
-            hdr[128:136].view(torch.int64)[0] = extra
+            hdr[HDR_BYTES:HDR_BYTES + 8].view(torch.int64)[0] = extra
             for m, blk in zip(self.layout.rail(c), r.round1(c, hdr, name, self.seq)):
-                out[m] = int(blk[128:136].view(torch.int64)[0])
+                out[m] = int(blk[HDR_BYTES:HDR_BYTES + 8].view(torch.int64)[0])
         # ranks of other hosts not on a shared rail: their host's value travels with the rail
         # member, which only knows its own host; alloc only needs agreement, so fill from it.
         return [out.get(p, out[self.rank]) for p in range(self.world_size)]

@@ -170,6 +170,19 @@ def _all_reduce_rail(lay: HostLayout, root: int, rank: int):
     ]
 
 
+@register("all_reduce", "hier_rail_first", even_only=True)
+def _all_reduce_rail_first(lay: HostLayout, root: int, rank: int):
+    """Small messages: all-reduce the whole buffer on rail l first (one inter-host round,
+    every rank busy), then inside the host (one local call): two synchronizations in all."""
+    _, l, _ = _hl(lay, rank)
+    buf, t1 = Region("buf", 0), Region("t1", 0)
+    return {"buf": 1, "t1": 1}, [
+        Rail("all_reduce", (_rail_part(lay, l, buf, t1),), completes=True),
+        Local("all_reduce", t1),
+        Copy(((buf, t1),)),
+    ]
+
+
 @register("all_reduce", "hier_leader")
 def _all_reduce_leader(lay: HostLayout, root: int, rank: int):
     """Reduce to local rank 0, all-reduce among the hosts' rank 0s (rail 0), broadcast."""
@@ -285,23 +298,19 @@ def _all_to_all_direct(lay: HostLayout, root: int, rank: int, collective: str):
     _, l, host = _hl(lay, rank)
     w, u = lay.world_size, len(host)
     contiguous = list(host) == list(range(host[0], host[0] + u))
-    steps: list[Step] = []
-    if contiguous:
+    if contiguous:      # the host's blocks are adjacent in the caller's buffers
         src, dst = Region("in", host[0], u), Region("out", host[0], u)
+        pre = post = ()
     else:
         src, dst = Region("t1", 0, u), Region("t2", 0, u)
-        steps.append(Copy(tuple((Region("t1", j), Region("in", p)) for j, p in enumerate(host))))
-    steps.append(Local(collective, src, dst))
-    if not contiguous:
-        steps.append(Copy(tuple((Region("out", p), Region("t2", j)) for j, p in enumerate(host))))
+        pre = tuple((Region("t1", j), Region("in", p)) for j, p in enumerate(host))
+        post = tuple((Region("out", p), Region("t2", j)) for j, p in enumerate(host))
+    steps: list[Step] = [Copy(pre), Local(collective, src, dst), Copy(post)]
     steps.append(Rail("sync", tuple(_rail_part(lay, c, None, None) for c in lay.rails_of(rank))))
     others = [p for p in range(w) if lay.host_of(p) != lay.host_of(rank)]
     steps.append(Exchange(tuple((p, Region("in", p)) for p in others),
                           tuple((p, Region("out", p)) for p in others)))
-    bufs = {"in": w, "out": w}
-    if not contiguous:
-        bufs.update(t1=lay.max_local, t2=lay.max_local)
-    return bufs, steps
+    return {"in": w, "out": w, "t1": lay.max_local, "t2": lay.max_local}, steps
 
 
 @register("all_to_all", "hier_direct")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import zlib
 from datetime import timedelta
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -83,47 +84,48 @@ class Rails:
     # ---- header round -----------------------------------------------------------------------
     def header(self, seq: int, collective: str, algo: str, dtype_id: int, count: int,
                op_id: int, root: int, nbytes: int, error: BaseException | None = None):
-        h = torch.zeros(ROUND1, dtype=torch.uint8)
-        words = h[:HDR_BYTES].view(torch.int64)
-        words[H_MAGIC], words[H_SEQ] = MAGIC, seq
-        words[H_COLL], words[H_ALGO] = name_id(collective), name_id(algo)
-        words[H_DTYPE], words[H_COUNT], words[H_OP], words[H_ROOT] = dtype_id, count, op_id, root
-        words[H_NBYTES] = nbytes
+        """The fixed-size block this rank contributes to a header round (uint8 tensor)."""
+        block = np.zeros(ROUND1, dtype=np.uint8)
+        words = block[:HDR_BYTES].view(np.int64)
+        words[:H_NBYTES + 1] = (MAGIC, 0, seq, name_id(collective), name_id(algo), dtype_id,
+                                count, op_id, root, nbytes)
         if error is not None:
             words[H_STATUS] = KIND_OF.get(type(error), 1)
             missing = tuple(getattr(error, "missing", ()))[:4]
             words[H_NMISS] = len(missing)
-            for i, m in enumerate(missing):
-                words[H_MISS + i] = m
+            words[H_MISS:H_MISS + len(missing)] = missing
             text = f"{type(error).__name__}: {error}".encode()[:SMALL]
             words[H_MSGLEN] = len(text)
-            h[HDR_BYTES:HDR_BYTES + len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
-        return h
+            block[HDR_BYTES:HDR_BYTES + len(text)] = np.frombuffer(text, dtype=np.uint8)
+        return torch.from_numpy(block)
 
     def round1(self, c: int, hdr: torch.Tensor, what: str, seq: int) -> list[torch.Tensor]:
         """All-gather the fixed-size header block on rail ``c``; raise what any member reports."""
         members = self.layout.rail(c)
         outs = [torch.empty(ROUND1, dtype=torch.uint8) for _ in members]
         self._wait(self.groups[c].allgather([outs], [hdr]), what, seq, members)
-        words = [o[:HDR_BYTES].view(torch.int64) for o in outs]
-        for m, wd in zip(members, words):
-            if int(wd[H_STATUS]) and m != self.rank:
-                text = bytes(outs[members.index(m)][HDR_BYTES:HDR_BYTES + int(wd[H_MSGLEN])]
-                             .numpy()).decode(errors="replace")
-                cls = ERR_KINDS.get(int(wd[H_STATUS]), CommError)
-                missing = tuple(int(wd[H_MISS + i]) for i in range(int(wd[H_NMISS])))
+        words = np.stack([o.numpy()[:HDR_BYTES].view(np.int64) for o in outs])
+        if words[:, H_STATUS].any():
+            for i, m in enumerate(members):
+                st = int(words[i, H_STATUS])
+                if not st or m == self.rank:
+                    continue
+                text = bytes(outs[i].numpy()[HDR_BYTES:HDR_BYTES + int(words[i, H_MSGLEN])]
+                             ).decode(errors="replace")
+                cls = ERR_KINDS.get(st, CommError)
+                missing = tuple(int(x) for x in words[i, H_MISS:H_MISS + int(words[i, H_NMISS])])
                 msg = f"{what} #{seq}: rank {m} (another host) reports: {text}"
                 if cls is CommTimeout:
                     raise CommTimeout(msg, collective=what, seq=seq, missing=missing or (m,))
                 raise cls(msg)
-        mine = words[members.index(self.rank)]
-        for idx, label in FIELDS + ((H_SEQ, "sequence number"),):
-            vals = [int(wd[idx]) for wd in words]
-            if len(set(vals)) > 1:
-                shown = ", ".join(f"rank {m}: {_show(idx, v, what)}" for m, v in zip(members, vals))
-                raise CommMismatch(f"{what} #{seq}: ranks on different hosts disagree on "
-                                   f"{label}: {shown}")
-        assert int(mine[H_MAGIC]) == MAGIC
+        if (words != words[0]).any():
+            for idx, label in FIELDS + ((H_SEQ, "sequence number"),):
+                vals = [int(v) for v in words[:, idx]]
+                if len(set(vals)) > 1:
+                    shown = ", ".join(f"rank {m}: {_show(idx, v, what)}"
+                                      for m, v in zip(members, vals))
+                    raise CommMismatch(f"{what} #{seq}: ranks on different hosts disagree on "
+                                       f"{label}: {shown}")
         return outs
 
     # ---- data -------------------------------------------------------------------------------

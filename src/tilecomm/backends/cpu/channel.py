@@ -2,7 +2,7 @@
 
 Each rank writes only its own control block and polls its peers'. Polling spins for a while
 (cheapest when every rank has a core), then yields the core on every poll (so 4 ranks on 2
-cores make progress), and checks the clock and the peers' liveness now and then: every wait is
+cores make progress), then, in a wait that lasts, sleeps between polls, and checks the clock and the peers' liveness now and then: every wait is
 bounded and a timeout names the operation, the sequence number and the missing ranks.
 
 NOTE [descriptor parity]
@@ -21,6 +21,7 @@ import zlib
 from typing import Iterable
 
 from ...errors import CommError, CommTimeout
+from ...settings import settings
 from ...heap.base import SegmentLayout, SymmetricHeap
 
 # Descriptor fields (int64 slots within one descriptor).
@@ -54,6 +55,10 @@ class Channel:
         self.timeout = timeout
         oversubscribed = self.world_size > (os.cpu_count() or 1)
         self.spin = min(spin, 20) if oversubscribed else spin
+        #: seconds of yielding before a wait starts sleeping between polls (see
+        #: TILECOMM_WAIT_SLEEP_AFTER); the hierarchical backend shortens it, since its host
+        #: peers wait while it talks to other hosts
+        self.sleep_after = settings().wait_sleep_after
         self.me[SegmentLayout.PID] = os.getpid()
         self.step = int(self.me[SegmentLayout.PROGRESS])
         #: why the communicator can no longer be used (set after a timeout), or None
@@ -83,7 +88,7 @@ class Channel:
         pending = [(slots[r], i, r) for r, i in where if slots[r][i] < value]
         if not pending:
             return
-        spins, start, next_check = 0, None, 0.0
+        spins, start, next_check, nap = 0, None, 0.0, 0.0
         while True:
             pending = [p for p in pending if p[0][p[1]] < value]
             if not pending:
@@ -91,13 +96,19 @@ class Channel:
             spins += 1
             if spins < self.spin:
                 continue
-            os.sched_yield()
-            if spins & 63:
-                continue
+            if nap:
+                time.sleep(nap)         # a long wait: leave the core to whoever has work
+                nap = min(nap * 2, 2e-4)
+            else:
+                os.sched_yield()
+                if spins & 63:
+                    continue
             now = time.monotonic()
             if start is None:
                 start, next_check = now, now + 0.2
                 continue
+            if not nap and now - start > self.sleep_after:
+                nap = 1e-5
             if now >= next_check:
                 next_check = now + 0.2
                 if self.cancelled:

@@ -1,0 +1,70 @@
+"""Ranks on several (simulated) hosts under torchrun: the Communicator API and the
+torch.distributed backend on 2 hosts x 2 ranks and on 3 hosts of 1-2 ranks, the failure
+promises, and DDP's loss curve against Gloo's."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+LAYOUTS = {"2x2": (2, 2), "1+2+1": (1, 2, 1)}
+
+
+def _ok_lines(out: str, pattern: str) -> list[str]:
+    return [l for l in out.splitlines() if re.search(pattern, l)]
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_every_collective_across_hosts(run_on_hosts, layout):
+    per_host = LAYOUTS[layout]
+    out = run_on_hosts(per_host, "hosts_collectives.py")
+    oks = _ok_lines(out, r"rank \d+: \d+ checks OK")
+    assert len(oks) == sum(per_host), out[-3000:]
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_torch_backend_across_hosts(run_on_hosts, layout):
+    per_host = LAYOUTS[layout]
+    out = run_on_hosts(per_host, "hosts_torch.py")
+    assert len(_ok_lines(out, r"torch backend OK")) == sum(per_host), out[-3000:]
+
+
+@pytest.mark.timeout(400)
+def test_mismatch_and_bad_arguments_raise_on_every_rank_of_every_host(run_on_hosts):
+    out = run_on_hosts((2, 2), "hosts_faults.py", "mismatch")
+    assert len(_ok_lines(out, r"mismatch OK")) == 4, out[-3000:]
+    # a count that differs between the hosts is named as such
+    assert _ok_lines(out, r"hosts/auto: CommMismatch: .*different hosts disagree on count")
+
+
+@pytest.mark.timeout(400)
+def test_a_rank_dying_on_another_host_is_named_by_every_other_rank(run_on_hosts):
+    out = run_on_hosts((2, 2), "hosts_faults.py", "dies")
+    assert len(_ok_lines(out, r"dies OK")) == 3, out[-3000:]
+
+
+@pytest.mark.timeout(400)
+def test_no_shared_memory_files_survive_initialization_on_any_host(run_on_hosts):
+    out = run_on_hosts((1, 2, 1), "hosts_faults.py", "shm")
+    assert len(_ok_lines(out, r"shm OK")) == 4, out[-3000:]
+
+
+@pytest.mark.timeout(600)
+def test_ddp_over_two_hosts_follows_gloo_loss_curve(run_on_hosts, tmp_path):
+    curves = {}
+    for backend in ("tilecomm", "gloo"):
+        path = tmp_path / f"{backend}.json"
+        run_on_hosts((2, 2), EXAMPLES / "ddp_train.py", "--backend", backend, "--steps", "12",
+                     "--losses", path)
+        curves[backend] = json.loads(path.read_text())["losses"]
+    ours, gloo = curves["tilecomm"], curves["gloo"]
+    assert len(ours) == len(gloo) == 12
+    for a, b in zip(ours, gloo):
+        assert abs(a - b) <= 1e-5 * abs(b), (a, b)
+    assert ours[-1] < 0.7 * ours[0]
