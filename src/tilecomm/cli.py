@@ -53,6 +53,12 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic mode: rank-order bits for every reduction "
                         "(TILECOMM_DETERMINISTIC)")
+    p.add_argument("--hosts", type=int, default=None,
+                   help="run the ranks on this many simulated hosts (torchrun in private "
+                        "namespaces, tilecomm hosts run); Gloo baselines stay flat over all ranks")
+    p.add_argument("--per-host", default=None,
+                   help="with --hosts: ranks per host, one count or one per host (default: "
+                        "-n split evenly)")
     p.add_argument("--json", default=None, help="write rows as JSON")
     p.set_defaults(func=run_bench)
 
@@ -65,7 +71,14 @@ def run_bench(args) -> int:
     from .bench.report import table, write_json
 
     algos = [a.strip() for a in args.algo.split(",")]
-    cfg = BenchConfig(op=args.op, world_size=args.nranks,
+    hosts = None
+    if args.hosts:
+        from .simhosts import parse_per_host
+        if args.per_host is None and args.nranks % args.hosts:
+            raise ValueError(f"--hosts {args.hosts} does not divide -n {args.nranks}; give "
+                             f"--per-host")
+        hosts = parse_per_host(args.hosts, args.per_host or str(args.nranks // args.hosts))
+    cfg = BenchConfig(hosts=hosts, op=args.op, world_size=args.nranks,
                       sizes=sizes(parse_size(args.minbytes), parse_size(args.maxbytes),
                                   args.stepfactor),
                       dtype=args.dtype, algos=algos, mem=args.mem, iters=args.iters,
@@ -80,7 +93,8 @@ def run_bench(args) -> int:
             prog.update(task, completed=done, total=total, description=label)
 
         rows = run(cfg, progress)
-    console.print(table(rows, f"tilecomm {args.op}: {args.nranks} ranks, {args.dtype}, "
+    where = f" on {len(hosts)} simulated hosts ({'+'.join(map(str, hosts))})" if hosts else ""
+    console.print(table(rows, f"tilecomm {args.op}: {args.nranks} ranks{where}, {args.dtype}, "
                               f"{args.mem} memory, {args.device}"
                               f"{', deterministic' if args.deterministic else ''}"))
     if args.json:

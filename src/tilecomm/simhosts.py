@@ -66,6 +66,7 @@ def start(per_host: list[int], argv: list[str], *, env: dict | None = None,
     port = free_port()
     e = dict(os.environ if env is None else env)
     e.setdefault("OMP_NUM_THREADS", "1")
+    e.setdefault("GLOO_SOCKET_IFNAME", "lo")   # any Gloo group of the program binds to loopback
     out = subprocess.PIPE if capture else None
     procs = []
     try:

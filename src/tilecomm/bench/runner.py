@@ -53,6 +53,11 @@ class BenchConfig:
     device: str = "cpu"             # cpu | cuda | cuda:N
     redop: str = "sum"
     deterministic: bool = False     # the communicators' deterministic mode (rank-order bits)
+    hosts: list[int] | None = None  # ranks per simulated host (tilecomm.simhosts); None: one host
+
+    def layout(self):
+        from ..hier.layout import HostLayout
+        return HostLayout.sizes(*self.hosts) if self.hosts else None
 
     def table(self) -> list[BenchCase]:
         return bench_table(self.op, resolve_algos(self), self.sizes, self.dtype, self.mem,
@@ -72,8 +77,11 @@ def _rank_init_gloo(comm, port: int) -> bool:
     # per size that warning would drown the table.
     warnings.filterwarnings("ignore", category=FutureWarning)
     if not dist.is_initialized():
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
-                                rank=comm.rank, world_size=comm.world_size)
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE"):  # a torchrun worker (--hosts):
+            dist.init_process_group("gloo")                  # meet at torchrun's store
+        else:
+            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                                    rank=comm.rank, world_size=comm.world_size)
     return True
 
 
@@ -331,6 +339,9 @@ def resolve_algos(cfg: BenchConfig) -> list[str]:
         from ..algorithms.lower import deterministic_algorithms
         return deterministic_algorithms(cfg.op, cfg.world_size, 0,
                                         among=resolve_algos(replace(cfg, deterministic=False)))
+    if cfg.algos == ["all"] and cfg.hosts:
+        from ..hier.plans import hier_algorithms
+        return hier_algorithms(cfg.op, cfg.layout())
     if cfg.algos == ["all"]:
         if _kernel_path(cfg):
             if cfg.device == "cpu":     # the kernels run in the interpreter (ranks fork)
@@ -366,16 +377,31 @@ def run(cfg: BenchConfig, progress=None) -> list[dict]:
             raise ValueError("send_recv on CUDA tensors is not implemented (device send/recv); "
                              "use --device cpu")
     algos = resolve_algos(cfg)
+    known = algorithms(cfg.op)
+    if cfg.hosts:
+        from ..hier.plans import hier_algorithms
+        if sum(cfg.hosts) != cfg.world_size:
+            raise ValueError(f"--hosts: {cfg.hosts} ranks per host make {sum(cfg.hosts)} "
+                             f"ranks, but -n is {cfg.world_size}")
+        if dev.type != "cpu":
+            raise ValueError("--hosts runs CPU ranks on simulated hosts; use --device cpu")
+        known = hier_algorithms(cfg.op, cfg.layout())
     for a in algos:
-        if a not in ("auto", "p2p") and a not in algorithms(cfg.op):
+        if a not in ("auto", "p2p") and a not in known:
             raise ValueError(f"{cfg.op}: unknown algorithm {a!r}; choose from "
-                             f"{', '.join(algorithms(cfg.op))}, auto or all")
+                             f"{', '.join(known)}, auto or all")
     heap = heap_bytes_for(cfg) if cfg.mem == "heap" else (8 << 20)
     rows = []
     itemsize = DTYPE_BY_NAME[cfg.dtype].itemsize
     table = cfg.table()
-    with RankGroup(cfg.world_size, timeout=cfg.timeout, heap_bytes=heap,
-                   deterministic=cfg.deterministic) as group:
+    if cfg.hosts:
+        from .hosts_group import HostsGroup
+        group_cm = HostsGroup(cfg.hosts, timeout=cfg.timeout, heap_bytes=heap,
+                              deterministic=cfg.deterministic)
+    else:
+        group_cm = RankGroup(cfg.world_size, timeout=cfg.timeout, heap_bytes=heap,
+                             deterministic=cfg.deterministic)
+    with group_cm as group:
         group.run(_rank_setup, cfg.device,
                   device_heap_bytes_for(cfg.sizes, cfg.mem) if dev.type == "cuda" else None)
         if "gloo" in cfg.vs:
@@ -404,10 +430,10 @@ def _row(cfg, case: BenchCase, res, rates, itemsize) -> dict:
     count = res[0]["count"]
     size = count * itemsize
     algo = case.algo
-    kind = "gpu" if _kernel_path(cfg) else "cpu"
+    kind = "hier" if cfg.hosts else ("gpu" if _kernel_path(cfg) else "cpu")
     if algo == "auto":
         used = "p2p" if cfg.op == "send_recv" else _auto(cfg.op, size, w, kind,
-                                                          cfg.deterministic)
+                                                          cfg.deterministic, cfg.layout())
     else:
         used = algo
     t = slowest_median([r["times"] for r in res])
@@ -439,9 +465,12 @@ def _row(cfg, case: BenchCase, res, rates, itemsize) -> dict:
     return row
 
 
-def _auto(op, size, w, kind, deterministic=False):
+def _auto(op, size, w, kind, deterministic=False, layout=None):
     """The algorithm ``auto`` resolved to (as the Communicator resolves it)."""
     avail = algorithms(op)
+    if kind == "hier":
+        from ..hier.plans import hier_algorithms
+        avail = hier_algorithms(op, layout)
     if kind == "gpu":
         try:
             from ..backends.triton import registry
