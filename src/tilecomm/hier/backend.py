@@ -45,6 +45,7 @@ class HierBackend(Backend):
         ch = getattr(local._backend, "channel", None)
         if ch is not None:      # host peers wait here while this rank talks to other hosts
             ch.spin, ch.sleep_after = min(ch.spin, 200), 5e-5
+        self.scratch = Scratch()
         self.p2p_sent: dict[int, int] = {}
         self.p2p_recvd: dict[int, int] = {}
 
@@ -202,11 +203,12 @@ class _Run:
                 t = call.buffers[name]
                 if t.numel() != b[-1]:          # all_reduce padded to whole chunks
                     self._padded = (name, t)
-                    t = torch.zeros(b[-1], dtype=self.dtype, device=self.device)
+                    t = self.be.scratch.get("pad", b[-1], self.dtype, self.device)
                     t[:call.count] = call.buffers[name]
+                    t[call.count:] = 0
                 self.bufs[name] = t
             else:
-                self.bufs[name] = torch.empty(b[-1], dtype=self.dtype, device=self.device)
+                self.bufs[name] = self.be.scratch.get(name, b[-1], self.dtype, self.device)
 
     def view(self, reg: Region) -> torch.Tensor:
         b = self.bounds[reg.buf]
@@ -311,8 +313,10 @@ class _Run:
             mine = self.view(part.src) if part.src is not None else None
             if part.lengths:        # all_gather of host blocks of different sizes: pad
                 unit = self.bounds[part.src.buf][1] - self.bounds[part.src.buf][0]
-                padded = torch.zeros(part.stride * unit, dtype=self.dtype, device=self.device)
+                padded = self.be.scratch.get("blocks", part.stride * unit, self.dtype,
+                                             self.device)
                 padded[:mine.numel()] = mine
+                padded[mine.numel():] = 0
                 mine = padded
             nbytes = 0 if mine is None else mine.numel() * mine.element_size()
             hdr = self._header(hdr_rails, nbytes, error)
@@ -328,7 +332,8 @@ class _Run:
                 rails.broadcast(part.rail, _bytes(self.view(part.dst)), part.root,
                                 r1, what, seq, nbytes)
                 continue
-            got = rails.all_gather(part.rail, _bytes(mine), r1, what, seq, nbytes)
+            got = rails.all_gather(part.rail, _bytes(mine), r1, what, seq, nbytes,
+                                   self.be.scratch)
             vals = [g.view(self.dtype) for g in got]
             self._combine(st, part, vals)
 
@@ -349,19 +354,28 @@ class _Run:
             i = members.index(self.be.rank)
             n = dst.numel()
             vals = [v[i * n:(i + 1) * n] for v in vals]
-        dst.copy_(self._reduce(vals, st.completes))
+        self._reduce_into(dst, vals, st.completes)
 
-    def _reduce(self, vals: list[torch.Tensor], completes: bool) -> torch.Tensor:
-        """Host-order reduction, 16-bit floats accumulated in float32 and rounded once."""
+    def _reduce_into(self, dst: torch.Tensor, vals: list[torch.Tensor], completes: bool) -> None:
+        """``dst`` = host-order reduction of ``vals``; 16-bit floats accumulate in float32 and
+        round once; avg divides where the sum completes."""
         op = self.call.op or ReduceOp.SUM
-        wide = _WIDE.get(self.dtype, self.dtype)
-        acc = vals[0].to(wide, copy=True)
         fn = _FN[op]
+        wide = _WIDE.get(self.dtype, self.dtype)
+        avg = op is ReduceOp.AVG and completes
+        if wide == self.dtype and len(vals) > 1:     # straight into dst, no temporary
+            fn(vals[0], vals[1], out=dst)
+            for v in vals[2:]:
+                fn(dst, v, out=dst)
+            if avg:
+                dst.div_(self.lay.world_size)
+            return
+        acc = vals[0].to(wide, copy=True)
         for v in vals[1:]:
-            fn(acc, v.to(wide) if wide != self.dtype else v, out=acc)
-        if op is ReduceOp.AVG and completes:
+            fn(acc, v.to(wide), out=acc)
+        if avg:
             acc.div_(self.lay.world_size)
-        return acc
+        dst.copy_(acc)
 
     def _exchange(self, st: Exchange) -> None:
         rails = self.be.rails_for(self.device.type)
@@ -373,3 +387,23 @@ class _Run:
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8,
                                                              device=t.device)
+
+
+class Scratch:
+    """Temporaries of hierarchical calls, kept between calls (fresh large allocations cost a
+    page fault per page on every call); one buffer per name, grown as needed, none kept above
+    ``keep_bytes``."""
+
+    def __init__(self, keep_bytes: int = 256 << 20):
+        self.keep_bytes = keep_bytes
+        self._bufs: dict[tuple, torch.Tensor] = {}
+
+    def get(self, name: str, numel: int, dtype: torch.dtype, device) -> torch.Tensor:
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        key = (name, torch.device(device).type)
+        buf = self._bufs.get(key)
+        if buf is None or buf.numel() < nbytes or buf.device != torch.device(device):
+            buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            if nbytes <= self.keep_bytes:
+                self._bufs[key] = buf
+        return buf[:nbytes].view(dtype)

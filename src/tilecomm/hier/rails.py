@@ -102,8 +102,10 @@ class Rails:
     def round1(self, c: int, hdr: torch.Tensor, what: str, seq: int) -> list[torch.Tensor]:
         """All-gather the fixed-size header block on rail ``c``; raise what any member reports."""
         members = self.layout.rail(c)
-        outs = [torch.empty(ROUND1, dtype=torch.uint8) for _ in members]
-        self._wait(self.groups[c].allgather([outs], [hdr]), what, seq, members)
+        me = members.index(self.rank)
+        outs = [hdr if i == me else torch.empty(ROUND1, dtype=torch.uint8)
+                for i in range(len(members))]
+        self._pairwise(self.groups[c], members, hdr, outs, what, seq, tag=0)
         words = np.stack([o.numpy()[:HDR_BYTES].view(np.int64) for o in outs])
         if words[:, H_STATUS].any():
             for i, m in enumerate(members):
@@ -130,14 +132,33 @@ class Rails:
 
     # ---- data -------------------------------------------------------------------------------
     def all_gather(self, c: int, mine: torch.Tensor, round1, what: str, seq: int,
-                   nbytes: int) -> list[torch.Tensor]:
+                   nbytes: int, scratch=None) -> list[torch.Tensor]:
         """Every rail member's ``nbytes`` payload (uint8); from ``round1`` when it fitted."""
         members = self.layout.rail(c)
         if nbytes <= SMALL and mine.device.type == "cpu":     # it came with the header
             return [o[HDR_BYTES:HDR_BYTES + nbytes] for o in round1]
-        outs = [torch.empty(nbytes, dtype=torch.uint8, device=mine.device) for _ in members]
-        self._wait(self.groups[c].allgather([outs], [mine]), what, seq, members)
+        me = members.index(self.rank)
+        outs = [mine if i == me else
+                scratch.get(f"gather{i}", nbytes, torch.uint8, mine.device) if scratch
+                else torch.empty(nbytes, dtype=torch.uint8, device=mine.device)
+                for i in range(len(members))]
+        pg = self.groups[c]
+        if mine.device.type == "cuda":
+            self._wait(pg.allgather([outs], [mine]), what, seq, members)
+            return outs
+        self._pairwise(pg, members, mine, outs, what, seq, tag=1)
         return outs
+
+    def _pairwise(self, pg, members, mine, outs, what: str, seq: int, tag: int) -> None:
+        """All-gather by point-to-point between the members: Gloo's pairwise transfers run
+        at 3-4x the speed of its allgather on loopback here (32 MB between 2 ranks: 24 ms vs
+        96 ms), and a header round is one message each way."""
+        me = members.index(self.rank)
+        works = [(pg.send([mine], i, tag), members[i]) for i in range(len(members)) if i != me]
+        works += [(pg.recv([outs[i]], i, tag), members[i])
+                  for i in range(len(members)) if i != me]
+        for w, m in works:
+            self._wait(w, what, seq, (m,))
 
     def broadcast(self, c: int, buf: torch.Tensor, root: int, round1, what: str, seq: int,
                   nbytes: int) -> None:
