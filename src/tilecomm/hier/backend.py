@@ -44,7 +44,7 @@ class HierBackend(Backend):
         self.seq = 0
         ch = getattr(local._backend, "channel", None)
         if ch is not None:      # host peers wait here while this rank talks to other hosts
-            ch.spin, ch.sleep_after = min(ch.spin, 200), 5e-5
+            ch.spin, ch.sleep_after = min(ch.spin, 200), 3e-4
         self.scratch = Scratch()
         self.p2p_sent: dict[int, int] = {}
         self.p2p_recvd: dict[int, int] = {}

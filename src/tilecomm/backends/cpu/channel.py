@@ -98,7 +98,7 @@ class Channel:
                 continue
             if nap:
                 time.sleep(nap)         # a long wait: leave the core to whoever has work
-                nap = min(nap * 2, 2e-4)
+                nap = min(nap * 2, 1e-4)
             else:
                 os.sched_yield()
                 if spins & 63:
