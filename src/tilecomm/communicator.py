@@ -22,7 +22,7 @@ from .algorithms.registry import algorithms
 from .backends.base import DEVICE_BACKENDS, Backend, CollectiveCall
 from .errors import CommError
 from .heap.allocator import HeapAllocator
-from .types import DType, ReduceOp, lookup_dtype
+from .types import DType, ReduceOp, flat_view, lookup_dtype
 
 
 _MEMO_ENTRIES = 16
@@ -162,7 +162,7 @@ class Communicator:
         self._check_rank(rank, "peer", "rank")
         if not isinstance(tensor, torch.Tensor) or not tensor.is_contiguous():
             raise ValueError("peer: pass a contiguous tensor from comm.alloc")
-        raw = tensor.detach().reshape(-1).view(torch.uint8).numpy()
+        raw = flat_view(tensor).view(torch.uint8).numpy()
         off = self._heap.offset_of(raw)
         if off is None or off < self._heap.layout.heap_offset:
             raise ValueError("peer: tensor is not in symmetric memory; allocate it with "
@@ -525,7 +525,7 @@ class _Bytes:
             self.tmp = (t.detach().contiguous() if read else
                         torch.empty_like(t, memory_format=torch.contiguous_format))
             t = self.tmp
-        self.flat = t.detach().reshape(-1).view(torch.uint8).numpy()
+        self.flat = flat_view(t).view(torch.uint8).numpy()
 
     def finish(self) -> None:
         if self.tmp is not None and self.write:
@@ -551,7 +551,7 @@ class _Flat:
             self.tmp = (t.detach().contiguous() if read else
                         torch.empty_like(t, memory_format=torch.contiguous_format))
             t = self.tmp
-        self.flat = t.detach().reshape(-1)
+        self.flat = flat_view(t)
 
     def finish(self) -> None:
         if self.tmp is not None and self.write:

@@ -87,6 +87,16 @@ def lookup_dtype(dtype: torch.dtype, *, op: ReduceOp | None = None, what: str = 
     return d
 
 
+def flat_view(t: torch.Tensor) -> torch.Tensor:
+    """The 1-D view (no copy) of a tensor that ``t.is_contiguous()`` accepts.
+
+    ``t.reshape(-1)`` keeps the stride of a tensor with at most one element (``torch.ones(2)
+    [::2]`` has stride 2, and torch calls it contiguous), and such a view cannot be
+    reinterpreted as bytes; with one element the stride is never used, so this view says 1.
+    """
+    return t.detach().as_strided((t.numel(),), (1,))
+
+
 def typed_view(raw: np.ndarray, d: DType):
     """View a uint8 array as ``d``: a numpy array, or a torch tensor for the torch-math dtypes."""
     if d.numpy is not None:
