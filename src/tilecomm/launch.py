@@ -14,10 +14,12 @@ import pickle
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from typing import Any, Callable
 
+from . import orphan
 from .backends.cpu import CpuBackend
 from .communicator import Communicator
 from .errors import CommError, RankError
@@ -43,14 +45,21 @@ def _make_comm(rank: int, layout: SegmentLayout, paths: list[str], timeout: floa
 
 
 def _rank_main(rank: int, layout: SegmentLayout, paths: list[str], timeout: float, conn,
-               first_task, deterministic: bool | None = None) -> None:
-    """Body of a rank process: build the communicator, then run tasks from the launcher."""
+               first_task, deterministic: bool | None = None, parent_pid: int | None = None,
+               main_thread: bool = False) -> None:
+    """Body of a rank process: build the communicator, then run tasks from the launcher.
+
+    The rank ends with its launcher (see ``orphan.py``): ``parent_pid`` is the launcher's pid
+    when it is the parent, ``main_thread`` whether the launcher's main thread started it."""
     code = 0
     try:
+        orphan.watch_parent(parent_pid, orphan.unlink_all(paths))
         import torch
         torch.set_num_threads(1)  # one core per rank: ranks, not threads, share the machine
         _bind(rank, layout.world_size)
         comm = _make_comm(rank, layout, paths, timeout, deterministic)
+        if main_thread:         # the files are gone: a kill by the kernel leaves nothing
+            orphan.die_with_parent_thread()
         task = first_task
         while True:
             if task is None:
@@ -137,13 +146,16 @@ class RankGroup:
         """Create the segment files and start the ranks (running ``first_task`` if given)."""
         try:
             shm_dir = settings().shm_dir
+            # a forkserver's ranks are children of the fork server, which exits with us
+            launcher = None if self.ctx.get_start_method() == "forkserver" else os.getpid()
+            main = threading.current_thread() is threading.main_thread()
             for _ in range(self.world_size):   # one at a time: stop() must see every file made
                 self.paths.append(create_segment_file(shm_dir, self.layout.total_bytes))
             for r in range(self.world_size):
                 parent, child = self.ctx.Pipe()
                 p = self.ctx.Process(target=_rank_main, name=f"tilecomm-rank-{r}", daemon=True,
                                      args=(r, self.layout, self.paths, self.timeout, child,
-                                           first_task, self.deterministic))
+                                           first_task, self.deterministic, launcher, main))
                 p.start()
                 child.close()
                 self.procs.append(p)
@@ -215,19 +227,20 @@ class RankGroup:
             return f"rank process was killed by {signal.Signals(-code).name}"
         return f"rank process exited with code {code} before returning"
 
-    def stop(self) -> None:
-        """Stop every rank (politely, then by force) and remove the segment files."""
+    def stop(self, grace: float = 2.0) -> None:
+        """Stop every rank and remove the segment files: all ranks are asked to exit at once,
+        get ``grace`` seconds together (one deadline, not one per rank: busy ranks never read
+        the request, and 3 of them used to cost 3 x 2 s), then the rest are killed at once."""
         for c in self.conns:
             try:
                 c.send(None)
             except (OSError, ValueError):
                 pass
-        for p in self.procs:
-            p.join(timeout=2)
+        _join_all(self.procs, grace)
         for p in self.procs:
             if p.is_alive():
                 p.kill()
-                p.join(timeout=5)
+        _join_all(self.procs, 5.0)
         for c in self.conns:
             c.close()
         for path in self.paths:
@@ -239,6 +252,20 @@ class RankGroup:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _join_all(procs, seconds: float) -> None:
+    """Wait until every process in ``procs`` has ended or ``seconds`` have passed (in all)."""
+    deadline = time.monotonic() + seconds
+    alive = [p for p in procs if p.exitcode is None]
+    while alive:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        mpc.wait([p.sentinel for p in alive], timeout=left)
+        alive = [p for p in alive if p.exitcode is None]
+    for p in procs:
+        p.join(timeout=0)        # reap
 
 
 def launch(fn: Callable, world_size: int, *args, timeout: float | None = None,
