@@ -191,7 +191,8 @@ class Communicator:
             algo = self._algo("all_gather", algo, out.numel() * d.itemsize, be, d)
             src = _buffer(be, tensor, "all_gather", write=False)
             dst = _buffer(be, out, "all_gather", read=False)
-        self._run(be, "all_gather", algo, d, tensor.numel(), {"in": src.flat, "out": dst.flat})
+        self._run(be, "all_gather", algo, d, tensor.numel(), {"in": src.flat, "out": dst.flat},
+                  row_shape=tuple(tensor.shape[1:]))
         dst.finish()
         return out
 
@@ -200,7 +201,7 @@ class Communicator:
         """Reduce over ranks and keep this rank's ``tensor.shape[0] // world_size`` rows."""
         w = self.world_size
         with self._validating("reduce_scatter", tensor):
-            rop = ReduceOp.parse(op)
+            rop = ReduceOp.parse(op, "reduce_scatter")
             d = self._dtype(tensor, "reduce_scatter", rop)
             be = self._backend_for(tensor)
             self._check_rows(tensor, "reduce_scatter")
@@ -233,7 +234,7 @@ class Communicator:
         with self._validating(name, tensor):
             if name != "all_reduce":
                 self._check_rank(root, name, "root")
-            rop = None if op is None else ReduceOp.parse(op)
+            rop = None if op is None else ReduceOp.parse(op, name)
             d = self._dtype(tensor, name, rop)
             be = self._backend_for(tensor)
             resolved = self._algo(name, algo, tensor.numel() * d.itemsize, be, d, rop, root)
@@ -425,7 +426,9 @@ class Communicator:
             # backend (the call may have just created it); creating one is collective.
             be = self._backends.get(tensor.device.type) \
                 if isinstance(tensor, torch.Tensor) else None
-            (be or self._backend).reject(collective, f"{type(e).__name__}: {e}")
+            # the peers' message names the collective once (reject prefixes it)
+            text = str(e).removeprefix(f"{collective}: ")
+            (be or self._backend).reject(collective, f"{type(e).__name__}: {text}")
             raise
 
     def _check_open(self) -> None:

@@ -20,7 +20,8 @@ class ReduceOp(enum.Enum):
     AVG = "avg"
 
     @classmethod
-    def parse(cls, op: Any) -> "ReduceOp":
+    def parse(cls, op: Any, what: str = "") -> "ReduceOp":
+        """``op`` as a ReduceOp; ``ValueError`` naming ``what`` (the collective) if unknown."""
         if isinstance(op, cls):
             return op
         if isinstance(op, str):
@@ -31,7 +32,7 @@ class ReduceOp(enum.Enum):
         name = getattr(op, "name", None)  # torch.distributed.ReduceOp.SUM and friends
         if isinstance(name, str) and name.lower() in cls._value2member_map_:
             return cls(name.lower())
-        raise ValueError(f"unknown reduction op {op!r}; use one of "
+        raise ValueError(f"{what + ': ' if what else ''}unknown reduction op {op!r}; use one of "
                          f"{', '.join(m.value for m in cls)}")
 
 
