@@ -76,7 +76,8 @@ def _rank_main(rank: int, layout: SegmentLayout, paths: list[str], timeout: floa
                 # returned tensor then failed with "exited with code 0 before returning").
                 _send(conn, ("ok", result))
             except BaseException as e:  # noqa: BLE001 - reported to the launcher
-                _send(conn, ("err", type(e).__name__, str(e), traceback.format_exc()))
+                _send(conn, ("err", type(e).__name__, str(e), traceback.format_exc(),
+                             tuple(getattr(e, "missing", ()))))
             if first_task is not None:
                 break
     except BaseException as e:  # noqa: BLE001
@@ -212,10 +213,16 @@ class RankGroup:
                 if r in failures and deadline is None:
                     deadline = time.monotonic() + grace
         if failures:
-            self.stop()
+            # the ranks that reported exit at once when asked; the others are stuck
+            self.stop(grace=0.5)
             first = min(failures, key=lambda r: (failures[r][0] in ("CommTimeout", "CommError"), r))
-            err = RankError(first, *failures[first])
-            err.others = {r: f for r, f in failures.items() if r != first}
+            exc_type, message, tb = failures[first][:3]
+            # the ranks at fault: those the reporter's timeout waited for, or the reporter
+            # itself when its process died
+            culprits = (first,) if exc_type == "exit" else \
+                (failures[first][3] if len(failures[first]) > 3 else ())
+            err = RankError(first, exc_type, message, tb, culprits=culprits)
+            err.others = {r: f[:3] for r, f in failures.items() if r != first}
             raise err
         return [results[r] for r in range(self.world_size)]
 
@@ -225,7 +232,15 @@ class RankGroup:
         code = p.exitcode
         if code is not None and code < 0:
             return f"rank process was killed by {signal.Signals(-code).name}"
-        return f"rank process exited with code {code} before returning"
+        text = f"rank process exited with code {code} before returning"
+        if self.ctx.get_start_method() != "fork":
+            # it never reported: under spawn/forkserver it may have failed while importing the
+            # main module again, before tilecomm ran in it
+            text += (f" (under the {self.ctx.get_start_method()} start method every rank "
+                     f"imports the main module again: a program that calls tilecomm.launch "
+                     f"outside an `if __name__ == \"__main__\":` block fails there; the rank's "
+                     f"traceback is on stderr)")
+        return text
 
     def stop(self, grace: float = 2.0) -> None:
         """Stop every rank and remove the segment files: all ranks are asked to exit at once,
