@@ -17,11 +17,27 @@ from .errors import CommError
 from .units import parse_size, sizes
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows ``(default: X)`` only for a real default that the help text does not already
+    explain (``--gpus ... (default: --nodes x node)`` used to get a second ``(default: None)``)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS):
+            return text
+        return super()._get_help_string(action)
+
+
+def _description(doc: str) -> str:
+    """The first line of a module docstring as plain text (no reST ``literal`` markup)."""
+    return doc.splitlines()[0].replace("``", "")
+
+
 def add_bench_parser(sub) -> None:
     from .bench.cases import CASES
 
     p = sub.add_parser("bench", help="nccl-tests-style benchmark on local ranks",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       formatter_class=HelpFormatter,
                        description="Time a collective on local ranks over shared memory "
                                    "(nccl-tests columns; time = slowest rank, median round). "
                                    "size = bytes of the largest buffer, rounded to whole "
@@ -163,7 +179,7 @@ def run_doctor(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tilecomm", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="tilecomm", description=_description(__doc__))
     sub = parser.add_subparsers(dest="command", required=True)
     add_bench_parser(sub)
     from .sim.cli import add_sim_parser, add_topo_parser

@@ -22,7 +22,7 @@ from .algorithms.registry import algorithms
 from .backends.base import DEVICE_BACKENDS, Backend, CollectiveCall
 from .errors import CommError
 from .heap.allocator import HeapAllocator
-from .types import DType, ReduceOp, lookup_dtype
+from .types import DType, ReduceOp, flat_view, lookup_dtype
 
 
 _MEMO_ENTRIES = 16
@@ -178,7 +178,7 @@ class Communicator:
         self._check_rank(rank, "peer", "rank")
         if not isinstance(tensor, torch.Tensor) or not tensor.is_contiguous():
             raise ValueError("peer: pass a contiguous tensor from comm.alloc")
-        raw = tensor.detach().reshape(-1).view(torch.uint8).numpy()
+        raw = flat_view(tensor).view(torch.uint8).numpy()
         off = self._heap.offset_of(raw)
         if off is None or off < self._heap.layout.heap_offset:
             raise ValueError("peer: tensor is not in symmetric memory; allocate it with "
@@ -211,7 +211,8 @@ class Communicator:
             algo = self._algo("all_gather", algo, out.numel() * d.itemsize, be, d)
             src = _buffer(be, tensor, "all_gather", write=False)
             dst = _buffer(be, out, "all_gather", read=False)
-        self._run(be, "all_gather", algo, d, tensor.numel(), {"in": src.flat, "out": dst.flat})
+        self._run(be, "all_gather", algo, d, tensor.numel(), {"in": src.flat, "out": dst.flat},
+                  row_shape=tuple(tensor.shape[1:]))
         dst.finish()
         return out
 
@@ -220,7 +221,7 @@ class Communicator:
         """Reduce over ranks and keep this rank's ``tensor.shape[0] // world_size`` rows."""
         w = self.world_size
         with self._validating("reduce_scatter", tensor):
-            rop = ReduceOp.parse(op)
+            rop = ReduceOp.parse(op, "reduce_scatter")
             d = self._dtype(tensor, "reduce_scatter", rop)
             be = self._backend_for(tensor)
             self._check_rows(tensor, "reduce_scatter")
@@ -253,7 +254,7 @@ class Communicator:
         with self._validating(name, tensor):
             if name != "all_reduce":
                 self._check_rank(root, name, "root")
-            rop = None if op is None else ReduceOp.parse(op)
+            rop = None if op is None else ReduceOp.parse(op, name)
             d = self._dtype(tensor, name, rop)
             be = self._backend_for(tensor)
             resolved = self._algo(name, algo, tensor.numel() * d.itemsize, be, d, rop, root)
@@ -445,7 +446,9 @@ class Communicator:
             # backend (the call may have just created it); creating one is collective.
             be = self._backends.get(tensor.device.type) \
                 if isinstance(tensor, torch.Tensor) else None
-            (be or self._backend).reject(collective, f"{type(e).__name__}: {e}")
+            # the peers' message names the collective once (reject prefixes it)
+            text = str(e).removeprefix(f"{collective}: ")
+            (be or self._backend).reject(collective, f"{type(e).__name__}: {text}")
             raise
 
     def _check_open(self) -> None:
@@ -568,7 +571,7 @@ class _Bytes:
             self.tmp = (t.detach().contiguous() if read else
                         torch.empty_like(t, memory_format=torch.contiguous_format))
             t = self.tmp
-        self.flat = t.detach().reshape(-1).view(torch.uint8).numpy()
+        self.flat = flat_view(t).view(torch.uint8).numpy()
 
     def finish(self) -> None:
         if self.tmp is not None and self.write:
@@ -594,7 +597,7 @@ class _Flat:
             self.tmp = (t.detach().contiguous() if read else
                         torch.empty_like(t, memory_format=torch.contiguous_format))
             t = self.tmp
-        self.flat = t.detach().reshape(-1)
+        self.flat = flat_view(t)
 
     def finish(self) -> None:
         if self.tmp is not None and self.write:

@@ -33,12 +33,22 @@ class CommTimeout(CommError):
 class RankError(CommError):
     """Raised by :func:`tilecomm.launch` when a rank raised or died.
 
-    ``rank`` is the failing rank, ``exc_type`` the name of its exception (or ``"exit"``), and
-    ``remote_traceback`` the traceback text from that rank.
+    ``rank`` is the rank whose failure is reported (the reporter), ``exc_type`` the name of its
+    exception (or ``"exit"``), and ``remote_traceback`` the traceback text from that rank.
+    ``culprits`` are the ranks at fault when they are not the reporter: the ranks a timeout
+    waited for in vain (``CommTimeout.missing``, e.g. a stopped or dead rank), or a rank whose
+    process died; empty when the reporter's own exception is the cause.
     """
 
-    def __init__(self, rank: int, exc_type: str, message: str, remote_traceback: str = ""):
-        text = f"rank {rank} failed: {exc_type}: {message}"
+    def __init__(self, rank: int, exc_type: str, message: str, remote_traceback: str = "",
+                 culprits: tuple[int, ...] = ()):
+        culprits = tuple(sorted(set(culprits)))
+        if culprits and culprits != (rank,):
+            who = ", ".join(map(str, culprits))
+            text = (f"rank{'s' if len(culprits) > 1 else ''} {who} at fault, reported by rank "
+                    f"{rank}: {exc_type}: {message}")
+        else:
+            text = f"rank {rank} failed: {exc_type}: {message}"
         if remote_traceback:
             text += f"\n\n--- traceback from rank {rank} ---\n{remote_traceback}"
         super().__init__(text)
@@ -46,5 +56,6 @@ class RankError(CommError):
         self.exc_type = exc_type
         self.remote_message = message
         self.remote_traceback = remote_traceback
+        self.culprits = culprits
         #: other ranks that failed too: rank -> (exception type, message, traceback)
         self.others: dict[int, tuple[str, str, str]] = {}

@@ -14,10 +14,12 @@ import pickle
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 from typing import Any, Callable
 
+from . import orphan
 from .backends.cpu import CpuBackend
 from .communicator import Communicator
 from .errors import CommError, RankError
@@ -43,14 +45,21 @@ def _make_comm(rank: int, layout: SegmentLayout, paths: list[str], timeout: floa
 
 
 def _rank_main(rank: int, layout: SegmentLayout, paths: list[str], timeout: float, conn,
-               first_task, deterministic: bool | None = None) -> None:
-    """Body of a rank process: build the communicator, then run tasks from the launcher."""
+               first_task, deterministic: bool | None = None, parent_pid: int | None = None,
+               main_thread: bool = False) -> None:
+    """Body of a rank process: build the communicator, then run tasks from the launcher.
+
+    The rank ends with its launcher (see ``orphan.py``): ``parent_pid`` is the launcher's pid
+    when it is the parent, ``main_thread`` whether the launcher's main thread started it."""
     code = 0
     try:
+        orphan.watch_parent(parent_pid, orphan.unlink_all(paths))
         import torch
         torch.set_num_threads(1)  # one core per rank: ranks, not threads, share the machine
         _bind(rank, layout.world_size)
         comm = _make_comm(rank, layout, paths, timeout, deterministic)
+        if main_thread:         # the files are gone: a kill by the kernel leaves nothing
+            orphan.die_with_parent_thread()
         task = first_task
         while True:
             if task is None:
@@ -67,7 +76,8 @@ def _rank_main(rank: int, layout: SegmentLayout, paths: list[str], timeout: floa
                 # returned tensor then failed with "exited with code 0 before returning").
                 _send(conn, ("ok", result))
             except BaseException as e:  # noqa: BLE001 - reported to the launcher
-                _send(conn, ("err", type(e).__name__, str(e), traceback.format_exc()))
+                _send(conn, ("err", type(e).__name__, str(e), traceback.format_exc(),
+                             tuple(getattr(e, "missing", ()))))
             if first_task is not None:
                 break
     except BaseException as e:  # noqa: BLE001
@@ -137,13 +147,16 @@ class RankGroup:
         """Create the segment files and start the ranks (running ``first_task`` if given)."""
         try:
             shm_dir = settings().shm_dir
+            # a forkserver's ranks are children of the fork server, which exits with us
+            launcher = None if self.ctx.get_start_method() == "forkserver" else os.getpid()
+            main = threading.current_thread() is threading.main_thread()
             for _ in range(self.world_size):   # one at a time: stop() must see every file made
                 self.paths.append(create_segment_file(shm_dir, self.layout.total_bytes))
             for r in range(self.world_size):
                 parent, child = self.ctx.Pipe()
                 p = self.ctx.Process(target=_rank_main, name=f"tilecomm-rank-{r}", daemon=True,
                                      args=(r, self.layout, self.paths, self.timeout, child,
-                                           first_task, self.deterministic))
+                                           first_task, self.deterministic, launcher, main))
                 p.start()
                 child.close()
                 self.procs.append(p)
@@ -200,10 +213,16 @@ class RankGroup:
                 if r in failures and deadline is None:
                     deadline = time.monotonic() + grace
         if failures:
-            self.stop()
+            # the ranks that reported exit at once when asked; the others are stuck
+            self.stop(grace=0.5)
             first = min(failures, key=lambda r: (failures[r][0] in ("CommTimeout", "CommError"), r))
-            err = RankError(first, *failures[first])
-            err.others = {r: f for r, f in failures.items() if r != first}
+            exc_type, message, tb = failures[first][:3]
+            # the ranks at fault: those the reporter's timeout waited for, or the reporter
+            # itself when its process died
+            culprits = (first,) if exc_type == "exit" else \
+                (failures[first][3] if len(failures[first]) > 3 else ())
+            err = RankError(first, exc_type, message, tb, culprits=culprits)
+            err.others = {r: f[:3] for r, f in failures.items() if r != first}
             raise err
         return [results[r] for r in range(self.world_size)]
 
@@ -213,21 +232,30 @@ class RankGroup:
         code = p.exitcode
         if code is not None and code < 0:
             return f"rank process was killed by {signal.Signals(-code).name}"
-        return f"rank process exited with code {code} before returning"
+        text = f"rank process exited with code {code} before returning"
+        if self.ctx.get_start_method() != "fork":
+            # it never reported: under spawn/forkserver it may have failed while importing the
+            # main module again, before tilecomm ran in it
+            text += (f" (under the {self.ctx.get_start_method()} start method every rank "
+                     f"imports the main module again: a program that calls tilecomm.launch "
+                     f"outside an `if __name__ == \"__main__\":` block fails there; the rank's "
+                     f"traceback is on stderr)")
+        return text
 
-    def stop(self) -> None:
-        """Stop every rank (politely, then by force) and remove the segment files."""
+    def stop(self, grace: float = 2.0) -> None:
+        """Stop every rank and remove the segment files: all ranks are asked to exit at once,
+        get ``grace`` seconds together (one deadline, not one per rank: busy ranks never read
+        the request, and 3 of them used to cost 3 x 2 s), then the rest are killed at once."""
         for c in self.conns:
             try:
                 c.send(None)
             except (OSError, ValueError):
                 pass
-        for p in self.procs:
-            p.join(timeout=2)
+        _join_all(self.procs, grace)
         for p in self.procs:
             if p.is_alive():
                 p.kill()
-                p.join(timeout=5)
+        _join_all(self.procs, 5.0)
         for c in self.conns:
             c.close()
         for path in self.paths:
@@ -239,6 +267,20 @@ class RankGroup:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _join_all(procs, seconds: float) -> None:
+    """Wait until every process in ``procs`` has ended or ``seconds`` have passed (in all)."""
+    deadline = time.monotonic() + seconds
+    alive = [p for p in procs if p.exitcode is None]
+    while alive:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        mpc.wait([p.sentinel for p in alive], timeout=left)
+        alive = [p for p in alive if p.exitcode is None]
+    for p in procs:
+        p.join(timeout=0)        # reap
 
 
 def launch(fn: Callable, world_size: int, *args, timeout: float | None = None,

@@ -20,7 +20,8 @@ class ReduceOp(enum.Enum):
     AVG = "avg"
 
     @classmethod
-    def parse(cls, op: Any) -> "ReduceOp":
+    def parse(cls, op: Any, what: str = "") -> "ReduceOp":
+        """``op`` as a ReduceOp; ``ValueError`` naming ``what`` (the collective) if unknown."""
         if isinstance(op, cls):
             return op
         if isinstance(op, str):
@@ -31,7 +32,7 @@ class ReduceOp(enum.Enum):
         name = getattr(op, "name", None)  # torch.distributed.ReduceOp.SUM and friends
         if isinstance(name, str) and name.lower() in cls._value2member_map_:
             return cls(name.lower())
-        raise ValueError(f"unknown reduction op {op!r}; use one of "
+        raise ValueError(f"{what + ': ' if what else ''}unknown reduction op {op!r}; use one of "
                          f"{', '.join(m.value for m in cls)}")
 
 
@@ -85,6 +86,16 @@ def lookup_dtype(dtype: torch.dtype, *, op: ReduceOp | None = None, what: str = 
             raise TypeError(f"{what}: op 'avg' needs a floating dtype, got {d.name}; use 'sum' "
                             f"and divide, or cast to float")
     return d
+
+
+def flat_view(t: torch.Tensor) -> torch.Tensor:
+    """The 1-D view (no copy) of a tensor that ``t.is_contiguous()`` accepts.
+
+    ``t.reshape(-1)`` keeps the stride of a tensor with at most one element (``torch.ones(2)
+    [::2]`` has stride 2, and torch calls it contiguous), and such a view cannot be
+    reinterpreted as bytes; with one element the stride is never used, so this view says 1.
+    """
+    return t.detach().as_strided((t.numel(),), (1,))
 
 
 def typed_view(raw: np.ndarray, d: DType):

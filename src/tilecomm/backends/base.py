@@ -42,6 +42,9 @@ class CollectiveCall:
     #: must contain the buffers' data pointers. None: derived from the buffers.
     cache_key: tuple | None = None
     info: dict = field(default_factory=dict)
+    #: all_gather: the dims of the input after dim 0; ranks must agree on them (the output's
+    #: shape depends on them), not only on ``count``
+    row_shape: tuple = ()
 
 
 def _cpu_backend(comm) -> "Backend":

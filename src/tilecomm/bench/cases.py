@@ -224,8 +224,18 @@ class BenchCase:
 
 def bench_table(op: str, algos: list[str], sizes: list[int], dtype: str = "float32",
                 mem: str = "user", redop: str = "sum", world: int = 2) -> list[BenchCase]:
-    """``tilecomm bench``'s rows: sizes x algorithms, in that order."""
-    return [BenchCase(op, a, dtype, n, mem, redop, world) for n in sizes for a in algos]
+    """``tilecomm bench``'s rows: sizes x algorithms, in that order. Sizes that round to the
+    same element count (tiny sizes below one element per rank) give one row, the first."""
+    from ..types import DTYPE_BY_NAME
+
+    itemsize = DTYPE_BY_NAME[dtype].itemsize if dtype in DTYPE_BY_NAME else 1
+    seen, kept = set(), []
+    for n in sizes:
+        count = round_count(op, n, itemsize, world)
+        if count not in seen:
+            seen.add(count)
+            kept.append(n)
+    return [BenchCase(op, a, dtype, n, mem, redop, world) for n in kept for a in algos]
 
 
 def _dtype_name(dt: torch.dtype) -> str:

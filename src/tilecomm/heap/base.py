@@ -41,6 +41,10 @@ class SegmentLayout:
     PROGRESS = 0          # collective step counter (monotonic)
     PID = 1
     ABORT = 2             # 1 + sequence number of the collective this rank gave up on
+    #: what the rank is doing now (for peers' mismatch checks and timeout messages; see NOTE
+    #: [activity] in backends/cpu/channel.py): ACT_KIND 0 idle, 1 collective, 2 send, 3 recv;
+    #: ACT_PEER the collective's id or the p2p peer; ACT_NUM its sequence or message number
+    ACT_KIND, ACT_PEER, ACT_NUM = 3, 4, 5
     DESC = 8              # two descriptors (by seq parity), DESC_LEN slots each
     DESC_LEN = 16
 

@@ -21,6 +21,10 @@ PREFIX = "tilecomm-"
 
 def create_segment_file(shm_dir: str, nbytes: int) -> str:
     """Create a private (0600) segment file of ``nbytes`` (sparse) and return its path."""
+    if not os.path.isdir(shm_dir):
+        raise FileNotFoundError(f"the shared-memory directory {shm_dir!r} (TILECOMM_SHM_DIR) "
+                                f"does not exist or is not a directory; point TILECOMM_SHM_DIR "
+                                f"at an existing tmpfs directory such as /dev/shm")
     free = _free_bytes(shm_dir)
     for _ in range(16):
         path = os.path.join(shm_dir, PREFIX + secrets.token_hex(12))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..types import DTYPES, ReduceOp
+from ..types import DTYPES, ReduceOp, flat_view
 
 RedOpType = dist.ReduceOp.RedOpType
 
@@ -64,7 +64,7 @@ class Flat:
         if not t.is_contiguous():
             self.tmp = src = (t.detach().contiguous() if read else
                               torch.empty_like(t, memory_format=torch.contiguous_format))
-        flat = src.detach().reshape(-1)
+        flat = flat_view(src)
         if as_bytes or t.dtype not in DTYPES:
             flat = flat.view(torch.uint8)
         self.x = flat

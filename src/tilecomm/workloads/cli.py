@@ -15,8 +15,10 @@ from .models import model_names
 
 
 def add_model_parser(sub) -> None:
+    from ..cli import HelpFormatter
+
     p = sub.add_parser("model", help="parallelism workload model (training / inference)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       formatter_class=HelpFormatter,
                        description="Step time, exposed communication per parallelism, memory "
                                    "and the best layouts for a model on a cluster, with "
                                    "collectives timed by tilecomm's simulator.")

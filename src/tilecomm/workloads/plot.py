@@ -3,7 +3,22 @@
 from __future__ import annotations
 
 COLORS = {"compute": "#4c72b0", "hbm": "#4c72b0", "tp": "#dd8452", "cp": "#937860",
-          "ep": "#8172b3", "pp": "#da8bc3", "dp": "#55a868", "bubble": "#c0c0c0"}
+          "ep": "#8172b3", "pp": "#da8bc3", "dp": "#55a868", "bubble": "#c0c0c0",
+          # serve mode: prefill latency and the KV-cache move, then decode_<part> (the decode
+          # step's parts, colored as the parts themselves)
+          "prefill_ttft": "#8c8c8c", "kv_transfer": "#c44e52"}
+_SPARE = ("#64b5cd", "#ccb974", "#8c613c", "#a1c9f4")
+
+
+def _color(key: str, spare: dict) -> str:
+    """The color of a breakdown key: its own, its part's (``decode_tp`` -> ``tp``), or a
+    spare one (every key gets a color, so no bar is drawn invisible)."""
+    if key in COLORS:
+        return COLORS[key]
+    part = key.split("_", 1)[1] if "_" in key else key
+    if part in COLORS:
+        return COLORS[part]
+    return spare.setdefault(key, _SPARE[len(spare) % len(_SPARE)])
 
 
 def _plt():
@@ -21,12 +36,15 @@ def plot_step(results: list, path: str, title: str = "") -> None:
     fig, axes = plt.subplots(1, 2 if train else 1, figsize=(13 if train else 7, 4.5),
                              squeeze=False)
     ax = axes[0][0]
-    keys = [k for k in COLORS if any(r.breakdown_s.get(k, 0) > 0 for r in results)]
+    # every key of the breakdowns, in their order (serve mode has its own keys)
+    keys = [k for k in dict.fromkeys(k for r in results for k in r.breakdown_s)
+            if any(r.breakdown_s.get(k, 0) > 0 for r in results)]
     labels = [r.layout.short() for r in results]
     bottom = [0.0] * len(results)
+    spare: dict = {}
     for k in keys:
         vals = [r.breakdown_s.get(k, 0.0) for r in results]
-        ax.bar(labels, vals, bottom=bottom, color=COLORS[k], label=k)
+        ax.bar(labels, vals, bottom=bottom, color=_color(k, spare), label=k)
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_ylabel("step time (s)" if train else "latency (s)")
     ax.set_title(title or f"{results[0].model} on {results[0].gpus} x {results[0].system}")

@@ -15,6 +15,7 @@ NOTE [descriptor parity]
 from __future__ import annotations
 
 import os
+import threading
 import time
 from array import array
 import zlib
@@ -34,6 +35,9 @@ COLL_IDS = {name: i for i, name in enumerate(
      "all_to_all_v", "barrier", "alloc", "init"], start=1)}
 COLL_NAMES = {i: n for n, i in COLL_IDS.items()}
 ERROR_ID = 99
+
+#: SegmentLayout.ACT_KIND values
+ACT_IDLE, ACT_COLLECTIVE, ACT_SEND, ACT_RECV = range(4)
 
 PLACE_SCRATCH = -1   # the buffer is staged in (or lives in) the scratch area
 PLACE_LOCAL = -2     # no peer reads it: it stays in the caller's memory
@@ -66,6 +70,80 @@ class Channel:
         #: set (from any thread) to end every wait in progress with a CommError, e.g. by a
         #: process group being destroyed while a send thread waits for its receiver
         self.cancelled: str | None = None
+        #: messages this rank sent to / received from each peer (kept by PointToPoint), so
+        #: the mismatch check can tell a peer's finished transfer from one waiting for us
+        self.msgs_sent = [0] * self.world_size
+        self.msgs_recv = [0] * self.world_size
+        #: sequence number of the next collective this rank will start
+        self.next_seq = 0
+        self.owner = threading.get_ident()      # see NOTE [activity]
+
+    # ---- activity -------------------------------------------------------------------------
+    # NOTE [activity]: the thread that created the channel (the one making the collectives)
+    # publishes what it is doing in ACT_KIND/ACT_PEER/ACT_NUM. Transfers on other threads (the
+    # torch backend's send/recv threads) are not published: they do not block the collectives,
+    # so a peer waiting in a collective meanwhile is not stuck because of them.
+    def begin(self, kind: int, peer: int, num: int) -> bool:
+        """Publish what this rank is doing (see SegmentLayout.ACT_KIND); False (nothing
+        published) on a thread other than the channel's."""
+        if threading.get_ident() != self.owner:
+            return False
+        me = self.me
+        me[SegmentLayout.ACT_PEER] = peer
+        me[SegmentLayout.ACT_NUM] = num
+        me[SegmentLayout.ACT_KIND] = kind
+        if kind == ACT_COLLECTIVE:
+            self.next_seq = num + 1
+        return True
+
+    def end(self) -> None:
+        self.me[SegmentLayout.ACT_KIND] = ACT_IDLE
+
+    def activity(self, rank: int) -> tuple[int, int, int]:
+        s = self.slots[rank]
+        return (int(s[SegmentLayout.ACT_KIND]), int(s[SegmentLayout.ACT_PEER]),
+                int(s[SegmentLayout.ACT_NUM]))
+
+    def last_collective(self, rank: int) -> int:
+        """Sequence number of the last collective ``rank`` posted (-1: none)."""
+        descs = [self.read_desc(rank, p) for p in (0, 1)]
+        return max((d[D_SEQ] for d in descs if d[D_COLL]), default=-1)
+
+    def check_crossed(self, ranks, what) -> None:
+        """Raise CommMismatch when this rank and one of ``ranks`` wait for each other in
+        different kinds of call: one is in a collective the other has not reached, the other in
+        a send or recv with it that this rank has not served. Neither can ever finish. Exact:
+        a transfer this rank has already served is finished, not waiting, and a collective this
+        rank has not reached cannot have finished on the peer."""
+        if threading.get_ident() != self.owner:
+            return
+        op, seq, _ = what
+        me = self.rank
+        for r in ranks:
+            rk, rpeer, rnum = self.activity(r)
+            if op in ("send", "recv"):
+                if rk == ACT_COLLECTIVE and rnum >= self.next_seq:
+                    self._crossed(f"{op} #{seq} on rank {me}: rank {r} is in "
+                                  f"{COLL_NAMES.get(rpeer, 'a collective')} #{rnum}, not in "
+                                  f"the matching {'recv' if op == 'send' else 'send'} (this "
+                                  f"rank has not called that collective)", self.next_seq)
+            elif rk in (ACT_SEND, ACT_RECV) and rpeer == me:
+                served = self.msgs_recv[r] if rk == ACT_SEND else self.msgs_sent[r]
+                if served <= rnum and self.last_collective(r) < seq:
+                    self._crossed(f"{op} #{seq} on rank {me}: rank {r} is in "
+                                  f"{_p2p_text(rk, rnum, me)}, not in {op} #{seq}", seq)
+
+    def _crossed(self, text: str, seq: int) -> None:
+        from ...errors import CommMismatch
+
+        msg = (f"{text}: a point-to-point call on one rank meets a collective on the other. "
+               f"Every rank must make the same collectives in the same order, and a send needs "
+               f"the matching recv on its peer")
+        # the ranks are out of step now: refuse further calls, and let third ranks waiting
+        # for this one stop at once (check_aborts)
+        self.broken = msg
+        self.me[SegmentLayout.ABORT] = seq + 1
+        raise CommMismatch(msg)
 
     # ---- progress -------------------------------------------------------------------------
     def advance(self) -> int:
@@ -118,6 +196,7 @@ class Channel:
                 dead = [r for _, _, r in pending if not self.alive(r)]
                 if dead:
                     self._raise_timeout(what, [r for _, _, r in pending], now - start, dead)
+                self.check_crossed([r for _, _, r in pending], what)
                 self.check_aborts([r for _, _, r in pending], what)
             if now - start > self.timeout:
                 self._raise_timeout(what, [r for _, _, r in pending], now - start, [])
@@ -143,15 +222,16 @@ class Channel:
                 op, seq, _ = what
                 self.broken = f"rank {r} gave up at collective #{gave_up - 1}"
                 raise CommError(f"{op} #{seq} on rank {self.rank}: rank {r} gave up on "
-                                f"collective #{gave_up - 1} after a timeout; its communicator "
-                                f"is unusable, so this one is too")
+                                f"collective #{gave_up - 1} after an error (a timeout or a "
+                                f"mismatch; see rank {r}'s error); its communicator is "
+                                f"unusable, so this one is too")
 
     def _raise_timeout(self, what, missing, waited, dead) -> None:
         op, seq, detail = what
         if op not in ("send", "recv"):
             # Tell late peers, so they raise instead of completing a call this rank abandoned.
             self.me[SegmentLayout.ABORT] = int(seq) + 1
-        states = "; ".join(f"rank {r} is at {self.describe_peer(r)}" for r in missing)
+        states = "; ".join(f"rank {r} {self.describe_peer(r)}" for r in missing)
         if dead:
             cause = f"rank(s) {dead} exited"
         else:
@@ -185,14 +265,24 @@ class Channel:
         return bytes(self.heap.segment(rank)[off:off + length]).decode(errors="replace")
 
     def describe_peer(self, rank: int) -> str:
-        """What ``rank`` last announced (for timeout messages)."""
+        """What ``rank`` is doing, or last announced, as a predicate ("is in send #0 to rank 1")
+        for timeout messages."""
+        kind, peer, num = self.activity(rank)
+        step = int(self.slots[rank][SegmentLayout.PROGRESS])
+        if kind in (ACT_SEND, ACT_RECV):
+            return "is in " + _p2p_text(kind, num, peer)
+        if kind == ACT_COLLECTIVE:
+            return f"is in {COLL_NAMES.get(peer, '?')} #{num} (step {step})"
         best = None
         for parity in (0, 1):
             d = self.read_desc(rank, parity)
             if d[D_COLL] and (best is None or d[D_SEQ] > best[D_SEQ]):
                 best = d
-        step = int(self.slots[rank][SegmentLayout.PROGRESS])
         if best is None:
-            return f"step {step}, no collective posted yet"
+            return f"is at step {step}, no collective posted yet"
         name = COLL_NAMES.get(best[D_COLL], "error" if best[D_COLL] == ERROR_ID else "?")
-        return f"{name} #{best[D_SEQ]} (step {step})"
+        return f"is in no tilecomm call; its last was {name} #{best[D_SEQ]} (step {step})"
+
+
+def _p2p_text(kind: int, num: int, peer: int) -> str:
+    return f"send #{num} to rank {peer}" if kind == ACT_SEND else f"recv #{num} from rank {peer}"

@@ -26,6 +26,7 @@ NOTE [skipping the final wait]
 from __future__ import annotations
 
 import os
+import zlib
 from contextlib import contextmanager
 
 import numpy as np
@@ -35,7 +36,7 @@ from ...settings import settings
 from ...errors import CommError, CommMismatch, CommTimeout
 from ...types import OP_BY_ID, OP_ID
 from ..base import CollectiveCall
-from .channel import (COLL_IDS, COLL_NAMES, D_ALGO, D_COLL, D_COUNT, D_DTYPE, D_EXTRA, D_MSGLEN,
+from .channel import (ACT_COLLECTIVE, COLL_IDS, COLL_NAMES, D_ALGO, D_COLL, D_COUNT, D_DTYPE, D_EXTRA, D_MSGLEN,
                       D_OP, D_PIECE, D_PLACE, D_ROOT, D_SEQ, ERROR_ID, NUM_PLACES, Channel,
                       algo_id)
 from .plan import (PLACE_LOCAL, PLACE_SCRATCH, Addresser, Runner, make_layout, phase_template,
@@ -88,6 +89,7 @@ class Executor:
                               settings().piece_bytes * (4 if oversubscribed else 1))
         self.segs = [heap.segment(r) for r in range(self.world_size)]
         self.seq = 0
+        self._row_shape: tuple = ()         # the current call's (for _explain_mismatch)
         self._templates: dict = {}
         self._ready: dict = {}
 
@@ -105,6 +107,7 @@ class Executor:
         self._check_usable()
         seq = self.seq
         self.seq += 1
+        published = self.ch.begin(ACT_COLLECTIVE, COLL_IDS.get(name, 0), seq)
         try:
             yield seq
         except CommTimeout as e:
@@ -115,6 +118,9 @@ class Executor:
         except BaseException:
             self.ch.broken = f"{name} #{seq} was interrupted on rank {self.rank}"
             raise
+        finally:
+            if published and not self.ch.broken:   # a broken one shows where it stopped
+                self.ch.end()
 
     def reject(self, collective: str, message: str) -> None:
         """Post an error descriptor for the next sequence number so peers raise, not hang."""
@@ -189,9 +195,16 @@ class Executor:
         count_label = "bytes" if coll == "alloc" else "count"
         for idx, label in ((D_COLL, "collective"), (D_DTYPE, "dtype"), (D_COUNT, count_label),
                            (D_OP, "op"), (D_ROOT, "root"), (D_ALGO, "algorithm"),
-                           (D_EXTRA, "extra"), (D_PIECE, "piece size (TILECOMM_PIECE_BYTES / TILECOMM_SCRATCH_BYTES)")):
+                           (D_EXTRA, "row shape (the dims after dim 0)"), (D_PIECE, "piece size (TILECOMM_PIECE_BYTES / TILECOMM_SCRATCH_BYTES)")):
             vals = [d[idx] for d in descs]
             if len(set(vals)) > 1:
+                if idx == D_EXTRA:      # a hash: this rank knows only its own shape
+                    mine_shape = self._row_shape
+                    shown = ", ".join(
+                        f"rank {r}: {mine_shape if v == vals[self.rank] else 'not ' + str(mine_shape)}"
+                        for r, v in enumerate(vals))
+                    raise CommMismatch(f"{coll} #{seq}: ranks disagree on the {label}: {shown} "
+                                       f"(the element counts agree)")
                 shown = ", ".join(f"rank {r}: {_show(idx, v)}" for r, v in enumerate(vals))
                 raise CommMismatch(f"{coll} #{seq}: ranks disagree on {label}: {shown}")
         raise CommMismatch(f"{coll} #{seq}: ranks disagree on the call")
@@ -205,7 +218,8 @@ class Executor:
         prog = lower(call.collective, call.algo, self.world_size, call.root, self.rank)
         places = tuple(self._place(b, call, prog) for b in prog.names)
         key = (call.collective, call.algo, call.root, call.dtype.id, call.count, call.op,
-               seq & 1, places, None if counts is None else tuple(map(tuple, counts)))
+               seq & 1, places, None if counts is None else tuple(map(tuple, counts)),
+               call.row_shape)
         tpl = self._templates.get(key)
         if tpl is not None:
             return tpl
@@ -213,7 +227,7 @@ class Executor:
         layout = make_layout(prog, self.world_size, call.count, call.dtype, self.half_bytes,
                              counts)
         fields = self._fields(seq, call.collective, call.algo, call.dtype.id, call.count,
-                              call.op, call.root, 0, layout.piece, places)
+                              call.op, call.root, shape_id(call.row_shape), layout.piece, places)
         addr = Addresser(prog, layout, [places] * self.world_size,
                          self.layout.scratch_half(seq & 1))
         pre = stage_template(addr, call.collective, me, inbound=True)
@@ -237,6 +251,7 @@ class Executor:
 
     def _run(self, call: CollectiveCall, seq: int) -> None:
         ch = self.ch
+        self._row_shape = call.row_shape
         if call.collective == "all_to_all_v":
             return self._run_variable(call, seq)
         key = None
@@ -245,7 +260,8 @@ class Executor:
         elif sum(a.nbytes for a in call.buffers.values()) <= SMALL_CALL_BYTES:
             # small calls also keep their ready-made callables
             key = (call.collective, call.algo, call.root, call.dtype.id, call.count, call.op,
-                   seq & 1, tuple((b, a.ctypes.data, a.nbytes) for b, a in call.buffers.items()))
+                   seq & 1, tuple((b, a.ctypes.data, a.nbytes) for b, a in call.buffers.items()),
+                   call.row_shape)
         ready = self._ready.get(key) if key is not None else None
         runner = None
         if ready is None:
@@ -372,6 +388,11 @@ def _peer_places(descs: list[list[int]], prog: RankPlan) -> tuple:
     """Where every rank announced its buffers (``places[rank][buffer index]``)."""
     n = len(prog.names)
     return tuple(tuple(d[D_PLACE:D_PLACE + n]) for d in descs)
+
+
+def shape_id(shape: tuple) -> int:
+    """A descriptor field standing for a row shape (0 for none)."""
+    return zlib.crc32(repr(tuple(shape)).encode()) & 0x7FFFFFFF if shape else 0
 
 
 def _show(idx: int, v: int) -> str:

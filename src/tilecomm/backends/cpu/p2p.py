@@ -13,7 +13,7 @@ import numpy as np
 
 from ...errors import CommError, CommMismatch, CommTimeout
 from ...types import DTYPE_BY_ID, DType
-from .channel import Channel
+from .channel import ACT_RECV, ACT_SEND, Channel
 
 SENT, DONE, ERR, ERR_DTYPE, ERR_NUMEL = range(5)
 HEADER = 64  # bytes: msg id, dtype id, numel, npieces, tag (int64 each), padded
@@ -26,32 +26,37 @@ class PointToPoint:
         w = self.world_size
         self.sent = [0] * w          # pieces posted to dst
         self.done = [0] * w          # pieces consumed from src
-        self.msgs_sent = [0] * w
-        self.msgs_recv = [0] * w
+        self.msgs_sent = channel.msgs_sent      # shared with the channel (check_crossed)
+        self.msgs_recv = channel.msgs_recv
         self.capacity = self.layout.p2p_slot_bytes - HEADER
 
     def _slot(self, array: int, peer: int) -> int:
         return self.layout.p2p_slot(array, peer)
 
     def send(self, data: np.ndarray, d: DType, numel: int, dst: int, tag: int = 0) -> None:
-        self._guarded(self._send, data, d, numel, dst, tag)
+        self._guarded(ACT_SEND, dst, self.msgs_sent[dst], self._send, data, d, numel, dst, tag)
 
     def recv(self, out: np.ndarray, d: DType, numel: int, src: int, tag: int = 0) -> None:
-        self._guarded(self._recv, out, d, numel, src, tag)
+        self._guarded(ACT_RECV, src, self.msgs_recv[src], self._recv, out, d, numel, src, tag)
 
     def probe(self, src: int) -> bool:
         """True when ``src`` has posted a piece this rank has not consumed yet."""
         return int(self.ch.slots[src][self._slot(SENT, self.rank)]) > self.done[src]
 
-    def _guarded(self, fn, *args) -> None:
-        """A timed-out transfer leaves the pair's counters unknowable: refuse further use."""
+    def _guarded(self, kind: int, peer: int, msg: int, fn, *args) -> None:
+        """A timed-out transfer leaves the pair's counters unknowable: refuse further use.
+        The transfer is published as this rank's activity (NOTE [activity] in channel.py)."""
         if self.ch.broken:
             raise CommError(f"communicator unusable: {self.ch.broken}; create a new one")
+        published = self.ch.begin(kind, peer, msg)
         try:
             fn(*args)
         except CommTimeout as e:
             self.ch.broken = str(e)
             raise
+        finally:
+            if published and not self.ch.broken:   # a broken one shows where it stopped
+                self.ch.end()
 
     def _send(self, data: np.ndarray, d: DType, numel: int, dst: int, tag: int) -> None:
         ch, me = self.ch, self.rank

@@ -251,7 +251,7 @@ class TritonBackend(Backend):
         if self.debug:
             self._handshake(call, opv, off)
         else:
-            dkey = (skey, call.count, call.root, call.send_rows is not None, off)
+            dkey = (skey, call.count, call.root, call.send_rows is not None, off, call.row_shape)
             d = self._digests.get(dkey)
             if d is None:
                 if len(self._digests) >= 1024:
@@ -295,7 +295,7 @@ class TritonBackend(Backend):
     def _describe(call: CollectiveCall, opv) -> str:
         return (f"{call.collective}|{call.algo}|{call.dtype.name}|{call.count}|{opv or ''}|"
                 # all_to_all_v: send_rows legitimately differ between ranks (not compared)
-                f"{call.root}|{'v' if call.send_rows is not None else ''}")
+                f"{call.root}|{'v' if call.send_rows is not None else ''}|{call.row_shape}")
 
     def _handshake(self, call: CollectiveCall, opv, off: int) -> None:
         """Debug mode: compare this call with the peers' before launching (host handshake)."""

@@ -1,0 +1,134 @@
+"""What a fault says (issue 12, gaps 2, 4 and 5): the culprit of a timeout, a send against a
+collective, an all_gather whose ranks agree on the count but not on the row shape."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+
+import pytest
+import torch
+
+import tilecomm
+from tilecomm import CommMismatch, RankError
+
+
+def _stop_rank_1(comm):
+    t = torch.ones(4)
+    comm.all_reduce(t)
+    if comm.rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)     # a rank that stalls (SIGSTOP, a debugger)
+    comm.all_reduce(t)
+
+
+def test_a_timeout_names_the_stalled_rank_as_the_culprit():
+    with pytest.raises(RankError) as info:
+        tilecomm.launch(_stop_rank_1, 3, timeout=1)
+    err = info.value
+    assert err.culprits == (1,)
+    assert err.rank == 0 and err.exc_type == "CommTimeout"       # the reporter ...
+    assert str(err).startswith("rank 1 at fault, reported by rank 0: CommTimeout: all_reduce #2")
+    assert "--- traceback from rank 0 ---" in str(err)           # ... keeps its traceback
+    assert "_stop_rank_1" in err.remote_traceback
+
+
+def _crossed(comm, who_sends):
+    t = torch.ones(4)
+    try:
+        if comm.rank == who_sends:
+            comm.send(t, 1)
+        else:
+            comm.all_reduce(t)
+    except tilecomm.CommError as e:
+        return type(e).__name__, str(e)
+    return "ok", ""
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_send_against_a_collective_is_a_mismatch_on_both_ranks(world_size):
+    with tilecomm.RankGroup(world_size, timeout=20) as g:     # a fresh group: it ends broken
+        out = g.run(_crossed, 0)
+    assert out[0][0] == "CommMismatch", out[0]
+    assert "send #0 on rank 0: rank 1 is in all_reduce #1, not in the matching recv" in out[0][1]
+    assert out[1][0] == "CommMismatch", out[1]
+    assert "all_reduce #1 on rank 1: rank 0 is in send #0 to rank 1, not in all_reduce #1" \
+        in out[1][1]
+    if world_size == 3:
+        # rank 2 waited for rank 0 in the all_reduce: it stops at once and says what rank 0
+        # did, without waiting for the timeout
+        assert out[2][0] in ("CommError", "CommTimeout"), out[2]
+        assert "rank 0 gave up on collective #1" in out[2][1] or \
+            "rank 0 is in send #0 to rank 1" in out[2][1]
+
+
+def _recv_against(comm):
+    t = torch.ones(4)
+    try:
+        if comm.rank == 1:
+            comm.recv(t, 0)
+        else:
+            comm.barrier()
+    except tilecomm.CommError as e:
+        return type(e).__name__, str(e)
+    return "ok", ""
+
+
+def test_a_recv_against_a_barrier_is_a_mismatch_too():
+    with tilecomm.RankGroup(2, timeout=20) as g:
+        out = g.run(_recv_against)
+    assert out[1][0] == "CommMismatch" and "rank 0 is in barrier #1" in out[1][1], out[1]
+    assert out[0][0] == "CommMismatch" and "rank 1 is in recv #0 from rank 0" in out[0][1]
+
+
+def _timeout_text(comm):
+    if comm.rank == 0:
+        try:
+            comm.send(torch.ones(2), 1)       # rank 1 computes instead of receiving
+        except tilecomm.CommTimeout as e:
+            return str(e)
+    else:
+        import time
+        time.sleep(2.0)
+    return ""
+
+
+def test_a_timeout_says_what_the_peer_is_doing():
+    with tilecomm.RankGroup(2, timeout=0.5) as g:
+        out = g.run(_timeout_text)
+    assert "rank 1 is in no tilecomm call; its last was init #0" in out[0], out[0]
+
+
+def _rows(comm):
+    t = torch.ones(4, 3) if comm.rank == 0 else torch.ones(6, 2)
+    try:
+        comm.all_gather(t)
+    except CommMismatch as e:
+        return str(e)
+    return "accepted"
+
+
+def test_all_gather_rows_of_different_shapes_are_a_mismatch_on_every_rank(ranks):
+    out = ranks(3).run(_rows)
+    assert out[0].startswith("all_gather #") and "disagree on the row shape" in out[0]
+    assert "rank 0: (3,), rank 1: not (3,), rank 2: not (3,)" in out[0]
+    for r in (1, 2):
+        assert "rank 0: not (2,), rank 1: (2,), rank 2: (2,)" in out[r], out[r]
+
+
+def _bad_op(comm):
+    try:
+        comm.all_reduce(torch.ones(2), op="bogus" if comm.rank == 0 else "sum")
+    except Exception as e:  # noqa: BLE001 - the test reads it
+        return f"{type(e).__name__}: {e}"
+    return "accepted"
+
+
+def test_a_bad_op_names_the_collective_on_every_rank(ranks):
+    out = ranks(2).run(_bad_op)
+    assert out[0] == "ValueError: all_reduce: unknown reduction op 'bogus'; use one of sum, " \
+                     "prod, min, max, avg"
+    # the pooled ranks' sequence number depends on the tests before
+    assert re.fullmatch(r"CommError: all_reduce #\d+: rank 0 rejected its call: all_reduce: "
+                        r"ValueError: unknown reduction op 'bogus'; use one of sum, prod, min, "
+                        r"max, avg", out[1]), out[1]
