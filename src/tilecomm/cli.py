@@ -4,6 +4,7 @@
     tilecomm sim all_reduce --system dgx-h100 -b 1K -e 8G -f 2
     tilecomm topo [--system NAME]
     tilecomm model llama3-70b --system dgx-h100 --gpus 1024 --tp 8 --pp 4 [--search] [--plot F]
+    tilecomm trace analyze DIR [--json] | tilecomm trace merge DIR -o FILE
     tilecomm doctor
 """
 
@@ -156,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     add_topo_parser(sub)
     from .workloads.cli import add_model_parser
     add_model_parser(sub)
+    from .debug.cli import add_trace_parser
+    add_trace_parser(sub)
     add_doctor_parser(sub)
     args = parser.parse_args(argv)
     try:

@@ -20,6 +20,7 @@ from . import tuner
 from .algorithms.lower import deterministic_algorithms
 from .algorithms.registry import algorithms
 from .backends.base import DEVICE_BACKENDS, Backend, CollectiveCall
+from .debug import attach as _attach_debug
 from .errors import CommError
 from .heap.allocator import HeapAllocator
 from .types import DType, ReduceOp, lookup_dtype
@@ -62,6 +63,8 @@ class Communicator:
         seg = heap.segment(self.rank)
         self._heap_lo = seg.ctypes.data + lay.heap_offset
         self._heap_hi = seg.ctypes.data + lay.heap_offset + lay.heap_bytes
+        #: the flight recorder of this communicator's calls (tilecomm.debug.flight)
+        self.flight = _attach_debug(self, backend)
 
     @property
     def deterministic(self) -> bool:
@@ -104,7 +107,17 @@ class Communicator:
         for be in list(self._backends.values()):
             sync = getattr(be, "synchronize", None)
             if be is not self._backend and sync is not None:
-                sync()
+                try:
+                    sync()
+                except BaseException as e:
+                    self.flight.fail(self.flight.issue("synchronize", None, None, None,
+                                                       ordered=False), e)
+                    raise
+
+    def dump_flight(self, path: str | None = None) -> str:
+        """Write this process's flight records (every communicator's) as JSON to ``path``
+        (default ``TILECOMM_DEBUG_DIR/flight-rank{R}.json``); returns the path. Local."""
+        return self.flight.dump(path)
 
     def _cancel_waits(self, reason: str) -> None:
         """End every wait in progress (in any thread) with a CommError saying ``reason``;
@@ -145,11 +158,14 @@ class Communicator:
         # Zero before the rendezvous: after it, a fast peer may already write into our copy.
         raw = self._heap.block(self.rank, off, nbytes)
         raw[:] = 0
+        rec = self.flight.issue("alloc", None, nbytes, d.name)
         try:
             offsets = self._backend.rendezvous("alloc", nbytes, off)
-        except BaseException:
+        except BaseException as e:
             self._alloc.free(off)
+            self.flight.fail(rec, e)
             raise
+        self.flight.done(rec)
         if len(set(offsets)) > 1:
             self._alloc.free(off)
             raise CommError(f"alloc: symmetric heap diverged (offsets {offsets}); free symmetric "
@@ -228,7 +244,7 @@ class Communicator:
         key = self._memo_key(name, tensor, op, algo, root)
         memo = self._memos.get(key) if key is not None else None
         if memo is not None:   # the same small call again: skip validation and view-making
-            memo[0].run(memo[1])
+            self._call(memo[0], memo[1])
             return tensor
         with self._validating(name, tensor):
             if name != "all_reduce":
@@ -244,7 +260,7 @@ class Communicator:
             if len(self._memos) >= _MEMO_ENTRIES:
                 self._memos.pop(next(iter(self._memos)))
             self._memos[key] = (be, call)
-        be.run(call)
+        self._call(be, call)
         buf.finish()
         return tensor
 
@@ -313,7 +329,13 @@ class Communicator:
     def barrier(self) -> None:
         """Return once every rank has called barrier."""
         self._check_open()
-        self._backend.rendezvous("barrier", 0, 0)
+        rec = self.flight.issue("barrier", None, 0, None)
+        try:
+            self._backend.rendezvous("barrier", 0, 0)
+        except BaseException as e:
+            self.flight.fail(rec, e)
+            raise
+        self.flight.done(rec)
 
     # ---- point-to-point -------------------------------------------------------------------
     def send(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> None:
@@ -325,8 +347,15 @@ class Communicator:
         self._check_rank(peer, "send", "peer", not_self=True)
         d = self._dtype(tensor, "send")
         _host_tensor(tensor, "send")
-        self._backend.send(_Bytes(tensor, "send", write=False).flat, d, tensor.numel(), peer,
-                           tag=int(tag))
+        rec = self.flight.issue("send", None, tensor.numel() * d.itemsize, d.name, peer=peer,
+                                ordered=False)
+        try:
+            self._backend.send(_Bytes(tensor, "send", write=False).flat, d, tensor.numel(),
+                               peer, tag=int(tag))
+        except BaseException as e:
+            self.flight.fail(rec, e)
+            raise
+        self.flight.done(rec)
 
     def recv(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> torch.Tensor:
         """Receive into ``tensor`` from ``peer`` (sizes and dtypes must match); returns it."""
@@ -335,7 +364,14 @@ class Communicator:
         d = self._dtype(tensor, "recv")
         _host_tensor(tensor, "recv")
         buf = _Bytes(tensor, "recv", read=False)
-        self._backend.recv(buf.flat, d, tensor.numel(), peer, tag=int(tag))
+        rec = self.flight.issue("recv", None, tensor.numel() * d.itemsize, d.name, peer=peer,
+                                ordered=False)
+        try:
+            self._backend.recv(buf.flat, d, tensor.numel(), peer, tag=int(tag))
+        except BaseException as e:
+            self.flight.fail(rec, e)
+            raise
+        self.flight.done(rec)
         buf.finish()
         return tensor
 
@@ -375,7 +411,24 @@ class Communicator:
         return self._heap.segment(self.rank)[off:off + t.numel() * t.element_size()]
 
     def _run(self, be: Backend, collective, algo, d: DType, count, buffers, **kw) -> None:
-        be.run(CollectiveCall(collective, algo, d, count, buffers, **kw))
+        self._call(be, CollectiveCall(collective, algo, d, count, buffers, **kw))
+
+    def _call(self, be: Backend, call: CollectiveCall) -> None:
+        """``be.run(call)``, recorded (NOTE [recording cost] in debug/flight.py)."""
+        fl = self.flight
+        if not fl.enabled and fl.tracer is None:
+            be.run(call)
+            return
+        n = call.count * call.dtype.itemsize
+        if call.send_rows is not None:
+            n *= sum(call.send_rows)
+        rec = fl.issue(call.collective, call.algo, n, call.dtype.name, call.root)
+        try:
+            be.run(call)
+        except BaseException as e:
+            fl.fail(rec, e)
+            raise
+        fl.done(rec)
 
     # NOTE [device dispatch]: collectives go to the backend of the tensor's device type
     # (backends.base.DEVICE_BACKENDS: "cpu" -> the host executor, or the Triton kernels in the
@@ -425,7 +478,8 @@ class Communicator:
             # backend (the call may have just created it); creating one is collective.
             be = self._backends.get(tensor.device.type) \
                 if isinstance(tensor, torch.Tensor) else None
-            (be or self._backend).reject(collective, f"{type(e).__name__}: {e}")
+            self.flight.reject(collective, e, lambda: (be or self._backend).reject(
+                collective, f"{type(e).__name__}: {e}"))
             raise
 
     def _check_open(self) -> None:

@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from .backends.cpu import CpuBackend
 from .communicator import Communicator
+from .debug import flight as _flight, trace as _trace
 from .errors import CommError, RankError
 from .heap.base import SegmentLayout
 from .heap.shm import ShmHeap, create_segment_file, unlink_quietly
@@ -77,6 +78,7 @@ def _rank_main(rank: int, layout: SegmentLayout, paths: list[str], timeout: floa
             pass
         code = 1
     finally:
+        _trace.flush()       # TILECOMM_TRACE: os._exit skips the atexit hook that writes it
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)  # never run the parent's atexit handlers in a forked child
@@ -132,9 +134,11 @@ class RankGroup:
         self.procs: list[mp.process.BaseProcess] = []
         self.conns: list[Any] = []
         self.paths: list[str] = []
+        self._busy = False     # tasks sent whose results were not all collected
 
     def start(self, first_task=None) -> "RankGroup":
         """Create the segment files and start the ranks (running ``first_task`` if given)."""
+        self._busy = first_task is not None
         try:
             shm_dir = settings().shm_dir
             for _ in range(self.world_size):   # one at a time: stop() must see every file made
@@ -155,6 +159,7 @@ class RankGroup:
 
     def run(self, fn: Callable, *args) -> list:
         """Run ``fn(comm, *args)`` on every rank; results in rank order (see :func:`launch`)."""
+        self._busy = True
         for c in self.conns:
             c.send((fn, args))
         return self.collect()
@@ -205,6 +210,7 @@ class RankGroup:
             err = RankError(first, *failures[first])
             err.others = {r: f for r, f in failures.items() if r != first}
             raise err
+        self._busy = False
         return [results[r] for r in range(self.world_size)]
 
     def _exit_reason(self, rank: int) -> str:
@@ -216,7 +222,12 @@ class RankGroup:
         return f"rank process exited with code {code} before returning"
 
     def stop(self) -> None:
-        """Stop every rank (politely, then by force) and remove the segment files."""
+        """Stop every rank (politely, then by force) and remove the segment files. Ranks
+        stopped in the middle of a task first write their flight records (TILECOMM_DEBUG_DIR)."""
+        if self._busy and settings().debug_dir:
+            _flight.request_dumps({r: p.pid for r, p in enumerate(self.procs) if p.is_alive()},
+                                  settings().debug_dir)
+        self._busy = False
         for c in self.conns:
             try:
                 c.send(None)
