@@ -54,6 +54,9 @@ def add_bench_parser(sub) -> None:
                    help="deterministic mode: rank-order bits for every reduction "
                         "(TILECOMM_DETERMINISTIC)")
     p.add_argument("--json", default=None, help="write rows as JSON")
+    p.add_argument("--trace", default=None, metavar="DIR",
+                   help="every rank writes a Chrome trace to DIR (TILECOMM_TRACE), merged into "
+                        "DIR/trace.json (tracing slows the calls it times)")
     p.set_defaults(func=run_bench)
 
 
@@ -71,7 +74,7 @@ def run_bench(args) -> int:
                       dtype=args.dtype, algos=algos, mem=args.mem, iters=args.iters,
                       warmup=args.warmup, rounds=args.rounds, check=args.check, vs=args.vs,
                       bound=not args.no_bound, device=args.device, redop=args.redop,
-                      deterministic=args.deterministic)
+                      deterministic=args.deterministic, trace=args.trace)
     console = _console()
     with Progress(console=Console(stderr=True), transient=True) as prog:
         task = prog.add_task(f"{args.op} on {args.nranks} ranks", total=None)
@@ -86,6 +89,10 @@ def run_bench(args) -> int:
     if args.json:
         write_json(rows, args.json)
         console.print(f"wrote {len(rows)} rows to {args.json}")
+    if args.trace:
+        import os
+        console.print(f"wrote the ranks' traces to {args.trace}; merged: "
+                      f"{os.path.join(args.trace, 'trace.json')} (open it in Perfetto)")
     wrong = sum(r.get("wrong", 0) or 0 for r in rows)
     return 1 if wrong else 0
 

@@ -70,7 +70,7 @@ def _show(rec: dict | None) -> str:
     what = _desc(rec)
     state = rec["state"]
     if state == "waiting" and rec["wait"]:
-        state = f"waiting for rank(s) {rec['wait']['ranks']} ({rec['wait']['phase']})"
+        state = f"waiting for {_ranks(rec['wait']['ranks'])} ({rec['wait']['phase']})"
     elif state == "failed":
         state = f"failed: {_first_line(rec['error'])}"
     return f"{what}, {state}"
@@ -87,6 +87,12 @@ def _desc(rec: dict) -> str:
     if extra:
         what += f" ({', '.join(extra)})"
     return what
+
+
+def _ranks(ranks) -> str:
+    """``rank 1`` or ``ranks 0, 2``."""
+    ranks = sorted(ranks)
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
 
 
 def _first_line(text: str | None) -> str:
@@ -190,8 +196,8 @@ def _divergence(gid, world, s, present, absent, missing, ordered, doing, states)
                 continue
             for r in ranks:
                 faults[r] = "arrived at another collective"
-            notes.append(f"rank(s) {ranks} called {_desc(present[ranks[0]])} while rank(s) "
-                         f"{ref} called {ref_sig[0]} #{s}"
+            notes.append(f"{_ranks(ranks)} called {_desc(present[ranks[0]])} while "
+                         f"{_ranks(ref)} called {ref_sig[0]} #{s}"
                          + (" (no majority: rank "f"{ref[0]}'s call is taken as the "
                             "reference)" if tie else ""))
     op = ref_sig[0] if ref_sig else (present[rejected[0]]["op"] if rejected else None)
@@ -213,7 +219,7 @@ def _divergence(gid, world, s, present, absent, missing, ordered, doing, states)
         text = ""
         if w:
             named.update(w["ranks"])
-            text = f"waited for rank(s) {w['ranks']} ({w['phase']})"
+            text = f"waited for {_ranks(w['ranks'])} ({w['phase']})" if w["ranks"] else ""
         if x["state"] == "failed":
             kind = (x["error"] or "").split(":", 1)[0]
             text += (" and then " if text else "") + f"raised {kind}"
@@ -237,7 +243,7 @@ def _divergence(gid, world, s, present, absent, missing, ordered, doing, states)
         # on no one, e.g. a peer that finished but whose data never came
         for r in sorted(named - set(waiting)) or sorted(named):
             faults[r] = "was waited for"
-        notes.append(f"rank(s) {sorted(faults)} were waited for by the others at #{s}")
+        notes.append(f"{_ranks(faults)} were waited for by the others at #{s}")
     if op is None:
         op = next(iter(present.values()))["op"] if present else None
     parts = [f"{op} #{s}" + (f" (communicator {gid}, {world} ranks)" if gid else

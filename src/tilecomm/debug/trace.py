@@ -18,10 +18,10 @@ Nsight Systems lines up with the kernels.
 
 Timestamps are ``time.time_ns``; each file's ``ts`` count from its ``base_ns``. The rank also
 notes ``sync_ns``, the moment it left the handshake every rank makes when the communicator is
-created (the executor's ``init`` rendezvous). :func:`merge` shifts every rank so that these
-moments coincide (on one host they already nearly do; across hosts it removes the clock
-offset, to within how long the last rank's arrival takes to be seen) and writes one file with
-one process per rank (``process_name`` metadata events).
+created (the executor's ``init`` rendezvous). :func:`merge` shifts every host's ranks so that
+the hosts' rendezvous moments coincide (NOTE [clock alignment]: ranks of one host keep their
+shared clock; across hosts the offset is removed to within how long the last arrival takes to
+be seen) and writes one file with one process per rank (``process_name`` metadata events).
 
 Files are written when the communicator closes, when the flight recorder dumps, when a
 ``tilecomm.launch`` rank exits and at interpreter exit.
@@ -66,10 +66,14 @@ class Tracer:
         self.events.append((name, cat, t0, t1, tid, args))
 
     # ---- what the layers report ----------------------------------------------------------------
-    def synced(self) -> None:
-        """This rank just left the creation handshake (the alignment point), once."""
+    def synced(self, t0: int) -> None:
+        """This rank just left the creation handshake (the alignment point), which it entered
+        at ``t0``: noted once, and shown as the call ``init`` #0."""
         if self.sync_ns is None:
             self.sync_ns = time.time_ns()
+            self._add("init", "collective", t0, self.sync_ns,
+                      {"op": "init", "algorithm": None, "bytes": 0, "seq": 0, "dtype": None,
+                       "state": "completed"})
 
     def call(self, rec) -> None:
         """A finished flight record becomes the call's complete event."""
@@ -168,12 +172,18 @@ def merge(directory: str, out: str | None = None) -> dict:
     """One trace of every rank in ``directory``, clocks aligned at the creation handshake;
     written to ``out`` when given. Returns the merged document."""
     docs = load_ranks(directory)
-    shifts = {}                      # rank -> ns to add to base_ns + ts to align it
-    for r, doc in docs.items():
+    # NOTE [clock alignment]: the ranks of one host share its clock, so they get one shift
+    # (aligning each rank at its own departure would skew them by how late each saw the last
+    # arrival: milliseconds when ranks outnumber cores). A host's estimate of the rendezvous
+    # is its earliest departure (every departure follows the last arrival); hosts are shifted
+    # so that these coincide. A rank without a handshake uses its trace's start.
+    marks: dict[str, int] = {}
+    for doc in docs.values():
         meta = doc["tilecomm"]
         sync = meta.get("sync_ns")
-        # relative to the rank's own rendezvous moment; without one, to its start
-        shifts[r] = -(sync if sync is not None else meta["base_ns"])
+        mark = sync if sync is not None else meta["base_ns"]
+        marks[meta["host"]] = min(marks.get(meta["host"], mark), mark)
+    shifts = {r: -marks[d["tilecomm"]["host"]] for r, d in docs.items()}
     events, origin = [], None
     for r, doc in sorted(docs.items()):
         meta = doc["tilecomm"]

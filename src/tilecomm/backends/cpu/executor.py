@@ -138,12 +138,13 @@ class Executor:
     def rendezvous(self, name: str, count: int, extra: int) -> list[int]:
         """A handshake with no data (barrier, alloc); returns every rank's ``extra``."""
         with self._guard(name) as seq:
+            t0 = time.time_ns() if self.trace is not None else 0
             # ``extra`` may differ per rank: it travels in the (uncompared) place slot.
             fields = self._fields(seq, name, "direct", 0, count, None, 0, 0, 0, (extra,))
             self.ch.post_desc(seq, fields)
             descs = self._handshake(seq, name, fields)
             if name == "init" and self.trace is not None:
-                self.trace.synced()      # every rank leaves here together: the clock mark
+                self.trace.synced(t0)    # every rank leaves here together: the clock mark
             return [d[D_PLACE] for d in descs]
 
     def _check_usable(self) -> None:
