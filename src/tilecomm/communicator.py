@@ -417,6 +417,7 @@ class Communicator:
         """``be.run(call)``, recorded (NOTE [recording cost] in debug/flight.py)."""
         fl = self.flight
         if not fl.enabled and fl.tracer is None:
+            fl.next_seq += 1         # numbers stay the ranks' common count when re-enabled
             be.run(call)
             return
         n = call.count * call.dtype.itemsize

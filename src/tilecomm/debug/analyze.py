@@ -26,7 +26,7 @@ import json
 import os
 import re
 
-from .flight import FORMAT
+from .flight import FORMAT, REJECTED
 
 _EXITED = re.compile(r"rank\(s\) \[([\d, ]+)\] exited")
 
@@ -59,9 +59,8 @@ def _signature(rec: dict) -> tuple:
 
 
 def _rejected(rec: dict) -> bool:
-    """This rank refused its own call (bad argument): no algorithm, a non-tilecomm error."""
-    return (rec["state"] == "failed" and rec["algorithm"] is None and rec["op"] not in
-            ("barrier", "alloc") and not (rec["error"] or "").startswith("Comm"))
+    """This rank refused its own call (bad argument)."""
+    return rec["state"] == "failed" and (rec["error"] or "").startswith(REJECTED)
 
 
 def _show(rec: dict | None) -> str:
@@ -181,7 +180,8 @@ def _divergence(gid, world, s, present, absent, missing, ordered, doing, states)
     rejected = sorted(r for r, x in present.items() if _rejected(x))
     for r in rejected:
         faults[r] = "rejected its call"
-        notes.append(f"rank {r} rejected its call: {_first_line(present[r]['error'])}")
+        notes.append(f"rank {r} rejected its call {_desc(present[r])}: "
+                     f"{_first_line(present[r]['error'][len(REJECTED):])}")
     by_sig: dict[tuple, list[int]] = {}
     for r, x in sorted(present.items()):
         if r not in rejected:

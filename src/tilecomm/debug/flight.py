@@ -40,6 +40,8 @@ import weakref
 from collections import deque
 
 FORMAT = "tilecomm-flight/1"
+#: how the error of a call this rank refused (bad argument) begins
+REJECTED = "rejected by this rank: "
 
 #: the live recorders of this process, oldest first (cleared in a forked child)
 _recorders: "weakref.WeakValueDictionary[int, FlightRecorder]" = weakref.WeakValueDictionary()
@@ -119,14 +121,14 @@ class FlightRecorder:
         if self.tracer is not None:
             self.tracer.call(rec)
 
-    def fail(self, rec: Record, exc: BaseException, dump: bool = False) -> None:
+    def fail(self, rec: Record, exc: BaseException, dump: bool = False, note: str = "") -> None:
         """``rec`` ended with ``exc``; a CommError (or ``dump``) writes the dump when
         TILECOMM_DEBUG_DIR is set."""
         from ..errors import CommError
 
         rec.state = "failed"
         rec.ended_ns = time.time_ns()
-        rec.error = f"{type(exc).__name__}: {exc}"
+        rec.error = f"{note}{type(exc).__name__}: {exc}"
         dev = _device_record(exc)
         if dev is not None:
             rec.device = dev
@@ -136,8 +138,13 @@ class FlightRecorder:
         if self.tracer is not None:
             self.tracer.call(rec)
         if self.debug_dir and (dump or isinstance(exc, CommError)):
-            dump_all(f"{type(exc).__name__} in {rec.op}"
-                     f"{'' if rec.seq is None else ' #' + str(rec.seq)}")
+            try:
+                dump_all(f"{type(exc).__name__} in {rec.op}"
+                         f"{'' if rec.seq is None else ' #' + str(rec.seq)}")
+            except OSError as e:     # the call's own error is what the caller must see
+                import sys
+                print(f"tilecomm: could not write the flight record to {self.debug_dir}: {e}",
+                      file=sys.stderr)
 
     def reject(self, op: str, exc: BaseException, announce) -> None:
         """This rank refused its part of call ``op`` (``exc``, a bad argument) and tells its
@@ -149,7 +156,7 @@ class FlightRecorder:
         except BaseException as e:
             self.fail(rec, e)
             raise
-        self.fail(rec, exc, dump=True)
+        self.fail(rec, exc, dump=True, note=REJECTED)
 
     # ---- waits (the channel's hooks; only once a wait has had to block) ---------------------
     def waiting(self, what: tuple, ranks) -> Record | None:
@@ -280,9 +287,12 @@ def _install_handler() -> None:
 
 
 def _after_fork() -> None:
-    # a forked rank must not dump its parent's communicators as its own
+    # a forked rank must not dump its parent's communicators as its own, nor inherit a lock
+    # a parent thread held
+    global _dump_lock
     _recorders.clear()
     _next_id[0] = 0
+    _dump_lock = threading.Lock()
 
 
 os.register_at_fork(after_in_child=_after_fork)
