@@ -4,6 +4,7 @@
     tilecomm sim all_reduce --system dgx-h100 -b 1K -e 8G -f 2
     tilecomm topo [--system NAME]
     tilecomm model llama3-70b --system dgx-h100 --gpus 1024 --tp 8 --pp 4 [--search] [--plot F]
+    tilecomm trace analyze DIR [--json] | tilecomm trace merge DIR -o FILE
     tilecomm doctor
     tilecomm hosts run --hosts 2 --per-host 2 -- train.py   (simulated hosts, torchrun in each)
 """
@@ -76,6 +77,9 @@ def add_bench_parser(sub) -> None:
                    help="with --hosts: ranks per host, one count or one per host (default: "
                         "-n split evenly)")
     p.add_argument("--json", default=None, help="write rows as JSON")
+    p.add_argument("--trace", default=None, metavar="DIR",
+                   help="every rank writes a Chrome trace to DIR (TILECOMM_TRACE), merged into "
+                        "DIR/trace.json (tracing slows the calls it times)")
     p.set_defaults(func=run_bench)
 
 
@@ -100,7 +104,7 @@ def run_bench(args) -> int:
                       dtype=args.dtype, algos=algos, mem=args.mem, iters=args.iters,
                       warmup=args.warmup, rounds=args.rounds, check=args.check, vs=args.vs,
                       bound=not args.no_bound, device=args.device, redop=args.redop,
-                      deterministic=args.deterministic)
+                      deterministic=args.deterministic, trace=args.trace)
     console = _console()
     with Progress(console=Console(stderr=True), transient=True) as prog:
         task = prog.add_task(f"{args.op} on {args.nranks} ranks", total=None)
@@ -116,6 +120,10 @@ def run_bench(args) -> int:
     if args.json:
         write_json(rows, args.json)
         console.print(f"wrote {len(rows)} rows to {args.json}")
+    if args.trace:
+        import os
+        console.print(f"wrote the ranks' traces to {args.trace}; merged: "
+                      f"{os.path.join(args.trace, 'trace.json')} (open it in Perfetto)")
     wrong = sum(r.get("wrong", 0) or 0 for r in rows)
     return 1 if wrong else 0
 
@@ -187,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     add_topo_parser(sub)
     from .workloads.cli import add_model_parser
     add_model_parser(sub)
+    from .debug.cli import add_trace_parser
+    add_trace_parser(sub)
     add_doctor_parser(sub)
     from .simhosts import add_hosts_parser
     add_hosts_parser(sub)

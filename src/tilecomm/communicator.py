@@ -20,6 +20,7 @@ from . import tuner
 from .algorithms.lower import deterministic_algorithms
 from .algorithms.registry import algorithms
 from .backends.base import DEVICE_BACKENDS, Backend, CollectiveCall
+from .debug import attach as _attach_debug
 from .errors import CommError
 from .heap.allocator import HeapAllocator
 from .types import DType, ReduceOp, flat_view, lookup_dtype
@@ -69,6 +70,8 @@ class Communicator:
         seg = heap.segment(self._heap_rank)
         self._heap_lo = seg.ctypes.data + lay.heap_offset
         self._heap_hi = seg.ctypes.data + lay.heap_offset + lay.heap_bytes
+        #: the flight recorder of this communicator's calls (tilecomm.debug.flight)
+        self.flight = _attach_debug(self, backend)
 
     @property
     def deterministic(self) -> bool:
@@ -113,7 +116,17 @@ class Communicator:
             sync = getattr(be, "synchronize", None)
             if id(be) not in seen and sync is not None:
                 seen.add(id(be))
-                sync()
+                try:
+                    sync()
+                except BaseException as e:
+                    self.flight.fail(self.flight.issue("synchronize", None, None, None,
+                                                       ordered=False), e)
+                    raise
+
+    def dump_flight(self, path: str | None = None) -> str:
+        """Write this process's flight records (every communicator's) as JSON to ``path``
+        (default ``TILECOMM_DEBUG_DIR/flight-rank{R}.json``); returns the path. Local."""
+        return self.flight.dump(path)
 
     def _cancel_waits(self, reason: str) -> None:
         """End every wait in progress (in any thread) with a CommError saying ``reason``;
@@ -160,12 +173,16 @@ class Communicator:
         # Zero before the rendezvous: after it, a fast peer may already write into our copy.
         raw = self._heap.block(self._heap_rank, off, nbytes)
         raw[:] = 0
+        rec = self.flight.issue("alloc", None, nbytes, d.name)
         try:
             # offsets within the user heap: they agree on every host when the allocations do
-            offsets = self._backend.rendezvous("alloc", nbytes, off - self._heap.layout.heap_offset)
-        except BaseException:
+            offsets = self._backend.rendezvous("alloc", nbytes,
+                                               off - self._heap.layout.heap_offset)
+        except BaseException as e:
             self._alloc.free(off)
+            self.flight.fail(rec, e)
             raise
+        self.flight.done(rec)
         if len(set(offsets)) > 1:
             self._alloc.free(off)
             raise CommError(f"alloc: symmetric heap diverged (offsets {offsets}); free symmetric "
@@ -249,7 +266,7 @@ class Communicator:
         key = self._memo_key(name, tensor, op, algo, root)
         memo = self._memos.get(key) if key is not None else None
         if memo is not None:   # the same small call again: skip validation and view-making
-            memo[0].run(memo[1])
+            self._call(memo[0], memo[1])
             return tensor
         with self._validating(name, tensor):
             if name != "all_reduce":
@@ -265,7 +282,7 @@ class Communicator:
             if len(self._memos) >= _MEMO_ENTRIES:
                 self._memos.pop(next(iter(self._memos)))
             self._memos[key] = (be, call)
-        be.run(call)
+        self._call(be, call)
         buf.finish()
         return tensor
 
@@ -334,7 +351,13 @@ class Communicator:
     def barrier(self) -> None:
         """Return once every rank has called barrier."""
         self._check_open()
-        self._backend.rendezvous("barrier", 0, 0)
+        rec = self.flight.issue("barrier", None, 0, None)
+        try:
+            self._backend.rendezvous("barrier", 0, 0)
+        except BaseException as e:
+            self.flight.fail(rec, e)
+            raise
+        self.flight.done(rec)
 
     # ---- point-to-point -------------------------------------------------------------------
     def send(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> None:
@@ -346,8 +369,15 @@ class Communicator:
         self._check_rank(peer, "send", "peer", not_self=True)
         d = self._dtype(tensor, "send")
         _host_tensor(tensor, "send")
-        self._backend.send(_Bytes(tensor, "send", write=False).flat, d, tensor.numel(), peer,
-                           tag=int(tag))
+        rec = self.flight.issue("send", None, tensor.numel() * d.itemsize, d.name, peer=peer,
+                                ordered=False)
+        try:
+            self._backend.send(_Bytes(tensor, "send", write=False).flat, d, tensor.numel(),
+                               peer, tag=int(tag))
+        except BaseException as e:
+            self.flight.fail(rec, e)
+            raise
+        self.flight.done(rec)
 
     def recv(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> torch.Tensor:
         """Receive into ``tensor`` from ``peer`` (sizes and dtypes must match); returns it."""
@@ -356,7 +386,14 @@ class Communicator:
         d = self._dtype(tensor, "recv")
         _host_tensor(tensor, "recv")
         buf = _Bytes(tensor, "recv", read=False)
-        self._backend.recv(buf.flat, d, tensor.numel(), peer, tag=int(tag))
+        rec = self.flight.issue("recv", None, tensor.numel() * d.itemsize, d.name, peer=peer,
+                                ordered=False)
+        try:
+            self._backend.recv(buf.flat, d, tensor.numel(), peer, tag=int(tag))
+        except BaseException as e:
+            self.flight.fail(rec, e)
+            raise
+        self.flight.done(rec)
         buf.finish()
         return tensor
 
@@ -396,7 +433,25 @@ class Communicator:
         return self._heap.segment(self._heap_rank)[off:off + t.numel() * t.element_size()]
 
     def _run(self, be: Backend, collective, algo, d: DType, count, buffers, **kw) -> None:
-        be.run(CollectiveCall(collective, algo, d, count, buffers, **kw))
+        self._call(be, CollectiveCall(collective, algo, d, count, buffers, **kw))
+
+    def _call(self, be: Backend, call: CollectiveCall) -> None:
+        """``be.run(call)``, recorded (NOTE [recording cost] in debug/flight.py)."""
+        fl = self.flight
+        if not fl.enabled and fl.tracer is None:
+            fl.next_seq += 1         # numbers stay the ranks' common count when re-enabled
+            be.run(call)
+            return
+        n = call.count * call.dtype.itemsize
+        if call.send_rows is not None:
+            n *= sum(call.send_rows)
+        rec = fl.issue(call.collective, call.algo, n, call.dtype.name, call.root)
+        try:
+            be.run(call)
+        except BaseException as e:
+            fl.fail(rec, e)
+            raise
+        fl.done(rec)
 
     # NOTE [device dispatch]: collectives go to the backend of the tensor's device type
     # (backends.base.DEVICE_BACKENDS: "cpu" -> the host executor, or the Triton kernels in the
@@ -448,7 +503,8 @@ class Communicator:
                 if isinstance(tensor, torch.Tensor) else None
             # the peers' message names the collective once (reject prefixes it)
             text = str(e).removeprefix(f"{collective}: ")
-            (be or self._backend).reject(collective, f"{type(e).__name__}: {text}")
+            self.flight.reject(collective, e, lambda: (be or self._backend).reject(
+                collective, f"{type(e).__name__}: {text}"))
             raise
 
     def _check_open(self) -> None:

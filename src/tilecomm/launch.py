@@ -22,6 +22,7 @@ from typing import Any, Callable
 from . import orphan
 from .backends.cpu import CpuBackend
 from .communicator import Communicator
+from .debug import flight as _flight, trace as _trace
 from .errors import CommError, RankError
 from .heap.base import SegmentLayout
 from .heap.shm import ShmHeap, create_segment_file, unlink_quietly
@@ -87,6 +88,7 @@ def _rank_main(rank: int, layout: SegmentLayout, paths: list[str], timeout: floa
             pass
         code = 1
     finally:
+        _trace.flush()       # TILECOMM_TRACE: os._exit skips the atexit hook that writes it
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)  # never run the parent's atexit handlers in a forked child
@@ -142,9 +144,11 @@ class RankGroup:
         self.procs: list[mp.process.BaseProcess] = []
         self.conns: list[Any] = []
         self.paths: list[str] = []
+        self._busy = False     # tasks sent whose results were not all collected
 
     def start(self, first_task=None) -> "RankGroup":
         """Create the segment files and start the ranks (running ``first_task`` if given)."""
+        self._busy = first_task is not None
         try:
             shm_dir = settings().shm_dir
             # a forkserver's ranks are children of the fork server, which exits with us
@@ -168,6 +172,7 @@ class RankGroup:
 
     def run(self, fn: Callable, *args) -> list:
         """Run ``fn(comm, *args)`` on every rank; results in rank order (see :func:`launch`)."""
+        self._busy = True
         for c in self.conns:
             c.send((fn, args))
         return self.collect()
@@ -224,6 +229,7 @@ class RankGroup:
             err = RankError(first, exc_type, message, tb, culprits=culprits)
             err.others = {r: f[:3] for r, f in failures.items() if r != first}
             raise err
+        self._busy = False
         return [results[r] for r in range(self.world_size)]
 
     def _exit_reason(self, rank: int) -> str:
@@ -245,7 +251,13 @@ class RankGroup:
     def stop(self, grace: float = 2.0) -> None:
         """Stop every rank and remove the segment files: all ranks are asked to exit at once,
         get ``grace`` seconds together (one deadline, not one per rank: busy ranks never read
-        the request, and 3 of them used to cost 3 x 2 s), then the rest are killed at once."""
+        the request, and 3 of them used to cost 3 x 2 s), then the rest are killed at once.
+        Ranks stopped in the middle of a task first write their flight records
+        (TILECOMM_DEBUG_DIR)."""
+        if self._busy and settings().debug_dir:
+            _flight.request_dumps({r: p.pid for r, p in enumerate(self.procs) if p.is_alive()},
+                                  settings().debug_dir)
+        self._busy = False
         for c in self.conns:
             try:
                 c.send(None)

@@ -82,6 +82,18 @@ class Settings:
     #: hosts. Empty (default): 127.0.0.1 when MASTER_ADDR is a loopback address (simulated
     #: hosts on one machine: no traffic leaves it), else Gloo's default (this host's name).
     gloo_host: str = ""
+    #: TILECOMM_FLIGHT_RECORDS: calls each communicator keeps in its flight recorder (a ring;
+    #: tilecomm.debug.flight): sequence number, op, algorithm, bytes, dtype, state, what it
+    #: waits for, timestamps. 0 turns recording off.
+    flight_records: int = 2000
+    #: TILECOMM_DEBUG_DIR: directory where every live rank writes flight-rank{R}.json when a
+    #: call raises CommError, on SIGUSR1, on comm.dump_flight() and when tilecomm.launch stops
+    #: it; read them with `tilecomm trace analyze DIR`. Empty (default): no dumps.
+    debug_dir: str = ""
+    #: TILECOMM_TRACE: directory where every rank writes trace-rank{R}.json, a Chrome trace of
+    #: its calls, phases and waits (and NVTX ranges around GPU collectives); merge them with
+    #: `tilecomm trace merge DIR -o FILE`. Empty (default): no trace.
+    trace: str = ""
 
 
 def _parse(kind, text: str):
@@ -113,6 +125,8 @@ def settings() -> Settings:
         raise ValueError(f"TILECOMM_CPU_KERNELS={out.cpu_kernels!r}: use executor or triton")
     if out.timeout <= 0:
         raise ValueError(f"TILECOMM_TIMEOUT={out.timeout!r}: must be > 0 seconds")
+    if out.flight_records < 0:
+        raise ValueError(f"TILECOMM_FLIGHT_RECORDS={out.flight_records!r}: must be >= 0")
     if out.device_timeout <= 0:
         raise ValueError(f"TILECOMM_DEVICE_TIMEOUT={out.device_timeout!r}: must be > 0 seconds")
     return out

@@ -100,6 +100,10 @@ class Backend(abc.ABC):
         """Raise ``ValueError``/``TypeError`` naming what is supported if this backend cannot
         run the call (before any rank starts it)."""
 
+    def attach_debug(self, flight, tracer) -> None:
+        """Receive the communicator's flight recorder and the process's tracer (or None), for
+        a host backend's waits and phases (``tilecomm.debug``); default: nothing to report."""
+
     @abc.abstractmethod
     def run(self, call: CollectiveCall) -> None:
         """Execute ``call`` (all ranks call with matching arguments)."""

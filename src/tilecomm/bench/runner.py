@@ -53,6 +53,7 @@ class BenchConfig:
     device: str = "cpu"             # cpu | cuda | cuda:N
     redop: str = "sum"
     deterministic: bool = False     # the communicators' deterministic mode (rank-order bits)
+    trace: str | None = None        # TILECOMM_TRACE for the ranks; merged into trace.json there
     hosts: list[int] | None = None  # ranks per simulated host (tilecomm.simhosts); None: one host
 
     def layout(self):
@@ -391,6 +392,8 @@ def run(cfg: BenchConfig, progress=None) -> list[dict]:
             raise ValueError(f"{cfg.op}: unknown algorithm {a!r}; choose from "
                              f"{', '.join(known)}, auto or all")
     heap = heap_bytes_for(cfg) if cfg.mem == "heap" else (8 << 20)
+    if cfg.trace:
+        return _traced(cfg, progress)
     rows = []
     itemsize = DTYPE_BY_NAME[cfg.dtype].itemsize
     table = cfg.table()
@@ -421,6 +424,27 @@ def run(cfg: BenchConfig, progress=None) -> list[dict]:
             done += 1
         if progress:
             progress(done, total, "done")
+    return rows
+
+
+def _traced(cfg: BenchConfig, progress) -> list[dict]:
+    """``run`` with every rank tracing into ``cfg.trace`` (the ranks read TILECOMM_TRACE when
+    their communicator is made), then the ranks' traces merged into ``cfg.trace/trace.json``."""
+    from ..debug.trace import merge
+    from ..settings import settings
+
+    old = os.environ.get("TILECOMM_TRACE")
+    os.environ["TILECOMM_TRACE"] = os.path.abspath(cfg.trace)
+    settings.cache_clear()           # forked ranks inherit the cache: let them read it anew
+    try:
+        rows = run(replace(cfg, trace=None), progress)
+    finally:
+        if old is None:
+            os.environ.pop("TILECOMM_TRACE", None)
+        else:
+            os.environ["TILECOMM_TRACE"] = old
+        settings.cache_clear()
+    merge(cfg.trace, os.path.join(cfg.trace, "trace.json"))
     return rows
 
 

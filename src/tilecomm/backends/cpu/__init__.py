@@ -22,6 +22,10 @@ class CpuBackend(Backend):
         self.executor = Executor(self.channel, heap, scratch_bytes)
         self.p2p = PointToPoint(self.channel, heap)
 
+    def attach_debug(self, flight, tracer) -> None:
+        self.channel.flight = flight
+        self.channel.trace = self.executor.trace = tracer
+
     def run(self, call: CollectiveCall) -> None:
         self.executor.run(call)
 

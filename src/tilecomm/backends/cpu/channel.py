@@ -144,6 +144,10 @@ class Channel:
         self.broken = msg
         self.me[SegmentLayout.ABORT] = seq + 1
         raise CommMismatch(msg)
+        #: the communicator's flight recorder (told only when a wait has had to block) and
+        #: the process's tracer (per-peer wait events), or None (tilecomm.debug)
+        self.flight = None
+        self.trace = None
 
     # ---- progress -------------------------------------------------------------------------
     def advance(self) -> int:
@@ -166,10 +170,19 @@ class Channel:
         pending = [(slots[r], i, r) for r, i in where if slots[r][i] < value]
         if not pending:
             return
+        # NOTE [recording cost] (debug/flight.py): the recorder hears of this wait only once
+        # it has blocked (spun, then yielded 64 times), and again every 0.2 s.
+        trace, rec = self.trace, None
+        t0 = time.time_ns() if trace is not None else 0
         spins, start, next_check, nap = 0, None, 0.0, 0.0
         while True:
-            pending = [p for p in pending if p[0][p[1]] < value]
+            if trace is None:
+                pending = [p for p in pending if p[0][p[1]] < value]
+            else:
+                pending = self._traced(pending, value, t0, what)
             if not pending:
+                if rec is not None:
+                    self.flight.resumed(rec)
                 return
             spins += 1
             if spins < self.spin:
@@ -184,11 +197,15 @@ class Channel:
             now = time.monotonic()
             if start is None:
                 start, next_check = now, now + 0.2
+                if self.flight is not None:
+                    rec = self.flight.waiting(what, [r for _, _, r in pending])
                 continue
             if not nap and now - start > self.sleep_after:
                 nap = 1e-5
             if now >= next_check:
                 next_check = now + 0.2
+                if self.flight is not None:
+                    rec = self.flight.waiting(what, [r for _, _, r in pending])
                 if self.cancelled:
                     op, seq, detail = what
                     raise CommError(f"{op} #{seq} on rank {self.rank}: cancelled while waiting "
@@ -200,6 +217,16 @@ class Channel:
                 self.check_aborts([r for _, _, r in pending], what)
             if now - start > self.timeout:
                 self._raise_timeout(what, [r for _, _, r in pending], now - start, [])
+
+    def _traced(self, pending, value, t0: int, what: tuple) -> list:
+        """``pending`` less the peers whose slot is there now, each ending a wait event."""
+        still = []
+        for p in pending:
+            if p[0][p[1]] < value:
+                still.append(p)
+            else:
+                self.trace.wait(p[2], t0, what)
+        return still
 
     def alive(self, rank: int) -> bool:
         pid = int(self.slots[rank][SegmentLayout.PID])

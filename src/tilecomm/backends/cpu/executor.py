@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import zlib
+import time
 from contextlib import contextmanager
 
 import numpy as np
@@ -92,6 +93,8 @@ class Executor:
         self._row_shape: tuple = ()         # the current call's (for _explain_mismatch)
         self._templates: dict = {}
         self._ready: dict = {}
+        #: the process's tracer under TILECOMM_TRACE (handshake and phase events), or None
+        self.trace = None
 
     # ---- entry points ---------------------------------------------------------------------
     def run(self, call: CollectiveCall) -> None:
@@ -141,10 +144,13 @@ class Executor:
     def rendezvous(self, name: str, count: int, extra: int) -> list[int]:
         """A handshake with no data (barrier, alloc); returns every rank's ``extra``."""
         with self._guard(name) as seq:
+            t0 = time.time_ns() if self.trace is not None else 0
             # ``extra`` may differ per rank: it travels in the (uncompared) place slot.
             fields = self._fields(seq, name, "direct", 0, count, None, 0, 0, 0, (extra,))
             self.ch.post_desc(seq, fields)
             descs = self._handshake(seq, name, fields)
+            if name == "init" and self.trace is not None:
+                self.trace.synced(t0)    # every rank leaves here together: the clock mark
             return [d[D_PLACE] for d in descs]
 
     def _check_usable(self) -> None:
@@ -165,6 +171,7 @@ class Executor:
     def _handshake(self, seq: int, coll: str, mine: list[int]) -> list[list[int]]:
         """Publish 'ready', wait for every rank's, and check all ranks called the same thing."""
         ch = self.ch
+        t0 = time.time_ns() if self.trace is not None else 0
         step = ch.advance()
         ch.wait_progress(range(self.world_size), step, (coll, seq, "every rank to arrive"))
         ch.check_aborts(range(self.world_size), (coll, seq, ""))
@@ -176,6 +183,8 @@ class Executor:
             if d[1:D_PLACE] != ref:
                 self._explain_mismatch(seq, coll, mine)
             descs.append(d)
+        if self.trace is not None:
+            self.trace.span("handshake", t0, {"op": coll, "seq": seq})
         return descs
 
     def _explain_mismatch(self, seq: int, coll: str, mine: list[int]) -> None:
@@ -307,7 +316,7 @@ class Executor:
     def _pieces(self, call, seq, tpl: _Template, peer_places, runner, ready,
                 first_ready: bool) -> None:
         """Run every piece after the handshake (piece 0's staging is done if first_ready)."""
-        ch = self.ch
+        ch, trace = self.ch, self.trace
         prog = tpl.prog
         pieces = tpl.layout.pieces
         phases = None
@@ -325,6 +334,7 @@ class Executor:
                 ch.advance()
             step0 = ch.step
             for i in range(len(prog.sched.phases) - prog.lead):
+                t0 = time.time_ns() if trace is not None else 0
                 waits = prog.phases[prog.lead + i].waits
                 if waits:
                     ch.wait_progress(waits, step0 + i,
@@ -335,6 +345,10 @@ class Executor:
                 else:
                     runner.run(templates[i], k)
                 ch.advance()
+                if trace is not None:
+                    trace.span(f"phase {prog.lead + i}", t0,
+                               {"op": call.collective, "seq": seq, "piece": k,
+                                "waits": sorted(waits) if waits else []})
             if ready is not None:
                 for f in ready.post:
                     f()

@@ -183,6 +183,13 @@ class TritonBackend(Backend):
         #: (collective, algo, call number) of the calls captured into CUDA graphs (NOTE
         #: [CUDA graphs]): they have no host epochs, their replays take device epochs
         self.captured: deque = deque(maxlen=64)
+        #: the communicator's flight recorder: a GPU call's record notes its call number,
+        #: which a device error record names (tilecomm.debug.flight)
+        self._flight = getattr(comm, "flight", None)
+        #: NVTX ranges around the launches on CUDA while tracing (TILECOMM_TRACE), so Nsight
+        #: Systems shows which collective launched which kernels
+        self._nvtx = (self.device.type == "cuda" and self._flight is not None
+                      and self._flight.tracer is not None)
 
     # ---- what the Communicator asks before a call ------------------------------------------
     def algorithms(self, collective: str) -> list[str]:
@@ -271,9 +278,16 @@ class TritonBackend(Backend):
         ctx.begin(off >= 0)
         first = ctx.epoch
         self.calls += 1
+        fl = self._flight
+        if fl is not None and fl.enabled and fl.records:
+            fl.records[-1].device = {"device_call": self.calls}   # this call's record
+        if self._nvtx:
+            torch.cuda.nvtx.range_push(f"tilecomm {call.collective}/{call.algo}")
         try:
             spec.launch(ctx, call)
         finally:
+            if self._nvtx:
+                torch.cuda.nvtx.range_pop()
             if ctx.capturing():     # NOTE [CUDA graphs]: its epochs are the replays'
                 self.captured.append((call.collective, call.algo, self.calls))
             else:
