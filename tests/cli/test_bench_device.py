@@ -112,3 +112,17 @@ def test_bench_deterministic_mode_runs_only_rank_order_algorithms():
     auto = run(BenchConfig(op="reduce", world_size=2, sizes=[64], rounds=1, iters=2, warmup=1,
                            bound=False, deterministic=True))
     assert auto[0]["algo"] == "direct"
+
+
+def test_timed_kernel_loop_never_overflows_float16(tmp_path):
+    """Issue 12, gap 8: 40 timed in-place sums of ones on 2 ranks (2**40 overflows float16)
+    on the kernel path, warnings as errors; without the untimed re-fill the Triton
+    interpreter raises 'overflow encountered in cast'."""
+    env = dict(os.environ, TILECOMM_CPU_KERNELS="triton", TRITON_INTERPRET="1")
+    r = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "tilecomm.cli",
+                        "bench", "all_reduce", "-n", "2", "-b", "8", "-e", "8", "-d", "float16",
+                        "--iters", "40", "--rounds", "1", "--warmup", "0", "--no-bound",
+                        "--check"], capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=240)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "overflow" not in r.stderr
