@@ -373,6 +373,9 @@ def connect(store, rank: int, world_size: int, *, timeout: float | None = None,
     comm = Communicator(be, local._heap, timeout=tmo, deterministic=deterministic,
                         heap_rank=local.rank, backends={"cpu": be, "cuda": be},
                         layout=layout)
+    # the host's communicator is a step of the calls: its waits are recorded on them
+    local._backend.attach_debug(_flight.adopt_host_leg(local.flight, comm.flight, host),
+                                getattr(local._backend.channel, "trace", None))
     be.rendezvous("init", 0, 0)
     return comm
 

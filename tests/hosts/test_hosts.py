@@ -68,3 +68,15 @@ def test_ddp_over_two_hosts_follows_gloo_loss_curve(run_on_hosts, tmp_path):
     for a, b in zip(ours, gloo):
         assert abs(a - b) <= 1e-5 * abs(b), (a, b)
     assert ours[-1] < 0.7 * ours[0]
+
+
+@pytest.mark.timeout(400)
+def test_trace_analyze_names_the_rank_that_died_on_another_host(run_on_hosts, tmp_path,
+                                                               monkeypatch):
+    from tilecomm.debug.analyze import analyze
+
+    monkeypatch.setenv("TILECOMM_DEBUG_DIR", str(tmp_path))
+    run_on_hosts((2, 2), "hosts_faults.py", "dies")
+    res = analyze(str(tmp_path))
+    assert res["culprits"] == [3], res
+    assert res["op"] == "all_reduce" and res["seq"] == 2, res

@@ -210,6 +210,29 @@ def _device_record(exc) -> dict | None:
 
 
 # ---- the process's dump -------------------------------------------------------------------------
+class HostLeg:
+    """The wait hooks of a host's own communicator inside a communicator that spans hosts
+    (``hier/``): its waits are recorded on the enclosing call, with global ranks, and it is
+    not dumped on its own (its ranks and sequence numbers are the host's, which would collide
+    with the other hosts' in one directory)."""
+
+    def __init__(self, outer: FlightRecorder, ranks):
+        self.outer, self.ranks = outer, tuple(ranks)
+
+    def waiting(self, what: tuple, ranks) -> Record | None:
+        op, seq, detail = what
+        return self.outer.waiting((op, seq, f"inside the host, {op} #{seq}: {detail}"),
+                                  [self.ranks[r] for r in ranks])
+
+    resumed = staticmethod(FlightRecorder.resumed)
+
+
+def adopt_host_leg(local_flight: FlightRecorder, outer: FlightRecorder, ranks) -> HostLeg:
+    """Stop dumping ``local_flight`` (a host's communicator); its waits go to ``outer``."""
+    _recorders.pop(local_flight.id, None)
+    return HostLeg(outer, ranks)
+
+
 def live() -> list[FlightRecorder]:
     return [r for _, r in sorted(_recorders.items())]
 

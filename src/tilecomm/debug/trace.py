@@ -131,6 +131,8 @@ def process_tracer(directory: str, rank: int, world_size: int) -> Tracer:
     """The tracer of this process (made by its first communicator)."""
     t = _tracer[0]
     if t is None or t.directory != directory:
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:   # torchrun: the job's rank
+            rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         t = _tracer[0] = Tracer(directory, rank, world_size)
     return t
 

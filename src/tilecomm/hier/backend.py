@@ -41,7 +41,7 @@ class HierBackend(Backend):
         self.rank, self.world_size = rank, layout.world_size
         self._rails = {"cpu": rails}
         self._rails_factory = rails_factory  # device -> Rails (NCCL groups on first use)
-        self.seq = 0
+        self.seq = -1       # the first rendezvous (init) is #0, the first call #1, as on one host
         ch = getattr(local._backend, "channel", None)
         if ch is not None:      # host peers wait here while this rank talks to other hosts
             ch.spin, ch.sleep_after = min(ch.spin, 200), 3e-4
