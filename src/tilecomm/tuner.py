@@ -43,11 +43,16 @@ def choose(collective: str, nbytes: int, world_size: int, *, kind: str = "cpu",
 
 
 def _choose_hier(collective: str, nbytes: int, world_size: int) -> str:
-    """Ranks on several hosts (``hier/plans.py``): the rail algorithms where the layout is
-    even (every host's ranks busy on the inter-host leg), the leader ones otherwise (the
-    fallback of ``available``), point-to-point for all_to_all(_v)."""
+    """Ranks on several hosts (``hier/plans.py``): up to TILECOMM_HIER_LEADER_MAX the leader
+    algorithms (one inter-host round among the hosts' local rank 0s: fewest synchronizations
+    across hosts; docs/benchmarks.md "Across hosts"), above it the rail algorithms where the
+    layout is even (every rank busy on the inter-host leg) and the leader ones otherwise (the
+    fallback of ``available``); point-to-point for all_to_all(_v)."""
     if collective in ("all_to_all", "all_to_all_v"):
         return "hier_direct"
+    if collective in ("all_reduce", "all_gather", "reduce_scatter") and \
+            nbytes <= settings().hier_leader_max:
+        return "hier_leader"
     return "hier_rail"
 
 
