@@ -65,3 +65,28 @@ def _no_leaks():
     yield
     after = {f for f in os.listdir("/dev/shm") if f.startswith("tilecomm-")}
     assert not (after - before), f"segment files left behind: {sorted(after - before)}"
+
+
+@pytest.fixture
+def debug_dir(tmp_path, monkeypatch):
+    """TILECOMM_DEBUG_DIR for rank processes started by this test (fork inherits the env;
+    the parent's settings cache must not hold the old value)."""
+    from tilecomm.settings import settings
+
+    d = tmp_path / "flight"
+    monkeypatch.setenv("TILECOMM_DEBUG_DIR", str(d))
+    settings.cache_clear()
+    yield d
+    settings.cache_clear()
+
+
+@pytest.fixture
+def trace_dir(tmp_path, monkeypatch):
+    """TILECOMM_TRACE for rank processes started by this test (as ``debug_dir``)."""
+    from tilecomm.settings import settings
+
+    d = tmp_path / "trace"
+    monkeypatch.setenv("TILECOMM_TRACE", str(d))
+    settings.cache_clear()
+    yield d
+    settings.cache_clear()

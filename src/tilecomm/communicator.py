@@ -503,8 +503,9 @@ class Communicator:
                 if isinstance(tensor, torch.Tensor) else None
             # the peers' message names the collective once (reject prefixes it)
             text = str(e).removeprefix(f"{collective}: ")
+            kind = type(e).__name__
             self.flight.reject(collective, e, lambda: (be or self._backend).reject(
-                collective, f"{type(e).__name__}: {text}"))
+                collective, f"{kind}: {text}"))
             raise
 
     def _check_open(self) -> None:

@@ -12,7 +12,6 @@ import multiprocessing.connection as mpc
 import os
 import pickle
 import signal
-import socket
 import sys
 import threading
 import time

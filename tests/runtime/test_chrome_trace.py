@@ -11,18 +11,8 @@ import torch
 
 import tilecomm
 from tilecomm.cli import main
-from tilecomm.settings import settings
 
 from .trace_format import check_trace
-
-
-@pytest.fixture
-def trace_dir(tmp_path, monkeypatch):
-    d = tmp_path / "trace"
-    monkeypatch.setenv("TILECOMM_TRACE", str(d))
-    settings.cache_clear()
-    yield d
-    settings.cache_clear()
 
 
 def _work(comm):

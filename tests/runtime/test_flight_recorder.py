@@ -8,21 +8,10 @@ import os
 import signal
 import time
 
-import pytest
 import torch
 
 import tilecomm
 from tilecomm.debug.flight import FlightRecorder
-from tilecomm.settings import settings
-
-
-@pytest.fixture
-def debug_dir(tmp_path, monkeypatch):
-    d = tmp_path / "flight"
-    monkeypatch.setenv("TILECOMM_DEBUG_DIR", str(d))
-    settings.cache_clear()
-    yield d
-    settings.cache_clear()
 
 
 def _calls(comm, path):

@@ -12,18 +12,6 @@ import torch
 
 import tilecomm
 from tilecomm.cli import main
-from tilecomm.settings import settings
-
-
-@pytest.fixture
-def debug_dir(tmp_path, monkeypatch):
-    """TILECOMM_DEBUG_DIR for rank processes started by this test (fork inherits the env;
-    the parent's settings cache must not hold the old value)."""
-    d = tmp_path / "flight"
-    monkeypatch.setenv("TILECOMM_DEBUG_DIR", str(d))
-    settings.cache_clear()
-    yield d
-    settings.cache_clear()
 
 
 def _job(comm, case):

@@ -6,22 +6,11 @@ import json
 import os
 import signal
 
-import pytest
 import torch
 import torch.distributed as dist
 
-from tilecomm.settings import settings
 
 from .harness import run_ranks
-
-
-@pytest.fixture
-def debug_dir(tmp_path, monkeypatch):
-    d = tmp_path / "flight"
-    monkeypatch.setenv("TILECOMM_DEBUG_DIR", str(d))
-    settings.cache_clear()
-    yield d
-    settings.cache_clear()
 
 
 def _torch_calls(rank, world):

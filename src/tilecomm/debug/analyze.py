@@ -21,9 +21,6 @@ it waited for), ``ranks`` (rank -> its state), ``missing_dumps``, ``group``, ``w
 
 from __future__ import annotations
 
-import glob
-import json
-import os
 import re
 
 from .flight import FORMAT, REJECTED
@@ -33,21 +30,15 @@ _EXITED = re.compile(r"rank\(s\) \[([\d, ]+)\] exited")
 
 def load(directory: str) -> dict[int, dict]:
     """The dumps in ``directory`` (file rank -> document)."""
-    out = {}
-    for path in glob.glob(os.path.join(directory, "flight-rank*.json")):
-        m = re.search(r"flight-rank(\d+)\.json$", path)
-        if not m:
-            continue
-        with open(path) as f:
-            doc = json.load(f)
+    from . import load_rank_files
+
+    def valid(doc):
         if doc.get("format") != FORMAT:
-            raise ValueError(f"{path}: not a tilecomm flight record (format "
-                             f"{doc.get('format')!r}, expected {FORMAT!r})")
-        out[int(m.group(1))] = doc
-    if not out:
-        raise FileNotFoundError(f"no flight-rank*.json files in {directory!r}; run with "
-                                f"TILECOMM_DEBUG_DIR={directory}")
-    return out
+            return (f"not a tilecomm flight record (format {doc.get('format')!r}, expected "
+                    f"{FORMAT!r})")
+        return None
+    return load_rank_files(directory, "flight-rank", valid,
+                           f"run with TILECOMM_DEBUG_DIR={directory}")
 
 
 def _signature(rec: dict) -> tuple:

@@ -30,10 +30,8 @@ Files are written when the communicator closes, when the flight recorder dumps, 
 from __future__ import annotations
 
 import atexit
-import glob
 import json
 import os
-import re
 import socket
 import threading
 import time
@@ -154,20 +152,14 @@ os.register_at_fork(after_in_child=lambda: _tracer.__setitem__(0, None))
 # ---- merging ------------------------------------------------------------------------------------
 def load_ranks(directory: str) -> dict[int, dict]:
     """The per-rank trace files of ``directory`` (rank -> document)."""
-    out = {}
-    for path in glob.glob(os.path.join(directory, "trace-rank*.json")):
-        m = re.search(r"trace-rank(\d+)\.json$", path)
-        if not m:
-            continue
-        with open(path) as f:
-            doc = json.load(f)
+    from . import load_rank_files
+
+    def valid(doc):
         if "traceEvents" not in doc or "tilecomm" not in doc:
-            raise ValueError(f"{path}: not a tilecomm trace (no traceEvents/tilecomm keys)")
-        out[int(m.group(1))] = doc
-    if not out:
-        raise FileNotFoundError(f"no trace-rank*.json files in {directory!r}; run with "
-                                f"TILECOMM_TRACE={directory} (or tilecomm bench --trace)")
-    return out
+            return "not a tilecomm trace (no traceEvents/tilecomm keys)"
+        return None
+    return load_rank_files(directory, "trace-rank", valid,
+                           f"run with TILECOMM_TRACE={directory} (or tilecomm bench --trace)")
 
 
 def merge(directory: str, out: str | None = None) -> dict:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..backends.base import Backend, CollectiveCall
-from ..errors import CommError, CommMismatch, CommTimeout
+from ..errors import CommError, CommTimeout
 from ..types import OP_ID, DType, ReduceOp, lookup_dtype
 from .layout import HostLayout
 from .plans import Copy, Exchange, HierPlan, Local, Rail, Region, hier_algorithms, hier_plan
