@@ -1,0 +1,111 @@
+"""The hierarchical runtime's cost model (sim/hosts.py): counts from the plans, the link fit,
+and the shape of its predictions. No simulated hosts needed."""
+
+import json
+
+import pytest
+
+from tilecomm.hier.layout import HostLayout
+from tilecomm.hier.plans import hier_algorithms, hier_plan
+from tilecomm.sim import hosts as H
+from tilecomm.topology.presets import CPU_SHM_COST
+
+LAY = HostLayout.even(2, 2)
+COST = H.HostsCost(H.Link(120.0, 0.8), H.Link(70.0, 1.6), CPU_SHM_COST)
+
+
+def _work(coll, algo, nbytes, rank=0, lay=LAY):
+    plan = hier_plan(coll, algo, lay, 0, rank)
+    return H.plan_work(plan, H.caller_count(coll, nbytes, lay.world_size))
+
+
+def test_rail_first_small_all_reduce_is_one_header_round_and_one_local_call():
+    rail, local, copy = _work("all_reduce", "hier_rail_first", 8)
+    assert (rail.kind, rail.rounds, rail.header_rounds) == ("rail", 1, 1)
+    assert rail.recv_bytes == H.HEADER          # the 8 B rode in the other member's header
+    assert rail.add_bytes == 8                  # one add of the other host's 8 B
+    assert local.local == ("all_reduce", "one_shot", 2, 8)
+    assert (copy.kind, copy.copy_bytes) == ("copy", 8)
+
+
+def test_rail_all_reduce_of_1mb_takes_two_rounds_over_half_the_buffer():
+    rs, rail, ag = _work("all_reduce", "hier_rail", 1 << 20)
+    assert rs.local[:3] == ("reduce_scatter", "direct", 2) and rs.local[3] == 1 << 20
+    assert (rail.rounds, rail.header_rounds) == (2, 1)
+    assert rail.recv_bytes == H.HEADER + (1 << 19)   # rail l carries chunk l: half the buffer
+    assert ag.local == ("all_gather", "direct", 2, 1 << 19)
+
+
+def test_payload_at_the_header_limit_takes_one_round_and_just_above_two():
+    assert _work("all_reduce", "hier_rail_first", H.SMALL)[0].rounds == 1
+    assert _work("all_reduce", "hier_rail_first", H.SMALL + 4)[0].rounds == 2
+
+
+def test_all_gather_of_three_hosts_receives_two_payloads_per_round():
+    lay = HostLayout.even(3, 1)
+    n = 3 * 65536                           # bench size: the output; 64 KiB per rank
+    rail = _work("all_gather", "hier_rail", n, lay=lay)[0]
+    assert rail.rounds == 2 and rail.recv_bytes == 2 * (H.HEADER + 65536)
+    assert rail.copy_bytes == 3 * 65536
+
+
+def test_leader_step_uses_the_one_rail_link_and_idle_ranks_do_nothing():
+    idle = _work("all_reduce", "hier_leader", 1 << 20, rank=1)[1]
+    assert idle.kind == "rail" and not idle.busy and idle.rounds == 0
+    steps = H.breakdown("all_reduce", "hier_leader", LAY, 1 << 20, COST)
+    rail_us = steps[1][1]
+    w = _work("all_reduce", "hier_leader", 1 << 20)[1]
+    assert rail_us == pytest.approx(H.step_us(w, COST, COST.one))
+    assert rail_us != pytest.approx(H.step_us(w, COST, COST.both))
+
+
+def test_fit_recovers_a_known_link():
+    alpha, beta = 85.0, 1.25
+    pts = [(n, alpha + 1e-3 * n / beta) for n in (4224, 32768, 1 << 18, 1 << 21, 1 << 24)]
+    link = H.fit_link(pts)
+    assert link.alpha_us == pytest.approx(alpha, rel=1e-6)
+    assert link.beta_GBps == pytest.approx(beta, rel=1e-6)
+
+
+def test_load_link_fits_each_mode_from_a_hosts_link_file(tmp_path):
+    rows = [{"mode": m, "bytes": n, "time_us": a + 1e-3 * n / b}
+            for m, a, b in (("both", 150.0, 0.5), ("one", 60.0, 2.0))
+            for n in (4224, 1 << 16, 1 << 22)]
+    path = tmp_path / "link.json"
+    path.write_text(json.dumps({"rows": rows, "hosts": 2}))
+    cost, _ = H.load_link(str(path))
+    assert cost.both.alpha_us == pytest.approx(150.0) and cost.both.beta_GBps == pytest.approx(0.5)
+    assert cost.one.alpha_us == pytest.approx(60.0) and cost.one.beta_GBps == pytest.approx(2.0)
+    path.write_text(json.dumps({"rows": rows[:4], "hosts": 2}))
+    with pytest.raises(ValueError, match="'one' rows"):
+        H.load_link(str(path))
+
+
+@pytest.mark.parametrize("coll", ["all_reduce", "all_gather", "reduce_scatter"])
+def test_predictions_grow_with_size(coll):
+    sizes = [8 << (3 * k) for k in range(9)]           # 8 B .. 128 MiB by 8x
+    for algo in hier_algorithms(coll, LAY):
+        ts = [H.predict_us(coll, algo, LAY, n, COST) for n in sizes]
+        assert all(b >= a for a, b in zip(ts, ts[1:])), (algo, ts)
+        # a small call is at least the outer call, one header round and its local calls
+        assert ts[0] > COST.shm.call_us + min(COST.both.alpha_us, COST.one.alpha_us)
+
+
+def test_predict_cli_prints_rows_and_regimes(tmp_path, capsys):
+    link = tmp_path / "link.json"
+    link.write_text(json.dumps({"hosts": 2, "rows": [
+        {"mode": m, "bytes": n, "time_us": 100.0 + n / 1000.0}
+        for m in ("both", "one") for n in (4224, 1 << 20)]}))
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps([
+        {"collective": "all_reduce", "algo": a, "world_size": 4, "bytes": n,
+         "dtype": "float32", "time_us": 500.0}
+        for a in ("hier_rail", "hier_rail_first") for n in (8, 1 << 20, 1 << 24)]
+        + [{"collective": "all_reduce", "algo": "gloo", "world_size": 4, "bytes": 8,
+            "time_us": 1.0}]))
+    assert H.main(["predict", str(link), str(bench)]) == 0
+    out = capsys.readouterr().out
+    assert "| all_reduce | 16M | hier_rail_first |" in out
+    assert "gloo" not in out.split("| collective | size |")[1]
+    for reg in ("small", "medium", "large"):
+        assert f"| all_reduce | {reg} |" in out
