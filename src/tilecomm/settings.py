@@ -85,7 +85,7 @@ class Settings:
     #: TILECOMM_HIER_LEADER_MAX: across hosts, algo="auto" runs all_reduce, all_gather and
     #: reduce_scatter of up to this many bytes through the hosts' local rank 0s
     #: (hier_leader), larger ones on every rail (hier_rail; even layouts).
-    hier_leader_max: int = 1 << 20
+    hier_leader_max: int = 2 << 20
     #: TILECOMM_FLIGHT_RECORDS: calls each communicator keeps in its flight recorder (a ring;
     #: tilecomm.debug.flight): sequence number, op, algorithm, bytes, dtype, state, what it
     #: waits for, timestamps. 0 turns recording off.
