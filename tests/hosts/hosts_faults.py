@@ -31,13 +31,18 @@ def main(scenario: str) -> None:
                 else:
                     raise AssertionError(f"rank {r}: {case}/{algo}: no CommMismatch")
                 comm.barrier()
-        try:
-            comm.all_reduce(torch.ones(3), op="bogus" if r == last else "sum")
-        except (CommError, ValueError) as e:
-            print(f"rank {r}: bad op: {type(e).__name__}: {str(e)[:160]}", flush=True)
-        else:
-            raise AssertionError(f"rank {r}: a bad op on rank {last} raised nothing here")
-        comm.barrier()
+        for algo in ("auto", "hier_leader"):    # (hier_rail: the bad rank's partner times out)
+            t0 = time.monotonic()
+            try:
+                comm.all_reduce(torch.ones(3), op="bogus" if r == last else "sum", algo=algo)
+            except (CommError, ValueError) as e:
+                print(f"rank {r}: bad op ({algo}): {type(e).__name__}: {str(e)[:160]}",
+                      flush=True)
+                assert not isinstance(e, CommTimeout), e      # told, not timed out
+                assert time.monotonic() - t0 < 4, time.monotonic() - t0
+            else:
+                raise AssertionError(f"rank {r}: a bad op on rank {last} raised nothing here")
+            comm.barrier()
         x = torch.ones(5)
         comm.all_reduce(x)                      # still usable after all that
         assert torch.all(x == w)

@@ -68,20 +68,14 @@ class HierBackend(Backend):
         _Run(self, plan, call).execute()
 
     def reject(self, collective: str, message: str) -> None:
-        """This rank refused a call: its host peers learn it from the local communicator,
-        the other hosts from an error header in the first rail round of the call."""
+        """This rank refused a call. Its host peers learn it from the local communicator and
+        pass it on in their next rail round. Its own rail partners are not told: which rails
+        a call uses depends on arguments this rank could not read, and Gloo has no
+        one-sided message (a send waits for the matching receive). So a partner that waits
+        for this very rank (hier_rail; a host of one rank) raises CommTimeout after the
+        timeout instead (docs/design.md "Across hosts", Limits)."""
         self.seq += 1
-        err = CommError(message)
-        try:
-            self.local._backend.reject(collective, message)
-        finally:
-            for c in self.layout.rails_of(self.rank):
-                r = self.rails_for("cpu")
-                hdr = r.header(self.seq, collective, "?", 0, 0, 0, 0, 0, error=err)
-                try:
-                    r.round1(c, hdr, collective, self.seq)
-                except CommError:
-                    pass
+        self.local._backend.reject(collective, message)
 
     def rendezvous(self, name: str, count: int, extra: int) -> list[int]:
         """Host peers meet (comparing ``count``), then every rail; ``extra`` of every rank."""
@@ -260,7 +254,8 @@ class _Run:
         msg = (f"{self.what} #{self.be.seq}: the step inside host {self.lay.host_of(self.be.rank)}"
                f" failed ({names}): {e}")
         if isinstance(e, CommTimeout):
-            missing = tuple(host[m] for m in e.missing if 0 <= m < len(host))
+            missing = getattr(e, "reported_missing", None) or \
+                tuple(host[m] for m in e.missing if 0 <= m < len(host))
             return CommTimeout(msg, collective=self.what, seq=self.be.seq, missing=missing)
         return type(e)(msg)
 
@@ -268,7 +263,10 @@ class _Run:
         steps = self.plan.steps
         nxt = steps.index(st) + 1
         if any(isinstance(s, Local) for s in steps[nxt:]):
-            self.be.local._backend.reject(self.what, f"{type(err).__name__}: {err}")
+            text = f"{type(err).__name__}: {err}"
+            if isinstance(err, CommTimeout):       # the host peers name the same culprits
+                text += f" (missing ranks {list(err.missing)})"
+            self.be.local._backend.reject(self.what, text)
 
     def _local(self, st: Local) -> None:
         lc = self.be.local

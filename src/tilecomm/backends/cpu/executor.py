@@ -26,6 +26,7 @@ NOTE [skipping the final wait]
 from __future__ import annotations
 
 import os
+import re
 import zlib
 import time
 from contextlib import contextmanager
@@ -198,8 +199,13 @@ class Executor:
                 reason = text.split(": ", 1)[-1]
                 cls = CommMismatch if reason.startswith("CommMismatch") else CommError
                 if reason.startswith("CommTimeout"):
-                    raise CommTimeout(f"{coll} #{seq}: rank {r} gave up: {text}",
+                    err = CommTimeout(f"{coll} #{seq}: rank {r} gave up: {text}",
                                       collective=coll, seq=seq)
+                    # the ranks it names are the enclosing call's (hier/backend.py)
+                    m = re.search(r"\(missing ranks \[([\d, ]*)\]\)$", text)
+                    err.reported_missing = tuple(int(x) for x in m.group(1).split(",")
+                                                 if x.strip()) if m else ()
+                    raise err
                 raise cls(f"{coll} #{seq}: rank {r} rejected its call: {text}")
         count_label = "bytes" if coll == "alloc" else "count"
         for idx, label in ((D_COLL, "collective"), (D_DTYPE, "dtype"), (D_COUNT, count_label),
