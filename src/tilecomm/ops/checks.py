@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import CommMismatch
+from ..errors import CommMismatch, CommTimeout
 
 #: dtypes of the fused ops (float32 accumulation); index = the id exchanged
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -124,7 +124,10 @@ def agree(comm, op: str, engine: str, a, b, *, out=None, out_shape=None, device_
     problem, detail = local_problem(op, a, b, out, out_shape or (lambda *_: None),
                                     device_ok or (lambda d: True))
     mine = describe(op, engine, a, b, problem, flag, ready)
-    descs = comm.exchange(mine)
+    try:
+        descs = comm.exchange(mine)
+    except CommTimeout as e:        # name the op, not the handshake's all_gather
+        raise CommTimeout(f"{op}: {e}", collective=op, seq=e.seq, missing=e.missing) from e
     me, world = comm.rank, comm.world_size
     # 1. a rank with bad arguments of its own
     if problem:
