@@ -68,7 +68,7 @@ def order_sensitive_rs(comm, m, n, k=8):
     per rank so that adding them in another order rounds differently. Returns (bits equal to
     the rank-order reference, how many elements a reversed-order sum would change)."""
     w = comm.world_size
-    scales = [2.0 ** 22, 2.0 ** -3, -(2.0 ** 21) - 1, 3.0, 2.0 ** 9][:w]
+    scales = [2.0 ** 22, 2.0 ** -3, -(2.0 ** 21), 2.0 ** -7, 2.0 ** 9][:w]   # exact partials
     a, b = [], []
     for s in range(w):
         g = torch.Generator().manual_seed(40 + s)
