@@ -17,8 +17,10 @@ matmul_reduce_scatter (``a [W*m, K_r]``, ``b [K_r, N]`` -> ``[m, N]``)
     handshake; then this rank reads the partial of its own rows from every rank's workspace
     and adds them in rank order 0..W-1, rounding once.
 
-Each product is one ``torch.matmul`` per chunk in float32 (:func:`reference.chunk_product`):
-exactly what the references compute, so the results are the references' bits.
+Each product is one ``torch.matmul`` per chunk (:func:`reference.chunk_gemm` for
+all_gather_matmul, in the input dtype; :func:`reference.chunk_product`, float32, for the
+partials of matmul_reduce_scatter): exactly what the references compute, so the results are
+the references' bits.
 
 Reuse of the workspace: it has two halves, used by alternate calls. Call ``k`` writes half
 ``k % 2`` before its handshake; the last reads of that half were made in call ``k - 2``, which
@@ -34,7 +36,6 @@ import weakref
 import torch
 
 from . import checks
-from .reference import chunk_product
 
 _ALIGN = 64      # chunk starts are 64-byte aligned, like torch's own allocations
 
@@ -109,11 +110,10 @@ def all_gather_matmul(comm, a, b, out=None, return_gathered=False):
         chunk = _round(m * k * a.element_size())
         if out is None:
             out = torch.empty((w * m, b.shape[1]), dtype=a.dtype)
-        b32 = b.float()
         ready = ws.fits(w * chunk)
         if ready:
             ws.region(parity, me * chunk, (m, k), a.dtype).copy_(a)
-        _product(a, b32, out[me * m:(me + 1) * m])       # the own chunk, before the wait
+        torch.matmul(a, b, out=out[me * m:(me + 1) * m])   # the own chunk, before the wait
     call = checks.agree(comm, checks.OPS[0], "cpu", a, b, out=out, out_shape=shape,
                         device_ok=_ok, flag=return_gathered, ready=ready)
     if not all(d[checks.F_READY] for d in call.descs):
@@ -124,7 +124,7 @@ def all_gather_matmul(comm, a, b, out=None, return_gathered=False):
     for j in range(1, w):
         src = (me + j) % w
         shard = ws.region(parity, src * chunk, (m, k), a.dtype, rank=src, comm=comm)
-        _product(shard, b32, out[src * m:(src + 1) * m])
+        torch.matmul(shard, b, out=out[src * m:(src + 1) * m])   # reference.chunk_gemm
         if gathered is not None:
             gathered[src * m:(src + 1) * m].copy_(shard)
     if gathered is not None:
@@ -134,11 +134,8 @@ def all_gather_matmul(comm, a, b, out=None, return_gathered=False):
 
 
 def _product(rows, b32, dst) -> None:
-    if dst.dtype == torch.float32:
-        torch.matmul(rows, b32, out=dst) if rows.dtype == torch.float32 \
-            else torch.matmul(rows.float(), b32, out=dst)
-    else:
-        dst.copy_(chunk_product(rows, b32))
+    """``dst (float32) = reference.chunk_product(rows, b)``, written in place."""
+    torch.matmul(rows.float(), b32, out=dst)
 
 
 def matmul_reduce_scatter(comm, a, b, out=None):

@@ -1,9 +1,10 @@
 """The slow, obviously correct definitions of the fused ops; every engine is tested against them.
 
-Arithmetic (all dtypes): inputs are converted to float32, multiplied with ``torch.matmul`` in
-float32, and rounded to the input dtype once at the end. The reduction of
-``matmul_reduce_scatter`` adds the float32 partial products in rank order 0..W-1
-(``((p0 + p1) + p2) + ...``) before that single rounding.
+Arithmetic. all_gather_matmul: one ``torch.matmul`` per chunk in the input dtype
+(:func:`chunk_gemm`); torch's GEMMs accumulate 16-bit inputs in float32 and round the output
+once. matmul_reduce_scatter: each partial product in float32 (inputs converted to float32,
+:func:`chunk_product`), the partials added in rank order 0..W-1 (``((p0 + p1) + p2) + ...``)
+in float32, rounded to the input dtype once at the end.
 
 What "the same bits" can mean for a GEMM: two GEMM implementations (a Triton kernel's
 ``tl.dot`` tiles and torch's BLAS, or BLAS on different shapes) add the K products in different
@@ -23,6 +24,13 @@ from typing import Sequence
 import torch
 
 
+def chunk_gemm(a_rows: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a_rows @ b`` in the inputs' dtype (``[m, K] x [K, N] -> [m, N]``): the GEMM call the
+    all_gather_matmul reference and the CPU engine make per chunk. (Not via float32: on CPUs
+    with 16-bit matrix units a bf16 GEMM is several times faster than a float32 one.)"""
+    return torch.matmul(a_rows, b)
+
+
 def chunk_product(a_rows: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a_rows @ b`` in float32 (``[m, K] x [K, N] -> [m, N]``, float32), the one GEMM call
     every reference and the CPU engine make per chunk."""
@@ -33,8 +41,7 @@ def all_gather_matmul_reference(shards: Sequence[torch.Tensor], b: torch.Tensor
                                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(all_gather(a) @ b, all_gather(a))`` from every rank's ``[m, K]`` shard (rank order)
     and ``b [K, N]``: ``[W*m, N]`` and ``[W*m, K]`` in the shards' dtype."""
-    dtype = shards[0].dtype
-    out = torch.cat([chunk_product(s, b).to(dtype) for s in shards])
+    out = torch.cat([chunk_gemm(s, b) for s in shards])
     return out, torch.cat(list(shards))
 
 
