@@ -108,8 +108,12 @@ def exposed_comm(t_comm: float, t_gemm: float, w: int) -> float:
 
 
 def predict_overlap(op: str, m: int, k: int, n: int, tp: int, system="dgx-h100",
-                    dtype: str = "bf16", gemm_eff: float = GEMM_EFF) -> OverlapPrediction:
-    """Unfused and fused time of one TP GEMM (see the module docstring for the shapes)."""
+                    dtype: str = "bf16", gemm_eff: float = GEMM_EFF, partials: str = "fp32"
+                    ) -> OverlapPrediction:
+    """Unfused and fused time of one TP GEMM (see the module docstring for the shapes).
+    ``partials``: what matmul_reduce_scatter moves, ``fp32`` (tilecomm.ops: float32 partials,
+    one rounding, twice the bytes of 16-bit data) or ``input`` (partials rounded to the
+    input dtype before the transfer, as PyTorch's async-TP and NCCL's reduce_scatter do)."""
     from ..topology import build
     from .api import best
 
@@ -136,7 +140,8 @@ def predict_overlap(op: str, m: int, k: int, n: int, tp: int, system="dgx-h100",
         # the fused op reduce-scatters float32 partials (rank-order sum, one rounding)
         coll = best("reduce_scatter", m * n * e, system=spec, gpus=tp)
         t_red = tp * (m // tp) * n * 4 / (spec.mem_GBps * 1e9) * 1e6
-        fused = pipeline_reduce_scatter(coll.time_us * 4 / e, t_gemm, tp, t_red)
+        moved = 4 / e if partials == "fp32" else 1.0
+        fused = pipeline_reduce_scatter(coll.time_us * moved, t_gemm, tp, t_red)
     unfused = coll.time_us + t_gemm
     hidden = (unfused - fused) / coll.time_us if coll.time_us > 0 else 0.0
     return OverlapPrediction(op, spec.name, tp, m, k, n, dtype, t_gemm, coll.time_us,
@@ -152,6 +157,9 @@ def add_overlap_args(p) -> None:
     p.add_argument("--dtype", default="bf16", choices=sorted(ITEMSIZE), help="overlap: dtype")
     p.add_argument("--op", default="both", choices=["both", "all_gather_matmul",
                                                     "matmul_reduce_scatter"])
+    p.add_argument("--partials", default="fp32", choices=["fp32", "input"],
+                   help="overlap: matmul_reduce_scatter moves float32 partials (tilecomm.ops) "
+                        "or partials in the input dtype")
     p.add_argument("--gemm-eff", type=float, default=GEMM_EFF,
                    help=f"overlap: fraction of dense peak a GEMM reaches ({GEMM_EFF})")
 
@@ -162,7 +170,7 @@ def run_overlap(args) -> int:
 
     ops = ["all_gather_matmul", "matmul_reduce_scatter"] if args.op == "both" else [args.op]
     preds = [predict_overlap(op, args.m, args.k, args.n, args.tp, args.system, args.dtype,
-                             args.gemm_eff) for op in ops]
+                             args.gemm_eff, args.partials) for op in ops]
     print(f"{preds[0].system}, TP {args.tp}, M={args.m} K={args.k} N={args.n} {args.dtype} "
           f"(GEMM at {args.gemm_eff:.2f} of dense peak)")
     print(f"{'op':24} {'gemm us':>9} {'comm us':>9} {'algo':>10} {'unfused us':>11} "
