@@ -359,6 +359,30 @@ class Communicator:
             raise
         self.flight.done(rec)
 
+    def exchange(self, values: Sequence[int]) -> list[list[int]]:
+        """Every rank's ``values`` (ints, the same count on every rank), in rank order: a small
+        host handshake for layers above the communicator (e.g. :mod:`tilecomm.ops` checks
+        that the ranks agree on shapes and dtypes). Runs on the host executor whatever device
+        the caller's tensors are on; a different count of values raises CommMismatch."""
+        self._check_open()
+        t = torch.tensor([int(v) for v in values], dtype=torch.int64)
+        out = torch.empty((self.world_size * t.numel(),), dtype=torch.int64)
+        d = lookup_dtype(torch.int64)
+        self._run(self._backend, "all_gather", "direct", d, t.numel(),
+                  {"in": _Bytes(t, "exchange", write=False).flat,
+                   "out": _Bytes(out, "exchange", read=False).flat})
+        return out.reshape(self.world_size, t.numel()).tolist()
+
+    @property
+    def cpu_kernels(self) -> str:
+        """What runs collectives on CPU tensors: ``"executor"`` or ``"triton"`` (the GPU
+        kernels in the interpreter; :meth:`use_cpu_kernels`, TILECOMM_CPU_KERNELS)."""
+        be = self._backends.get("cpu")
+        if be is None:
+            from .settings import settings
+            return settings().cpu_kernels
+        return "executor" if be is self._backend else "triton"
+
     # ---- point-to-point -------------------------------------------------------------------
     def send(self, tensor: torch.Tensor, peer: int, tag: int = 0) -> None:
         """Send ``tensor`` to ``peer``; returns once ``peer`` has received it.

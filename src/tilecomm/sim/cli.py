@@ -20,7 +20,10 @@ def add_sim_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("sim", help="predict collective time per algorithm and size",
                               description="Predict time, algbw and busbw of each algorithm.")
     p.add_argument("collective", choices=["all_reduce", "all_gather", "reduce_scatter",
-                                          "broadcast", "reduce", "all_to_all", "send_recv"])
+                                          "broadcast", "reduce", "all_to_all", "send_recv",
+                                          "overlap"],
+                   help="a collective, or 'overlap': fused GEMM + TP collective "
+                        "(tilecomm.sim.overlap; --tp --m --k --n --dtype)")
     p.add_argument("--system", default="dgx-h100", help="preset name or system .json")
     p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--gpus", type=int, default=None, help="ranks per node (default: all)")
@@ -41,6 +44,8 @@ def add_sim_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--measured", default=None, help="nccl-tests log or tilecomm bench JSON")
     p.add_argument("--mem", default="user", choices=["user", "heap"],
                    help="shared-memory systems: user tensors (staged) or comm.alloc (heap)")
+    from .overlap import add_overlap_args
+    add_overlap_args(p)
     p.set_defaults(func=run_sim)
     return p
 
@@ -97,6 +102,9 @@ def run_sim(args) -> int:
     from .api import predict, skipped
     from .measured import load_measurements
 
+    if args.collective == "overlap":
+        from .overlap import run_overlap
+        return run_overlap(args)
     topo = build(args.system, args.nodes, args.gpus)   # validates --nodes / --gpus
     if getattr(args, "sharp", False):
         from dataclasses import replace

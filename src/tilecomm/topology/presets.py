@@ -70,6 +70,17 @@ def dgx_a100() -> SystemSpec:
                  "latencies": NCCL_TUNING, "launch_us": CALL_OVERHEAD_SRC})
 
 
+def dgx_a800() -> SystemSpec:
+    # A100's export variant: the same GPU with NVLink cut to 400 GB/s bidirectional
+    # (200 GB/s per direction) instead of 600; the fabric efficiency is A100's (not measured
+    # on A800). Used to compare with Flux's A800 results (docs/model.md).
+    return dgx_a100().with_(
+        name="dgx-a800", gpu="A800-SXM4-80GB", gpu_link_GBps=200.0,
+        sources={"gpu_link_GBps": "NVIDIA A800 SXM4: NVLink 400 GB/s bidirectional",
+                 "Simple.eff": "A100's (li-plus/playground nccl.md), not measured on A800",
+                 "latencies": NCCL_TUNING, "launch_us": CALL_OVERHEAD_SRC})
+
+
 def dgx_h100() -> SystemSpec:
     return SystemSpec(
         name="dgx-h100", gpu="H100-SXM5-80GB", gpus_per_node=8, intra="nvswitch",
@@ -182,7 +193,7 @@ def cpu_shm() -> SystemSpec:
 
 
 PRESETS = {
-    "dgx-a100": dgx_a100, "dgx-h100": dgx_h100, "hgx-h200": hgx_h200, "dgx-b200": dgx_b200,
+    "dgx-a100": dgx_a100, "dgx-a800": dgx_a800, "dgx-h100": dgx_h100, "hgx-h200": hgx_h200, "dgx-b200": dgx_b200,
     "gb200-nvl72": gb200_nvl72, "pcie-8gpu": pcie_8gpu, "cpu-shm": cpu_shm,
 }
 

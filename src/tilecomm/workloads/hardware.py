@@ -45,6 +45,9 @@ HBM_EFF = 0.8   # fraction of datasheet HBM bandwidth a weight/KV stream reaches
 GPUS = {
     "A100": GPU("A100-SXM4-80GB", 312 * T, None, 80 * GB, 0.50,
                 "NVIDIA A100 datasheet: BF16 312 TFLOPS dense, 80 GB HBM2e"),
+    "A800": GPU("A800-SXM4-80GB", 312 * T, None, 80 * GB, 0.50,
+                "NVIDIA A800 SXM4: A100's tensor cores (BF16 312 TFLOPS dense) and 80 GB, "
+                "NVLink 400 GB/s bidirectional"),
     "H100": GPU("H100-SXM5-80GB", 989 * T, 1979 * T, 80 * GB, 0.50,
                 "NVIDIA H100 datasheet (SXM): BF16 1,979 TFLOPS with sparsity = 989 dense; "
                 "FP8 3,958 sparse = 1,979 dense; 80 GB HBM3"),

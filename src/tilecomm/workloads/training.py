@@ -22,7 +22,9 @@ NOTE [overlap]
     behind one micro-batch's backward (frameworks reduce while the *last* micro-batch's
     backward runs) and ZeRO 1/2 weight gathers behind one forward, when ``dp_overlap``; ZeRO 3's
     per-micro-batch gathers behind that micro-batch's compute. TP hides behind the micro-batch's
-    GEMMs only with ``tp_overlap``; CP behind the attention core (ring attention overlaps its
+    GEMMs only with ``tp_overlap``, as the fused ops' chunk pipeline allows
+    (``tilecomm.sim.overlap.exposed_comm``: TP ranks' chunks arrive one step at a time, so
+    up to one chunk's GEMM cannot hide anything); CP behind the attention core (ring attention overlaps its
     transfers with attention blocks). EP all_to_all is exposed (between the router and the
     experts that need its tokens) unless ``ep_overlap``, where it hides behind another
     micro-batch's compute (DeepSeek-V3's DualPipe, Megatron-core's overlapped MoE
@@ -48,6 +50,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from ..sim.overlap import exposed_comm
 from .comm import Placement, collective_us, p2p_us
 from .hardware import GPU, HBM_EFF, gpu_of
 from .layout import Layout, groups, validate
@@ -299,7 +302,9 @@ def train_step(model: str | ModelSpec, system: str, gpus: int, layout: Layout,
 
     # -- overlap (NOTE [overlap]) -----------------------------------------------------------
     t_mm_mb = 3 * t_mm_f
-    tp_x = max(0.0, tp_s - t_mm_mb) if L.tp_overlap else tp_s
+    # fused all_gather_matmul / matmul_reduce_scatter: the chunk pipeline of
+    # tilecomm.sim.overlap (the same calculation as `tilecomm sim overlap`)
+    tp_x = exposed_comm(tp_s, t_mm_mb, L.tp) if L.tp_overlap else tp_s
     cp_x = max(0.0, cp_s - 3 * t_attn_f)
     z3_x = max(0.0, zero3_s - t_comp_mb)
     ep_x = max(0.0, ep_s - t_comp_mb) if L.ep_overlap else ep_s

@@ -1,0 +1,178 @@
+"""CPU engine of the fused ops: the GEMM reads (and the reduction reads) the peers' shared
+memory in place, so the all-gather and the reduce-scatter copy nothing.
+
+Every rank of a CPU communicator maps every other rank's segment (``comm.alloc`` +
+``comm.peer``), so a "transfer" is just the GEMM's loads from a peer's memory. One host
+handshake per call (the descriptor exchange of :mod:`tilecomm.ops.checks`) both checks the call
+and tells every rank that every other rank has published its data; the local compute is put
+*before* it so that it overlaps the wait for slower peers:
+
+all_gather_matmul (``a_shard [m, K]``, ``b [K, N]`` -> ``[W*m, N]``)
+    publish: copy ``a_shard`` into this rank's chunk of a symmetric workspace; multiply the own
+    chunk (only local data); handshake; then multiply the peers' chunks in rotation order
+    ``rank+1, rank+2, ...`` (ranks do not all read one peer at a time), each straight from
+    the peer's workspace.
+matmul_reduce_scatter (``a [W*m, K_r]``, ``b [K_r, N]`` -> ``[m, N]``)
+    compute the float32 partial of every owner's rows into this rank's workspace (all local);
+    handshake; then this rank reads the partial of its own rows from every rank's workspace
+    and adds them in rank order 0..W-1, rounding once.
+
+Each product is one ``torch.matmul`` per chunk (:func:`reference.chunk_gemm` for
+all_gather_matmul, in the input dtype; :func:`reference.chunk_product`, float32, for the
+partials of matmul_reduce_scatter): exactly what the references compute, so the results are
+the references' bits.
+
+Reuse of the workspace: it has two halves, used by alternate calls. Call ``k`` writes half
+``k % 2`` before its handshake; the last reads of that half were made in call ``k - 2``, which
+every rank finished before it entered the handshake of call ``k - 1``, which this rank has
+passed. A workspace too small for a call is replaced after the handshake (collectively: the
+ranks agree on the shapes by then, so they make the same decision), followed by a barrier.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from . import checks
+
+_ALIGN = 64      # chunk starts are 64-byte aligned, like torch's own allocations
+
+
+def _round(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+class _Workspace:
+    """A symmetric byte buffer of two halves, grown on demand, with peer views."""
+
+    def __init__(self):
+        self.buf: torch.Tensor | None = None
+        self.half = 0
+        self.calls = 0
+        self._peers: dict[int, torch.Tensor] = {}
+
+    def fits(self, nbytes: int) -> bool:
+        return self.buf is not None and nbytes <= self.half
+
+    def grow(self, comm, nbytes: int) -> None:
+        """Collective: every rank calls it with the same ``nbytes``."""
+        half = _round(max(nbytes, _ALIGN))
+        self.buf = self._peers = None
+        self.buf = comm.alloc(2 * half, torch.uint8)
+        self.half = half
+        self._peers = {}
+
+    def region(self, parity: int, offset: int, shape, dtype, rank: int | None = None,
+               comm=None) -> torch.Tensor:
+        """``shape``/``dtype`` view at ``offset`` of half ``parity``; of ``rank``'s copy when
+        given (a view of the peer's shared memory)."""
+        buf = self.buf
+        if rank is not None and rank != comm.rank:
+            buf = self._peers.get(rank)
+            if buf is None:
+                buf = self._peers[rank] = comm.peer(self.buf, rank)
+        n = 1
+        for s in shape:
+            n *= s
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        lo = parity * self.half + offset
+        return buf[lo:lo + n * itemsize].view(dtype).reshape(shape)
+
+
+_STATE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _workspace(comm, kind: str) -> _Workspace:
+    per = _STATE.setdefault(comm, {})
+    ws = per.get(kind)
+    if ws is None:
+        ws = per[kind] = _Workspace()
+    return ws
+
+
+def _ok(t) -> bool:
+    return t.type == "cpu"
+
+
+def all_gather_matmul(comm, a, b, out=None, return_gathered=False):
+    """See :func:`tilecomm.ops.all_gather_matmul` (CPU tensors)."""
+    w, me = comm.world_size, comm.rank
+    ws = _workspace(comm, "ag")
+    parity = ws.calls % 2
+    ws.calls += 1
+    shape = (lambda x, y: (w * x.shape[0], y.shape[1]))
+    problem, _ = checks.local_problem(checks.OPS[0], a, b, out, shape, _ok)
+    ready = False
+    if problem == 0:
+        m, k = a.shape
+        chunk = _round(m * k * a.element_size())
+        if out is None:
+            out = torch.empty((w * m, b.shape[1]), dtype=a.dtype)
+        ready = ws.fits(w * chunk)
+        if ready:
+            ws.region(parity, me * chunk, (m, k), a.dtype).copy_(a)
+        torch.matmul(a, b, out=out[me * m:(me + 1) * m])   # the own chunk, before the wait
+    call = checks.agree(comm, checks.OPS[0], "cpu", a, b, out=out, out_shape=shape,
+                        device_ok=_ok, flag=return_gathered, ready=ready)
+    if not all(d[checks.F_READY] for d in call.descs):
+        ws.grow(comm, w * chunk)
+        ws.region(parity, me * chunk, (m, k), a.dtype).copy_(a)
+        comm.barrier()
+    gathered = torch.empty((w * m, k), dtype=a.dtype) if return_gathered else None
+    for j in range(1, w):
+        src = (me + j) % w
+        shard = ws.region(parity, src * chunk, (m, k), a.dtype, rank=src, comm=comm)
+        torch.matmul(shard, b, out=out[src * m:(src + 1) * m])   # reference.chunk_gemm
+        if gathered is not None:
+            gathered[src * m:(src + 1) * m].copy_(shard)
+    if gathered is not None:
+        gathered[me * m:(me + 1) * m].copy_(a)
+        return out, gathered
+    return out
+
+
+def _product(rows, b32, dst) -> None:
+    """``dst (float32) = reference.chunk_product(rows, b)``, written in place."""
+    torch.matmul(rows.float(), b32, out=dst)
+
+
+def matmul_reduce_scatter(comm, a, b, out=None):
+    """See :func:`tilecomm.ops.matmul_reduce_scatter` (CPU tensors)."""
+    w, me = comm.world_size, comm.rank
+    ws = _workspace(comm, "rs")
+    parity = ws.calls % 2
+    ws.calls += 1
+    shape = (lambda x, y: (x.shape[0] // w, y.shape[1]) if x.shape[0] % w == 0 else None)
+    problem, _ = checks.local_problem(checks.OPS[1], a, b, out, shape, _ok)
+    ready = False
+    if problem == 0 and a.shape[0] % w == 0:
+        m, n = a.shape[0] // w, b.shape[1]
+        part = _round(m * n * 4)
+        ready = ws.fits(w * part)
+        if ready:
+            _partials(ws, parity, a, b, m, n, part, me, w)
+    call = checks.agree(comm, checks.OPS[1], "cpu", a, b, out=out, out_shape=shape,
+                        device_ok=_ok, ready=ready)
+    if not all(d[checks.F_READY] for d in call.descs):
+        ws.grow(comm, w * part)
+        _partials(ws, parity, a, b, m, n, part, me, w)
+        comm.barrier()
+    # rank order 0..W-1, float32, one rounding (reference.matmul_reduce_scatter_reference)
+    acc = ws.region(parity, me * part, (m, n), torch.float32, rank=0, comm=comm).clone()
+    for s in range(1, w):
+        acc += ws.region(parity, me * part, (m, n), torch.float32, rank=s, comm=comm)
+    if out is None:
+        return acc if a.dtype == torch.float32 else acc.to(a.dtype)
+    out.copy_(acc)
+    return out
+
+
+def _partials(ws, parity, a, b, m, n, part, me, w) -> None:
+    """This rank's float32 partial of every owner's rows, owner ``c`` at ``c * part``; the
+    next rank's first (the first to be read), the own rows last."""
+    b32 = b.float()
+    for j in range(1, w + 1):
+        c = (me + j) % w
+        _product(a[c * m:(c + 1) * m], b32, ws.region(parity, c * part, (m, n), torch.float32))

@@ -1,0 +1,167 @@
+"""Kernel engine of the fused ops: the persistent Triton GEMMs of
+:mod:`tilecomm.backends.triton.kernels.overlap_gemm` on a :class:`~tilecomm.device.DeviceHeap`.
+
+CUDA tensors run them on the GPU (CUDA IPC heap); CPU tensors run them in the Triton
+interpreter on the shared-memory heap when the communicator runs CPU collectives on kernels
+(``comm.use_cpu_kernels("triton")`` / TILECOMM_CPU_KERNELS=triton): slow, for testing the GPU
+code without a GPU.
+
+Per call, on every rank: the descriptor handshake (:mod:`.checks`: errors on every rank), then
+(all_gather_matmul) a copy of ``a_shard`` into this rank's chunk of the symmetric ``g`` and
+one kernel launch, or (matmul_reduce_scatter) one launch; then ``heap.check`` (on CUDA a
+synchronization: a device wait that gave up raises ``CommTimeout`` naming the op, the peer
+and the epoch). Buffers and pads are symmetric, grown collectively when a call needs more
+(after a device barrier: a peer may still read the old one); epochs are counted per op.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import weakref
+
+import torch
+
+from ..errors import CommError
+from . import checks
+
+_ENGINES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_ALIGN = 256
+
+
+def _device_ok(d: torch.device) -> bool:
+    return d.type in ("cpu", "cuda")
+
+
+def _kernels(device: torch.device):
+    if device.type == "cpu":        # the interpreter must be on before triton is imported
+        on = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+        if "triton" not in sys.modules:
+            os.environ["TRITON_INTERPRET"] = "1"
+        elif not on:
+            raise CommError("the fused ops run their kernels on CPU tensors in the Triton "
+                            "interpreter, but triton was imported without TRITON_INTERPRET=1")
+    from ..backends.triton.kernels import overlap_gemm
+    return overlap_gemm
+
+
+class _Engine:
+    """One rank's heap, buffers, pads and epochs for one device type (collective creation)."""
+
+    def __init__(self, comm, device: torch.device):
+        from ..device import DeviceHeap
+
+        self.k = _kernels(device)
+        self.heap = DeviceHeap.create(comm, device=device.type)
+        self.interpret = device.type == "cpu"
+        if self.interpret:
+            self.programs = 4
+        else:
+            self.programs = torch.cuda.get_device_properties(self.heap.device) \
+                .multi_processor_count
+        self._bufs: dict[str, tuple[torch.Tensor, int]] = {}
+        self._epochs = {"ag": 0, "rs": 0}
+
+    def next_epoch(self, kind: str) -> int:
+        self._epochs[kind] += 1
+        return self._epochs[kind]
+
+    def symmetric(self, name: str, nbytes: int) -> torch.Tensor:
+        """A symmetric uint8 buffer of at least ``nbytes`` (collective when it grows)."""
+        cur = self._bufs.get(name)
+        if cur is not None and cur[1] >= nbytes:
+            return cur[0]
+        size = max(-(-nbytes // _ALIGN) * _ALIGN, _ALIGN)
+        self.heap.barrier()            # peers may still read the old buffer
+        if cur is not None:
+            self._bufs.pop(name)
+            free = getattr(self.heap, "free", None)
+            if free is not None:
+                free(cur[0])
+        t = self.heap.alloc(size, torch.uint8)
+        self._bufs[name] = (t, size)
+        return t
+
+    def halves(self, name: str, elems: int, dtype: torch.dtype, epoch: int) -> torch.Tensor:
+        """Half ``epoch % 2`` of a two-half symmetric buffer of ``elems`` ``dtype`` each."""
+        item = torch.empty((), dtype=dtype).element_size()
+        half = max(-(-elems * item // _ALIGN) * _ALIGN, _ALIGN)
+        buf = self.symmetric(name, 2 * half)
+        lo = (epoch % 2) * half
+        return buf[lo:lo + elems * item].view(dtype)
+
+    def pad(self, name: str, slots: int) -> torch.Tensor:
+        return self.symmetric(name, 8 * slots).view(torch.int64)
+
+    def tiles(self, dtype) -> tuple[int, int, int]:
+        if self.interpret:
+            return self.k.INTERP_BLOCKS
+        return self.k.GPU_BLOCKS[{torch.float32: "fp32", torch.bfloat16: "bf16",
+                                  torch.float16: "fp16"}[dtype]]
+
+    def precision(self, dtype) -> str:
+        return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _engine(comm, device: torch.device) -> _Engine:
+    per = _ENGINES.setdefault(comm, {})
+    eng = per.get(device.type)
+    if eng is None:
+        eng = per[device.type] = _Engine(comm, device)
+    return eng
+
+
+def all_gather_matmul(comm, a, b, out=None, return_gathered=False):
+    """See :func:`tilecomm.ops.all_gather_matmul` (kernel engine)."""
+    w, me = comm.world_size, comm.rank
+    shape = (lambda x, y: (w * x.shape[0], y.shape[1]))
+    checks.agree(comm, checks.OPS[0], "kernel", a, b, out=out, out_shape=shape,
+                 device_ok=_device_ok, flag=return_gathered)
+    eng = _engine(comm, a.device)
+    m, k = a.shape
+    n = b.shape[1]
+    bm, bn, bk = eng.tiles(a.dtype)
+    epoch = eng.next_epoch("ag")
+    g = eng.halves("ag.g", w * m * k, a.dtype, epoch).view(w * m, k)
+    pad = eng.pad("ag.pad", w + w * -(-m // bm))
+    g[me * m:(me + 1) * m].copy_(a)
+    dst = out if out is not None and out.is_contiguous() else \
+        torch.empty((w * m, n), dtype=a.dtype, device=a.device)
+    tasks = w * -(-m // bm) * -(-n // bn)
+    h = eng.heap
+    eng.k.all_gather_matmul_kernel[(max(1, min(eng.programs, tasks)),)](
+        g, b, dst, pad, h.bases, me, h.errors, h.timeout_ns, epoch, m, n, k,
+        b.stride(0), b.stride(1), WORLD=w, BM=bm, BN=bn, BK=bk,
+        PRECISION=eng.precision(a.dtype))
+    h.check(f"all_gather_matmul (epoch {epoch})")
+    if out is not None and dst is not out:
+        out.copy_(dst)
+    dst = out if out is not None else dst
+    return (dst, g.clone()) if return_gathered else dst
+
+
+def matmul_reduce_scatter(comm, a, b, out=None):
+    """See :func:`tilecomm.ops.matmul_reduce_scatter` (kernel engine)."""
+    w, me = comm.world_size, comm.rank
+    shape = (lambda x, y: (x.shape[0] // w, y.shape[1]) if x.shape[0] % w == 0 else None)
+    checks.agree(comm, checks.OPS[1], "kernel", a, b, out=out, out_shape=shape,
+                 device_ok=_device_ok)
+    eng = _engine(comm, a.device)
+    m, n, k = a.shape[0] // w, b.shape[1], a.shape[1]
+    bm, bn, bk = eng.tiles(a.dtype)
+    epoch = eng.next_epoch("rs")
+    part = eng.halves("rs.part", w * m * n, torch.float32, epoch)
+    tiles = -(-m // bm) * -(-n // bn)
+    pad = eng.pad("rs.pad", w * tiles)
+    dst = out if out is not None and out.is_contiguous() else \
+        torch.empty((m, n), dtype=a.dtype, device=a.device)
+    h = eng.heap
+    eng.k.matmul_reduce_scatter_kernel[(max(1, min(eng.programs, tiles)),)](
+        a, b, part, dst, pad, h.bases, me, h.errors, h.timeout_ns, epoch, m, n, k,
+        a.stride(0), a.stride(1), b.stride(0), b.stride(1), WORLD=w, BM=bm, BN=bn, BK=bk,
+        PRECISION=eng.precision(a.dtype))
+    h.check(f"matmul_reduce_scatter (epoch {epoch})")
+    if out is not None and dst is not out:
+        out.copy_(dst)
+        return out
+    return dst

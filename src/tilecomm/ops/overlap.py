@@ -1,0 +1,68 @@
+"""The public fused ops: argument handling, engine choice, autograd (see the package doc)."""
+
+from __future__ import annotations
+
+import torch
+
+from . import cpu
+
+
+def _engine(comm, a):
+    """The engine module for ``a``'s device: every rank must pick the same one (the
+    descriptor exchange compares it)."""
+    if isinstance(a, torch.Tensor) and (a.device.type != "cpu" or comm.cpu_kernels == "triton"):
+        from . import kernel
+        return kernel
+    return cpu
+
+
+def _wants_grad(*ts) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                           for t in ts)
+
+
+def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, comm, *,
+                      return_gathered: bool = False, out: torch.Tensor | None = None):
+    """``all_gather(a_shard) @ b`` without waiting for the whole gather (collective).
+
+    ``a_shard [m, K]`` is this rank's rows of A (every rank the same ``m``), ``b [K, N]``; the
+    result is ``[W*m, N]`` in the inputs' dtype (float32, bfloat16 or float16; float32
+    accumulation, rounded once). ``return_gathered=True`` returns ``(c, gathered_a)`` with
+    ``gathered_a [W*m, K]``. ``out`` (``[W*m, N]``, same dtype and device) receives ``c``
+    (its contents are unspecified if the call raises). Differentiable in ``a_shard`` and
+    ``b`` (the backward of ``a_shard`` is a matmul_reduce_scatter); ``out`` is refused then.
+
+    Ranks that disagree on the dtype, ``m``, ``K``, ``N`` or ``return_gathered`` raise
+    :class:`~tilecomm.CommMismatch` on every rank; arguments that do not fit raise
+    ``ValueError``/``TypeError`` naming the dimension on the rank that passed them and saying
+    which rank it was on the others.
+    """
+    if _wants_grad(a_shard, b):
+        from .autograd import AllGatherMatmul
+        if out is not None:
+            raise ValueError("all_gather_matmul: out= is not supported when a gradient is "
+                             "required (autograd needs a fresh output)")
+        c, g = AllGatherMatmul.apply(a_shard, b, comm)
+        return (c, g) if return_gathered else c
+    return _engine(comm, a_shard).all_gather_matmul(comm, a_shard, b, out=out,
+                                                    return_gathered=bool(return_gathered))
+
+
+def matmul_reduce_scatter(a: torch.Tensor, b: torch.Tensor, comm, *,
+                          out: torch.Tensor | None = None) -> torch.Tensor:
+    """This rank's rows of ``sum_r a_r @ b_r`` without waiting for the whole product.
+
+    ``a [W*m, K_r]`` and ``b [K_r, N]`` (this rank's slice of the inner dimension; ``K_r`` may
+    differ between ranks, ``W*m`` and ``N`` may not). Returns ``[m, N]``: rows
+    ``[rank*m, (rank+1)*m)`` of the sum, the float32 partial products added in rank order
+    0..W-1 and rounded once to the inputs' dtype (deterministic). ``out`` (``[m, N]``)
+    receives it. Differentiable (the backward of ``a`` is an all_gather_matmul). Errors as
+    :func:`all_gather_matmul`; ``M`` not a multiple of the world size is a ``ValueError``.
+    """
+    if _wants_grad(a, b):
+        from .autograd import MatmulReduceScatter
+        if out is not None:
+            raise ValueError("matmul_reduce_scatter: out= is not supported when a gradient is "
+                             "required (autograd needs a fresh output)")
+        return MatmulReduceScatter.apply(a, b, comm)
+    return _engine(comm, a).matmul_reduce_scatter(comm, a, b, out=out)
