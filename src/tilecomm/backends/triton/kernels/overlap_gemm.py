@@ -18,13 +18,14 @@ by the host; ``b [K, N]`` any strides; ``c [W*m, N]``)
     ``ieee`` for float32 inputs, as torch.matmul without TF32) and is rounded once.
 
 ``matmul_reduce_scatter_kernel`` (``a [W*m, K_r]``, ``b [K_r, N]`` any strides; ``part [W,
-m, N]`` float32 symmetric; ``out [m, N]``)
+m, N]`` symmetric, the inputs' dtype; ``out [m, N]``)
     Program ``p`` computes output tiles ``u = p, p+P, ...`` of every owner, the next rank
-    first and its own rows last; a peer's tile is stored straight into slot ``rank`` of the
-    owner's ``part`` (remote stores) and announced by setting the owner's signal ``(tile,
-    rank)`` to the epoch (release). Then, for its own tiles, it waits for every peer's signal
-    of the tile (acquire) and adds ``part[0] + part[1] + ...`` in rank order in
-    float32, rounding once into ``out`` (the reference's order).
+    first and its own rows last; a peer's tile, rounded to the inputs' dtype (the
+    reference's partial, :mod:`tilecomm.ops.reference`), is stored straight into slot
+    ``rank`` of the owner's ``part`` (remote stores) and announced by setting the owner's
+    signal ``(tile, rank)`` to the epoch (release). Then, for its own tiles, it waits for
+    every peer's signal of the tile (acquire) and adds ``part[0] + part[1] + ...`` in rank
+    order in float32, rounding once into ``out`` (the reference's order).
 
 Reuse: ``g`` and ``part`` have two halves chosen by the epoch's parity. A rank that starts call
 ``k + 2`` has finished call ``k + 1``, in which it waited for a signal every peer sent in its
@@ -134,7 +135,7 @@ def matmul_reduce_scatter_kernel(a, b, part, out, pad, bases, rank, err, timeout
             acc = _tile(a, sa_m, sa_k, dst * m + lrows, rmask, b, sb_k, sb_n, cols, cmask, k,
                         BM, BN, BK, PRECISION)
             slot = lang.peer_ptr(part, dst, bases, rank) + rank * mn
-            tl.store(slot + lrows[:, None] * n + cols[None, :], acc,
+            tl.store(slot + lrows[:, None] * n + cols[None, :], acc.to(part.dtype.element_ty),
                      mask=rmask[:, None] & cmask[None, :])
             if dst != rank:
                 lang.signal_set(pad, u * WORLD + rank, epoch, dst, bases, rank)
@@ -147,9 +148,9 @@ def matmul_reduce_scatter_kernel(a, b, part, out, pad, bases, rank, err, timeout
         for s in tl.static_range(WORLD):
             if s != rank:
                 lang.wait_ge(pad, u * WORLD + s, epoch, s, err, rank, timeout_ns, SITE_TILE)
-        acc = tl.load(part + offs, mask=mask, other=0.0)
+        acc = tl.load(part + offs, mask=mask, other=0.0).to(tl.float32)
         for s in tl.static_range(1, WORLD):
-            acc += tl.load(part + s * mn + offs, mask=mask, other=0.0)
+            acc += tl.load(part + s * mn + offs, mask=mask, other=0.0).to(tl.float32)
         tl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
 
 
@@ -169,7 +170,7 @@ def _sig(ag: bool, dt: str) -> dict:
     else:
         names = ["a", "b", "part", "out", "pad", "bases", "rank", "err", "timeout_ns", "epoch",
                  "m", "n", "k", "sa_m", "sa_k", "sb_k", "sb_n"]
-        types = [f"*{dt}", f"*{dt}", "*fp32", f"*{dt}", "*i64", "*i64", "i32", "*i64", "i64",
+        types = [f"*{dt}", f"*{dt}", f"*{dt}", f"*{dt}", "*i64", "*i64", "i32", "*i64", "i64",
                  "i64", "i32", "i32", "i32", "i32", "i32", "i32", "i32"]
     return dict(zip(names, types))
 
