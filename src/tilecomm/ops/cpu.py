@@ -95,14 +95,16 @@ def _ok(t) -> bool:
     return t.type == "cpu"
 
 
-def all_gather_matmul(comm, a, b, out=None, return_gathered=False):
-    """See :func:`tilecomm.ops.all_gather_matmul` (CPU tensors)."""
+def all_gather_matmul(comm, a, b, out=None, return_gathered=False, copy="kernel"):
+    """See :func:`tilecomm.ops.all_gather_matmul` (CPU tensors). ``copy`` is checked and
+    agreed like on the kernel engine, but both values run the same code here: this engine
+    copies no chunk at all (the GEMM reads the peers' memory in place)."""
     w, me = comm.world_size, comm.rank
     ws = _workspace(comm, "ag")
     parity = ws.calls % 2
     ws.calls += 1
     shape = (lambda x, y: (w * x.shape[0], y.shape[1]))
-    problem, _ = checks.local_problem(checks.OPS[0], a, b, out, shape, _ok)
+    problem, _ = checks.local_problem(checks.OPS[0], a, b, out, shape, _ok, copy)
     ready = False
     if problem == 0:
         m, k = a.shape
@@ -114,7 +116,7 @@ def all_gather_matmul(comm, a, b, out=None, return_gathered=False):
             ws.region(parity, me * chunk, (m, k), a.dtype).copy_(a)
         torch.matmul(a, b, out=out[me * m:(me + 1) * m])   # the own chunk, before the wait
     call = checks.agree(comm, checks.OPS[0], "cpu", a, b, out=out, out_shape=shape,
-                        device_ok=_ok, flag=return_gathered, ready=ready)
+                        device_ok=_ok, flag=return_gathered, ready=ready, copy=copy)
     if not all(d[checks.F_READY] for d in call.descs):
         ws.grow(comm, w * chunk)
         ws.region(parity, me * chunk, (m, k), a.dtype).copy_(a)

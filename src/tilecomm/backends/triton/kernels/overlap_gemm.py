@@ -154,6 +154,48 @@ def matmul_reduce_scatter_kernel(a, b, part, out, pad, bases, rank, err, timeout
         tl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
 
 
+# ---- the copy-engine variant of all_gather_matmul (ops.kernel, copy="stream") -------------
+# The host queues, per peer chunk in rotation order, on a side stream: wait_chunk_kernel (the
+# owner's ready signal, acquire), a cudaMemcpyAsync of the chunk from the owner's g into this
+# rank's g (the copy engine), an event; on the main stream: chunk_ready_kernel (after the own
+# chunk's host copy), the own chunk's chunk_matmul_kernel, then per peer chunk a wait for its
+# event and its chunk_matmul_kernel. No kernel spins on work of another stream of this rank
+# (only on peers' signals), so it cannot deadlock on SMs held by the GEMM.
+
+
+@triton.jit
+def chunk_ready_kernel(pad, bases, rank, epoch, WORLD: tl.constexpr):
+    """Tell every peer that this rank's chunk of ``g`` is written (slot ``rank`` of the peer's
+    pad := epoch, release); the same signal all_gather_matmul_kernel's program 0 sends."""
+    for p in tl.static_range(WORLD):
+        if p != rank:
+            lang.signal_set(pad, rank, epoch, p, bases, rank)
+
+
+@triton.jit
+def wait_chunk_kernel(pad, src, epoch, err, rank, timeout_ns):
+    """Wait (bounded, acquire) for rank ``src``'s ready signal of this epoch; a timeout is
+    recorded in ``err`` (DeviceHeap.check raises it) and the copy after it is garbage."""
+    lang.wait_ge(pad, src, epoch, src, err, rank, timeout_ns, SITE_CHUNK)
+
+
+@triton.jit
+def chunk_matmul_kernel(g, b, c, row0, m, n, k, sb_k, sb_n, BM: tl.constexpr,
+                        BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr):
+    """``c[row0:row0+m] = g[row0:row0+m] @ b`` (``g [*, K]`` contiguous, float32 accumulation,
+    one rounding): one tile per program, grid ``cdiv(m, BM) * cdiv(n, BN)``."""
+    t = tl.program_id(0)
+    nb = tl.cdiv(n, BN)
+    local_rows = (t // nb) * BM + tl.arange(0, BM)
+    rmask = local_rows < m
+    rows = row0 + local_rows
+    cols = (t % nb) * BN + tl.arange(0, BN)
+    cmask = cols < n
+    acc = _tile(g, k, 1, rows, rmask, b, sb_k, sb_n, cols, cmask, k, BM, BN, BK, PRECISION)
+    tl.store(c + rows[:, None] * n + cols[None, :], acc.to(c.dtype.element_ty),
+             mask=rmask[:, None] & cmask[None, :])
+
+
 #: tile shapes (BM, BN, BK): the interpreter runs every op in numpy (small blocks keep the
 #: tests fast); on a GPU a common Hopper choice for 16-bit inputs, and smaller tiles for
 #: float32, which has no tensor-core path without TF32 (not tuned: nothing has run on a GPU)
@@ -182,6 +224,14 @@ def _compile_entries():
         consts = {"WORLD": 8, "BM": bm, "BN": bn, "BK": bk, "PRECISION": prec}
         out.append((all_gather_matmul_kernel, _sig(True, dt), consts))
         out.append((matmul_reduce_scatter_kernel, _sig(False, dt), consts))
+        chunk = dict(zip(["g", "b", "c", "row0", "m", "n", "k", "sb_k", "sb_n"],
+                         [f"*{dt}"] * 3 + ["i32"] * 6))
+        out.append((chunk_matmul_kernel, chunk,
+                    {k: v for k, v in consts.items() if k != "WORLD"}))
+    out.append((chunk_ready_kernel, {"pad": "*i64", "bases": "*i64", "rank": "i32",
+                                     "epoch": "i64"}, {"WORLD": 8}))
+    out.append((wait_chunk_kernel, {"pad": "*i64", "src": "i32", "epoch": "i64", "err": "*i64",
+                                    "rank": "i32", "timeout_ns": "i64"}, {}))
     return out
 
 
