@@ -24,6 +24,7 @@ import weakref
 import torch
 
 from ..errors import CommError
+from ..settings import settings
 from . import checks
 
 _ENGINES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -53,7 +54,10 @@ class _Engine:
         from ..device import DeviceHeap
 
         self.k = _kernels(device)
-        self.heap = DeviceHeap.create(comm, device=device.type)
+        # the tensors' own GPU; as large as the GPU collectives' heap (TILECOMM_DEVICE_HEAP_BYTES:
+        # the 64 MiB default of DeviceHeap.create is too small for TP-sized chunks)
+        self.heap = DeviceHeap.create(comm, device=device,
+                                      nbytes=settings().device_heap_bytes)
         self.interpret = device.type == "cpu"
         if self.interpret:
             self.programs = 4
