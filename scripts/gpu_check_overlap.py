@@ -22,8 +22,10 @@ import gc
 import statistics
 import time
 
-#: tolerance of the kernels against the references (max abs difference), by dtype
-TOL = {"float32": 1e-3, "bfloat16": 0.25, "float16": 0.05}
+#: tolerance of the kernels against the references, ``|got - want| <= atol + rtol * |want|``:
+#: another K order moves a 16-bit result by about one rounding of the output (and of each
+#: partial of the reduce-scatter)
+TOL = {"float32": (1e-3, 1e-4), "bfloat16": (0.05, 2e-2), "float16": (0.01, 4e-3)}
 
 
 def _inputs(torch, w, r, m, k, n, dtype, dev, seed):
@@ -77,7 +79,8 @@ def correctness(rk, deadline):
                         rk.sync()
                     diff = (got.cpu().float() - want.float()).abs()
                     detail["max_abs_diff"] = float(diff.max()) if diff.numel() else 0.0
-                    return int((diff > TOL[dt]).sum())
+                    atol, rtol = TOL[dt]
+                    return int((diff > atol + rtol * want.float().abs()).sum())
                 rec = rk._judged(rec, fn)
                 rec.update(detail)
                 gc.collect()
