@@ -25,6 +25,10 @@ through the bench's own rank code (``tilecomm.bench.runner``), i.e. through the 
 4. **timing** (float32 sum; both memory kinds): the bench's timed rounds (CUDA events),
    slowest rank's median; bound: NVLink bandwidth between GPUs where there is NVLink, else
    the device copy rate measured in the same run.
+4b. **fused ops** (``scripts/gpu_check_overlap.py``): ``tilecomm.ops.all_gather_matmul``
+   (``copy="kernel"`` and ``copy="stream"``) and ``matmul_reduce_scatter`` against their
+   references, then timed against ``torch.matmul`` + tilecomm's collective (unfused) and
+   PyTorch's ``torch.ops.symm_mem`` fused ops where the installed torch has them.
 5. **latency**: 8 KB all_reduce per call (eager, heap tensor) vs a copy + host barrier, and
    the same call captured in a ``torch.cuda.CUDAGraph`` and replayed (a capture that fails is
    that case's failure).
@@ -54,6 +58,8 @@ import time
 import traceback
 
 EXIT_PASS, EXIT_FAIL, EXIT_INCOMPLETE, EXIT_CANNOT_RUN = 0, 1, 2, 3
+if os.path.dirname(os.path.abspath(__file__)) not in sys.path:    # gpu_check_overlap beside
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def _config(interpret: bool) -> dict:
@@ -61,13 +67,20 @@ def _config(interpret: bool) -> dict:
         return dict(interpret=True, worlds=[[2, "cpu"]], check_sizes=[8, 148],
                     full_sizes=[148], mix_mems=True, cover=True, time_sizes=[1024], iters=2,
                     rounds=2, warmup=1, device_timeout=5.0, latency_iters=3, seq_len=6,
-                    copy_bytes=8 << 20, budget=45.0, plan_sizes=[148], bits_sizes=[600])
+                    copy_bytes=8 << 20, budget=45.0, plan_sizes=[148], bits_sizes=[600],
+                    overlap_check_shapes=[[5, 24, 20]], overlap_dtypes=["float32", "bfloat16"],
+                    overlap_time_shapes=[[8, 16, 16]], overlap_time_dtype="float32",
+                    overlap_iters=1, overlap_rounds=2)
     return dict(interpret=False, worlds=[[2, "cuda:0"], [4, "cuda:0"], [8, "cuda:0"]],
                 check_sizes=[4, 4012, 262164, 4 << 20], full_sizes=[4012, 262164],
                 mix_mems=False, time_sizes=[8 << 10, 1 << 20, 16 << 20], iters=20, rounds=5,
                 warmup=3, device_timeout=5.0, latency_iters=200, seq_len=24,
                 copy_bytes=256 << 20, budget=240.0, plan_sizes=[4012, 262164],
-                bits_sizes=[4012, 262164])
+                bits_sizes=[4012, 262164],
+                # fused ops: m rows per rank, K, N (8 ranks x 512 rows = a 4096-token TP GEMM)
+                overlap_check_shapes=[[300, 256, 200]], overlap_dtypes=["float32", "bfloat16"],
+                overlap_time_shapes=[[512, 4096, 4096]], overlap_time_dtype="bfloat16",
+                overlap_iters=5, overlap_rounds=3)
 
 
 # =============================================================================================
@@ -653,6 +666,9 @@ def rank_task(comm, cfg, device, partial_path, deadline, flags, bounds, rank_set
     out["correctness"].append(rk.deterministic_case(now + 0.65 * span))
     out["correctness"].append(rk.sequence(check_table, deadline - reserve))
     out["timing"] = rk.time_all(time_table, deadline - reserve, rk_bounds)
+    import gpu_check_overlap
+    ov_checks, out["overlap"] = gpu_check_overlap.overlap_checks(rk, deadline - reserve)
+    out["correctness"] += ov_checks
     if flags.get("latency"):
         out["latency_8k"] = rk.latency(deadline)
         out["graph_8k"] = rk.graph_replay(deadline + 5)
@@ -881,7 +897,8 @@ def run_world(w, device, cfg, budget_s, partial_dir, flags, bounds, rank_setup=N
                 for line in f:
                     rec = json.loads(line)
                     phase = rec.pop("phase")
-                    summary["correctness" if phase == "check" else "timing"].append(rec)
+                    key = {"check": "correctness", "overlap": "overlap"}.get(phase, "timing")
+                    summary.setdefault(key, []).append(rec)
     return summary, status
 
 
@@ -911,8 +928,14 @@ def summarize(res):
     res["skipped_cases"] += sum(1 for t in res["timing"]
                                 if str(t.get("error", "")).startswith("skipped"))
     res["skipped_cases"] += sum(1 for s in res["worlds"].values() if s.startswith("skipped"))
+    res["skipped_cases"] += sum(1 for t in res.get("overlap", []) for e in t["errors"].values()
+                                if e.startswith("skipped"))
     timing_failed = [t["case"] for t in res["timing"]
                      if t.get("error") and not str(t["error"]).startswith("skipped")]
+    # the fused ops' own timings (a PyTorch baseline that cannot run is not a failure)
+    timing_failed += [f"{t['case']} {lab}" for t in res.get("overlap", [])
+                      for lab, e in t["errors"].items()
+                      if lab.startswith(("fused", "unfused")) and not e.startswith("skipped")]
     res["timing_failed"] = timing_failed
     ran = [s for s in res["worlds"].values() if not s.startswith("skipped")]
     res["all_correct"] = bool(per) and all(v["ok"] for v in per.values()) and \
@@ -970,6 +993,8 @@ def text_report(res) -> str:
         lines.append(f"  {t['case']:44s} {t['us']:10.1f} {t['busbw_GBps']:10.2f} "
                      f"{_fmt(t.get('bound_us')):>10s} "
                      f"{(f'{100 * frac:.0f}%' if frac else '-'):>8s}")
+    import gpu_check_overlap
+    lines += gpu_check_overlap.text_lines(res.get("overlap", []))
     lat = res.get("latency_8k")
     if lat:
         lines.append("")
@@ -1007,7 +1032,8 @@ def run_check(cfg: dict, out_dir: str, rank_setup=None, log=print) -> tuple[dict
         os.environ["TRITON_INTERPRET"] = "1"
     os.makedirs(out_dir, exist_ok=True)
     res = dict(env=environment(interpret), config=cfg, worlds={}, kernels=[], table=[],
-               bits_table=[], timing_table=[], correctness=[], timing=[], copy_bandwidth=None,
+               bits_table=[], timing_table=[], correctness=[], timing=[], overlap=[],
+               copy_bandwidth=None,
                latency_8k=None, graph_8k=None)
     pf = res["preflight"] = preflight(interpret)
     res["env"]["nvidia_smi"] = (pf.get("nvidia_smi") or {}).get("gpus") or \
@@ -1029,6 +1055,7 @@ def run_check(cfg: dict, out_dir: str, rank_setup=None, log=print) -> tuple[dict
     biggest = max(cfg["check_sizes"] + cfg["time_sizes"])
     cfg.setdefault("device_heap_bytes", max(256 << 20, 8 * biggest + (64 << 20)))
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
+        cfg["overlap_store"] = os.path.join(tmp, "torch_symm_store")   # PyTorch baseline
         for i, (w, device) in enumerate(worlds):
             key = str(w) if device in ("cpu", "cuda:0") else f"{w}@{device}"
             left = budget - (time.time() - t0)
@@ -1054,6 +1081,7 @@ def run_check(cfg: dict, out_dir: str, rank_setup=None, log=print) -> tuple[dict
                 res[name] += [c for c in summary.get(name, []) if c not in res[name]]
             res["correctness"] += summary.get("correctness", [])
             res["timing"] += summary.get("timing", [])
+            res["overlap"] += summary.get("overlap", [])
             for name in ("copy_bandwidth", "latency_8k", "graph_8k"):
                 if summary.get(name):
                     res[name] = summary[name]

@@ -107,6 +107,23 @@ def test_dry_run_passes_and_reports_the_case_table(tmp_path):
     seq = [c for c in res["correctness"] if c["case"].startswith("sequence/")]
     assert seq and seq[0]["ok"] and len(seq[0]["calls"]) >= 6
     assert len({c.split("/")[0] for c in seq[0]["calls"]}) >= 3     # different operations
+    # the fused ops (scripts/gpu_check_overlap.py): both copy variants and the reduce-scatter
+    # against the references in fp32 and bf16, timed against unfused; no PyTorch baseline here
+    ops = {(c["kernel"], c["dtype"]): c for c in res["correctness"]
+           if c["kernel"].startswith("ops/")}
+    assert set(ops) == {(f"ops/{k}", d) for k in ("all_gather_matmul/kernel",
+                                                   "all_gather_matmul/stream",
+                                                   "matmul_reduce_scatter")
+                        for d in ("float32", "bfloat16")}, sorted(ops)
+    assert all(c["ok"] and c["max_abs_diff"] < 1e-3 for c in ops.values()), ops
+    ov = {t["op"]: t for t in res["overlap"]}
+    assert set(ov["all_gather_matmul"]["us"]) == {"fused copy=kernel", "fused copy=stream",
+                                                  "unfused all_gather + matmul"}, ov
+    assert set(ov["matmul_reduce_scatter"]["us"]) == {"fused",
+                                                      "unfused matmul + reduce_scatter"}, ov
+    assert all(v > 0 for t in ov.values() for v in t["us"].values())
+    assert ov["all_gather_matmul"]["faster_copy"] in ("fused copy=kernel", "fused copy=stream")
+    assert all("n/a" in t["errors"]["torch symm_mem fused"] for t in ov.values()), ov
     assert res["copy_bandwidth"]["GBps"] > 0
     lat = res["latency_8k"]["us_slowest_rank"]
     assert all(isinstance(v, float) and v > 0 for v in lat.values()), lat
@@ -115,6 +132,7 @@ def test_dry_run_passes_and_reports_the_case_table(tmp_path):
         text = f.read()
     assert "RESULT: PASS" in text and text.strip() in r.stdout
     assert "preflight: no GPU (interpret mode)" in text
+    assert "faster all-gather copy:" in text
 
 
 def test_case_ids_are_tilecomm_bench_ids(tmp_path):

@@ -32,13 +32,15 @@ def maxdiff(x, y):
     return (x.float() - y.float()).abs().max().item() if x.numel() else 0.0
 
 
-def run_ag(comm, m, k, n, dtype, seed=0, gathered=False, out=False, b_transposed=False):
+def run_ag(comm, m, k, n, dtype, seed=0, gathered=False, out=False, b_transposed=False,
+           copy="kernel"):
     """(bits equal to the reference, max abs difference, gathered A equal) for this rank."""
     try:
         shards, b = ag_inputs(comm.world_size, m, k, n, dtype, seed, b_transposed)
         ref, gref = all_gather_matmul_reference(shards, b)
         o = torch.full((comm.world_size * m, n), float("nan"), dtype=dtype) if out else None
-        res = all_gather_matmul(shards[comm.rank], b, comm, return_gathered=gathered, out=o)
+        res = all_gather_matmul(shards[comm.rank], b, comm, return_gathered=gathered, out=o,
+                                copy=copy)
         c, g = res if gathered else (res, None)
         if out:
             assert c is o
@@ -113,6 +115,8 @@ def bad_call(comm, case):
                                              out=torch.empty(5 if r == 1 else 4, 6)),
         "not_tensor": lambda: all_gather_matmul(x if r != 1 else [1, 2], b, comm),
         "gathered": lambda: all_gather_matmul(x, b, comm, return_gathered=r == 1),
+        "copy": lambda: all_gather_matmul(x, b, comm, copy="stream" if r == 1 else "kernel"),
+        "copy_value": lambda: all_gather_matmul(x, b, comm, copy="dma" if r == 1 else "kernel"),
     }
     got = catch(calls[case])
     after = run_ag(comm, 3, 5, 4, torch.float32)[1]  # the communicator still works

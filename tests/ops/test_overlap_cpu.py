@@ -34,6 +34,7 @@ def _ag_many(comm, dtype):
     out.append(cases.run_ag(comm, 9, 33, 17, dtype, seed=5, gathered=True))    # grows
     out.append(cases.run_ag(comm, 9, 33, 17, dtype, seed=6, out=True, b_transposed=True))
     out.append(cases.run_ag(comm, 0, 4, 3, dtype))                             # empty
+    out.append(cases.run_ag(comm, 5, 7, 6, dtype, seed=9, copy="stream"))      # same code
     return out
 
 
@@ -71,6 +72,8 @@ def test_reduction_is_in_rank_order(group):
     ("out", ("ValueError", "out has the wrong shape"), ("ValueError", "rank 1 rejected")),
     ("not_tensor", ("TypeError", "a is not a torch.Tensor"), ("TypeError", "rank 1")),
     ("gathered", ("CommMismatch", "return_gathered"), ("CommMismatch", "return_gathered")),
+    ("copy", ("CommMismatch", "rank 1: stream"), ("CommMismatch", "disagree on copy")),
+    ("copy_value", ("ValueError", "'dma'"), ("ValueError", "rank 1 rejected")),
 ])
 def test_bad_calls_raise_on_every_rank(group, case, rank1, others):
     res = group(3).run(cases.bad_call, case)

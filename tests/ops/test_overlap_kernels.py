@@ -65,13 +65,33 @@ def test_kernels_match_the_references(group, w, dtype):
         assert all(d <= TOL[dtype] for _, d in rs), rs
 
 
+def _stream_many(comm, dtype):
+    """copy="stream" (wait kernel, copy, per-chunk GEMM), interleaved with the persistent
+    kernel's calls (they share the pad slots and epochs), both halves, growth, out=."""
+    res = [cases.run_ag(comm, 21, 40, 37, dtype, seed=0, copy="stream"),
+           cases.run_ag(comm, 21, 40, 37, dtype, seed=1),
+           cases.run_ag(comm, 21, 40, 37, dtype, seed=2, copy="stream"),
+           cases.run_ag(comm, 33, 19, 70, dtype, seed=3, gathered=True, b_transposed=True,
+                        copy="stream"),
+           cases.run_ag(comm, 5, 8, 9, dtype, seed=4, out=True, copy="stream"),
+           cases.run_ag(comm, 0, 8, 9, dtype, seed=5, copy="stream")]
+    return res
+
+
+@pytest.mark.parametrize("w,dtype", [(2, torch.float32), (3, torch.bfloat16)], ids=str)
+def test_copy_engine_variant_matches_the_references(group, w, dtype):
+    for res in group(w).run(_stream_many, dtype):
+        assert all(d <= TOL[dtype] for _, d, _ in res), res
+        assert [g for _, _, g in res if g is not None] == [True]
+
+
 def test_kernel_reduction_is_in_rank_order(group):
     for same, reorder_changes in group(3).run(cases.order_sensitive_rs, 19, 40):
         assert same
         assert reorder_changes > 0
 
 
-@pytest.mark.parametrize("case", ["K", "dtype", "rows"])
+@pytest.mark.parametrize("case", ["K", "dtype", "rows", "copy"])
 def test_kernel_path_errors_on_every_rank(group, case):
     for got, after in group(2).run(cases.bad_call, case):
         assert got is not None and got[0] in ("ValueError", "CommMismatch"), got

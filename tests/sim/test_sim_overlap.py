@@ -57,6 +57,6 @@ def test_cli_sim_overlap(tmp_path, capsys):
 
 def test_float32_partials_cost_twice_the_bytes_of_bf16_ones():
     kw = dict(op="matmul_reduce_scatter", m=8192, k=8192, n=28672, tp=8, system="dgx-h100")
-    f32, bf16 = predict_overlap(**kw), predict_overlap(**kw, partials="input")
+    f32, bf16 = predict_overlap(**kw, partials="fp32"), predict_overlap(**kw)
     assert f32.unfused_us == bf16.unfused_us
     assert f32.fused_us > bf16.fused_us

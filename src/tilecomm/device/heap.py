@@ -159,6 +159,11 @@ class ShmDeviceHeap(DeviceHeap):
     def barrier(self) -> None:
         self.comm.barrier()
 
+    def peer_view(self, tensor: torch.Tensor, rank: int) -> torch.Tensor:
+        """Rank ``rank``'s copy of the symmetric, contiguous ``tensor`` (a view of its shared
+        memory), for host-side copies such as the copy-engine variant of the fused ops."""
+        return self.comm.peer(tensor, rank)
+
 
 class CudaDeviceHeap(DeviceHeap):
     """Device heap on a :class:`tilecomm.heap.cuda.CudaHeap` (CUDA IPC between processes);
@@ -205,6 +210,22 @@ class CudaDeviceHeap(DeviceHeap):
     def barrier(self) -> None:
         torch.cuda.synchronize(self.device)
         self.comm.barrier()
+
+    def peer_view(self, tensor: torch.Tensor, rank: int) -> torch.Tensor:
+        """Rank ``rank``'s copy of the symmetric, contiguous ``tensor`` (from :meth:`alloc`),
+        as mapped in this process (CUDA IPC), labelled with this rank's device: for
+        ``dst.copy_(peer_view(...))``, a cudaMemcpyAsync by the copy engine on the current
+        stream. Only for copies: a kernel must use ``lang.peer_ptr``."""
+        from ..heap.cuda import tensor_at
+
+        if not tensor.is_contiguous():
+            raise ValueError("peer_view: pass a contiguous tensor from DeviceHeap.alloc")
+        off = tensor.data_ptr() - self.heap.address(self.rank)
+        nbytes = tensor.numel() * tensor.element_size()
+        if off < 0 or off + nbytes > self._alloc.size:
+            raise ValueError("peer_view: tensor is not in this rank's device heap")
+        raw = tensor_at(self.heap.address(rank) + off, nbytes, self.device)
+        return raw.view(tensor.dtype).reshape(tensor.shape)
 
     def error_words(self) -> list[int]:
         torch.cuda.synchronize(self.device)

@@ -19,10 +19,10 @@ import torch
 
 class AllGatherMatmul(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a_shard, b, comm):
+    def forward(ctx, a_shard, b, comm, copy="kernel"):
         from .overlap import _engine
         c, gathered = _engine(comm, a_shard).all_gather_matmul(
-            comm, a_shard.detach(), b.detach(), return_gathered=True)
+            comm, a_shard.detach(), b.detach(), return_gathered=True, copy=copy)
         ctx.comm = comm
         ctx.save_for_backward(gathered, b)
         ctx.mark_non_differentiable(gathered)
@@ -38,7 +38,7 @@ class AllGatherMatmul(torch.autograd.Function):
             grad_a = _engine(ctx.comm, grad_c).matmul_reduce_scatter(ctx.comm, grad_c, b.t())
         if ctx.needs_input_grad[1]:
             grad_b = (gathered.float().t() @ grad_c.float()).to(b.dtype)
-        return grad_a, grad_b, None
+        return grad_a, grad_b, None, None
 
 
 class MatmulReduceScatter(torch.autograd.Function):

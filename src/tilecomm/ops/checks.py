@@ -29,11 +29,14 @@ from ..errors import CommMismatch, CommTimeout
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 OPS = ("all_gather_matmul", "matmul_reduce_scatter")
 ENGINES = ("cpu", "kernel")
+#: how all_gather_matmul's kernel engine moves the peers' chunks (``copy=``): the GEMM
+#: kernel's own gets, or the copy engine on a side stream (:mod:`tilecomm.ops.kernel`)
+COPIES = ("kernel", "stream")
 
 # descriptor fields
-F_OP, F_ENGINE, F_PROBLEM, F_DTYPE, F_A0, F_A1, F_B0, F_B1, F_FLAG, F_READY = range(10)
+F_OP, F_ENGINE, F_PROBLEM, F_DTYPE, F_A0, F_A1, F_B0, F_B1, F_FLAG, F_READY, F_COPY = range(11)
 #: F_READY is not compared: whether the rank's engine published its data before the handshake
-NFIELDS = 10
+NFIELDS = 11
 
 #: problems a rank can find in its own arguments: id -> (exception type, text)
 PROBLEMS = {
@@ -48,6 +51,7 @@ PROBLEMS = {
     9: (ValueError, "out has the wrong shape"),
     10: (TypeError, "out has the wrong dtype or device"),
     11: (TypeError, "tensors are on a device without an engine (use cpu or cuda)"),
+    12: (ValueError, "copy must be 'kernel' or 'stream'"),
 }
 
 
@@ -73,8 +77,11 @@ class Call:
         return self.b[1]
 
 
-def local_problem(op: str, a, b, out, out_shape, device_ok) -> tuple[int, str]:
+def local_problem(op: str, a, b, out, out_shape, device_ok, copy: str = "kernel"
+                  ) -> tuple[int, str]:
     """The first problem of this rank's own arguments: ``(id, detail)`` or ``(0, "")``."""
+    if copy not in COPIES:
+        return 12, f"got {copy!r}"
     if not isinstance(a, torch.Tensor):
         return 1, f"got {type(a).__name__}"
     if not isinstance(b, torch.Tensor):
@@ -104,13 +111,14 @@ def local_problem(op: str, a, b, out, out_shape, device_ok) -> tuple[int, str]:
     return 0, ""
 
 
-def describe(op: str, engine: str, a, b, problem: int, flag: int, ready: bool = False
-             ) -> list[int]:
+def describe(op: str, engine: str, a, b, problem: int, flag: int, ready: bool = False,
+             copy: str = "kernel") -> list[int]:
     d = [0] * NFIELDS
     d[F_READY] = int(ready)
+    d[F_COPY] = COPIES.index(copy) if copy in COPIES else -1
     d[F_OP], d[F_ENGINE], d[F_PROBLEM], d[F_FLAG] = OPS.index(op), ENGINES.index(engine), \
         problem, int(flag)
-    ok = problem == 0 or problem > 4
+    ok = problem == 0 or 4 < problem < 12
     d[F_DTYPE] = DTYPES.index(a.dtype) if ok and problem != 5 else -1
     if ok:
         d[F_A0], d[F_A1] = a.shape
@@ -119,11 +127,11 @@ def describe(op: str, engine: str, a, b, problem: int, flag: int, ready: bool = 
 
 
 def agree(comm, op: str, engine: str, a, b, *, out=None, out_shape=None, device_ok=None,
-          flag: int = 0, ready: bool = False) -> Call:
+          flag: int = 0, ready: bool = False, copy: str = "kernel") -> Call:
     """Exchange descriptors and apply the rules of the module docstring (collective)."""
     problem, detail = local_problem(op, a, b, out, out_shape or (lambda *_: None),
-                                    device_ok or (lambda d: True))
-    mine = describe(op, engine, a, b, problem, flag, ready)
+                                    device_ok or (lambda d: True), copy)
+    mine = describe(op, engine, a, b, problem, flag, ready, copy)
     try:
         descs = comm.exchange(mine)
     except CommTimeout as e:        # name the op, not the handshake's all_gather
@@ -142,7 +150,8 @@ def agree(comm, op: str, engine: str, a, b, *, out=None, out_shape=None, device_
               (F_DTYPE, "dtype", lambda v: str(DTYPES[v]).removeprefix("torch.")),
               (F_FLAG, "return_gathered", bool)]
     if op == OPS[0]:     # all_gather_matmul: every shard has the same shape, b the same N
-        fields += [(F_A0, "m (rows of a_shard)", int), (F_A1, "K", int), (F_B1, "N", int)]
+        fields += [(F_A0, "m (rows of a_shard)", int), (F_A1, "K", int), (F_B1, "N", int),
+                   (F_COPY, "copy", lambda v: COPIES[v])]
     else:                # matmul_reduce_scatter: K_r may differ per rank (uneven slices)
         fields += [(F_A0, "M (rows of a)", int), (F_B1, "N", int)]
     for idx, label, show in fields:

@@ -13,14 +13,13 @@ all_gather_matmul (``a_shard [m, K]``, ``b [K, N]`` -> ``[W*m, N]``)
     ``rank+1, rank+2, ...`` (ranks do not all read one peer at a time), each straight from
     the peer's workspace.
 matmul_reduce_scatter (``a [W*m, K_r]``, ``b [K_r, N]`` -> ``[m, N]``)
-    compute the float32 partial of every owner's rows into this rank's workspace (all local);
-    handshake; then this rank reads the partial of its own rows from every rank's workspace
-    and adds them in rank order 0..W-1, rounding once.
+    compute the partial of every owner's rows (input dtype) into this rank's workspace (all
+    local); handshake; then this rank reads the partial of its own rows from every rank's
+    workspace and adds them in float32 in rank order 0..W-1, rounding once.
 
-Each product is one ``torch.matmul`` per chunk (:func:`reference.chunk_gemm` for
-all_gather_matmul, in the input dtype; :func:`reference.chunk_product`, float32, for the
-partials of matmul_reduce_scatter): exactly what the references compute, so the results are
-the references' bits.
+Each product is one ``torch.matmul`` per chunk in the input dtype
+(:func:`reference.chunk_gemm`, written straight into the output or the workspace): exactly
+what the references compute, so the results are the references' bits.
 
 Reuse of the workspace: it has two halves, used by alternate calls. Call ``k`` writes half
 ``k % 2`` before its handshake; the last reads of that half were made in call ``k - 2``, which
@@ -96,14 +95,16 @@ def _ok(t) -> bool:
     return t.type == "cpu"
 
 
-def all_gather_matmul(comm, a, b, out=None, return_gathered=False):
-    """See :func:`tilecomm.ops.all_gather_matmul` (CPU tensors)."""
+def all_gather_matmul(comm, a, b, out=None, return_gathered=False, copy="kernel"):
+    """See :func:`tilecomm.ops.all_gather_matmul` (CPU tensors). ``copy`` is checked and
+    agreed like on the kernel engine, but both values run the same code here: this engine
+    copies no chunk at all (the GEMM reads the peers' memory in place)."""
     w, me = comm.world_size, comm.rank
     ws = _workspace(comm, "ag")
     parity = ws.calls % 2
     ws.calls += 1
     shape = (lambda x, y: (w * x.shape[0], y.shape[1]))
-    problem, _ = checks.local_problem(checks.OPS[0], a, b, out, shape, _ok)
+    problem, _ = checks.local_problem(checks.OPS[0], a, b, out, shape, _ok, copy)
     ready = False
     if problem == 0:
         m, k = a.shape
@@ -115,7 +116,7 @@ def all_gather_matmul(comm, a, b, out=None, return_gathered=False):
             ws.region(parity, me * chunk, (m, k), a.dtype).copy_(a)
         torch.matmul(a, b, out=out[me * m:(me + 1) * m])   # the own chunk, before the wait
     call = checks.agree(comm, checks.OPS[0], "cpu", a, b, out=out, out_shape=shape,
-                        device_ok=_ok, flag=return_gathered, ready=ready)
+                        device_ok=_ok, flag=return_gathered, ready=ready, copy=copy)
     if not all(d[checks.F_READY] for d in call.descs):
         ws.grow(comm, w * chunk)
         ws.region(parity, me * chunk, (m, k), a.dtype).copy_(a)
@@ -133,11 +134,6 @@ def all_gather_matmul(comm, a, b, out=None, return_gathered=False):
     return out
 
 
-def _product(rows, b32, dst) -> None:
-    """``dst (float32) = reference.chunk_product(rows, b)``, written in place."""
-    torch.matmul(rows.float(), b32, out=dst)
-
-
 def matmul_reduce_scatter(comm, a, b, out=None):
     """See :func:`tilecomm.ops.matmul_reduce_scatter` (CPU tensors)."""
     w, me = comm.world_size, comm.rank
@@ -149,7 +145,7 @@ def matmul_reduce_scatter(comm, a, b, out=None):
     ready = False
     if problem == 0 and a.shape[0] % w == 0:
         m, n = a.shape[0] // w, b.shape[1]
-        part = _round(m * n * 4)
+        part = _round(m * n * a.element_size())
         ready = ws.fits(w * part)
         if ready:
             _partials(ws, parity, a, b, m, n, part, me, w)
@@ -160,9 +156,10 @@ def matmul_reduce_scatter(comm, a, b, out=None):
         _partials(ws, parity, a, b, m, n, part, me, w)
         comm.barrier()
     # rank order 0..W-1, float32, one rounding (reference.matmul_reduce_scatter_reference)
-    acc = ws.region(parity, me * part, (m, n), torch.float32, rank=0, comm=comm).clone()
-    for s in range(1, w):
-        acc += ws.region(parity, me * part, (m, n), torch.float32, rank=s, comm=comm)
+    acc = torch.empty((m, n), dtype=torch.float32)
+    acc.copy_(ws.region(parity, me * part, (m, n), a.dtype, rank=0, comm=comm))
+    for s in range(1, w):     # a 16-bit peer partial is widened exactly, added in float32
+        acc += ws.region(parity, me * part, (m, n), a.dtype, rank=s, comm=comm)
     if out is None:
         return acc if a.dtype == torch.float32 else acc.to(a.dtype)
     out.copy_(acc)
@@ -170,9 +167,9 @@ def matmul_reduce_scatter(comm, a, b, out=None):
 
 
 def _partials(ws, parity, a, b, m, n, part, me, w) -> None:
-    """This rank's float32 partial of every owner's rows, owner ``c`` at ``c * part``; the
-    next rank's first (the first to be read), the own rows last."""
-    b32 = b.float()
+    """This rank's partial of every owner's rows in the input dtype (reference.chunk_gemm),
+    owner ``c`` at ``c * part``; the next rank's first (the first to be read), the own rows
+    last."""
     for j in range(1, w + 1):
         c = (me + j) % w
-        _product(a[c * m:(c + 1) * m], b32, ws.region(parity, c * part, (m, n), torch.float32))
+        torch.matmul(a[c * m:(c + 1) * m], b, out=ws.region(parity, c * part, (m, n), a.dtype))

@@ -22,7 +22,8 @@ def _wants_grad(*ts) -> bool:
 
 
 def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, comm, *,
-                      return_gathered: bool = False, out: torch.Tensor | None = None):
+                      return_gathered: bool = False, out: torch.Tensor | None = None,
+                      copy: str = "kernel"):
     """``all_gather(a_shard) @ b`` without waiting for the whole gather (collective).
 
     ``a_shard [m, K]`` is this rank's rows of A (every rank the same ``m``), ``b [K, N]``; the
@@ -31,6 +32,14 @@ def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, comm, *,
     ``gathered_a [W*m, K]``. ``out`` (``[W*m, N]``, same dtype and device) receives ``c``
     (its contents are unspecified if the call raises). Differentiable in ``a_shard`` and
     ``b`` (the backward of ``a_shard`` is a matmul_reduce_scatter); ``out`` is refused then.
+
+    ``copy`` (kernel engine: CUDA tensors, or CPU tensors with ``use_cpu_kernels("triton")``):
+    who copies the peers' chunks, ``"kernel"`` (the persistent GEMM's own gets, one row block
+    at a time) or ``"stream"`` (the copy engine on a side stream, one cudaMemcpyAsync per
+    chunk, the GEMM split per chunk behind stream waits; in the interpreter, the same steps
+    one after the other, the copies made by the CPU). Same results either way. Which is
+    faster on a GPU is for ``scripts/gpu_check.py`` to say: neither has run on one. The CPU
+    engine accepts both and runs the same code (it copies nothing).
 
     Ranks that disagree on the dtype, ``m``, ``K``, ``N`` or ``return_gathered`` raise
     :class:`~tilecomm.CommMismatch` on every rank; arguments that do not fit raise
@@ -42,10 +51,11 @@ def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, comm, *,
         if out is not None:
             raise ValueError("all_gather_matmul: out= is not supported when a gradient is "
                              "required (autograd needs a fresh output)")
-        c, g = AllGatherMatmul.apply(a_shard, b, comm)
+        c, g = AllGatherMatmul.apply(a_shard, b, comm, copy)
         return (c, g) if return_gathered else c
     return _engine(comm, a_shard).all_gather_matmul(comm, a_shard, b, out=out,
-                                                    return_gathered=bool(return_gathered))
+                                                    return_gathered=bool(return_gathered),
+                                                    copy=copy)
 
 
 def matmul_reduce_scatter(a: torch.Tensor, b: torch.Tensor, comm, *,

@@ -1,10 +1,19 @@
 """The slow, obviously correct definitions of the fused ops; every engine is tested against them.
 
-Arithmetic. all_gather_matmul: one ``torch.matmul`` per chunk in the input dtype
-(:func:`chunk_gemm`); torch's GEMMs accumulate 16-bit inputs in float32 and round the output
-once. matmul_reduce_scatter: each partial product in float32 (inputs converted to float32,
-:func:`chunk_product`), the partials added in rank order 0..W-1 (``((p0 + p1) + p2) + ...``)
-in float32, rounded to the input dtype once at the end.
+Arithmetic. Every product is one ``torch.matmul`` per chunk in the input dtype
+(:func:`chunk_gemm`): torch's GEMMs accumulate 16-bit inputs in float32 and round the output
+once. all_gather_matmul: that is the result. matmul_reduce_scatter: each rank's partial
+product ``a_s[rows of c] @ b_s`` is such a GEMM, so it is **rounded to the input dtype** (as
+the unfused ``torch.matmul`` then ``reduce_scatter`` computes it); the partials are converted
+to float32 and added in rank order 0..W-1 (``((p0 + p1) + p2) + ...``), rounded to the input
+dtype once at the end (what tilecomm's ``reduce_scatter`` does with 16-bit inputs, and
+:func:`tilecomm.reference.rank_order_reduced`). So the fused op returns the same bits as the
+unfused ``comm.reduce_scatter(torch.matmul(a, b))`` wherever the per-chunk GEMM equals the
+full GEMM's rows, and moves 16-bit partials (half the bytes of float32 ones). Why not float32
+partials: they cost twice the bytes on the wire, and on CPUs with 16-bit matrix units a float32
+GEMM is several times slower than a bf16 one (measured: 3x slower than unfused on this
+machine's bf16 runs, docs/benchmarks.md); the extra precision is one bf16 rounding per partial,
+which the unfused baseline has too. For float32 inputs nothing changes.
 
 What "the same bits" can mean for a GEMM: two GEMM implementations (a Triton kernel's
 ``tl.dot`` tiles and torch's BLAS, or BLAS on different shapes) add the K products in different
@@ -25,16 +34,10 @@ import torch
 
 
 def chunk_gemm(a_rows: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a_rows @ b`` in the inputs' dtype (``[m, K] x [K, N] -> [m, N]``): the GEMM call the
-    all_gather_matmul reference and the CPU engine make per chunk. (Not via float32: on CPUs
+    """``a_rows @ b`` in the inputs' dtype (``[m, K] x [K, N] -> [m, N]``): the one GEMM call
+    the references and the CPU engine make per chunk. (Not via float32: on CPUs
     with 16-bit matrix units a bf16 GEMM is several times faster than a float32 one.)"""
     return torch.matmul(a_rows, b)
-
-
-def chunk_product(a_rows: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a_rows @ b`` in float32 (``[m, K] x [K, N] -> [m, N]``, float32), the one GEMM call
-    every reference and the CPU engine make per chunk."""
-    return torch.matmul(a_rows.float(), b.float())
 
 
 def all_gather_matmul_reference(shards: Sequence[torch.Tensor], b: torch.Tensor
@@ -49,14 +52,15 @@ def matmul_reduce_scatter_reference(a: Sequence[torch.Tensor], b: Sequence[torch
                                     ) -> list[torch.Tensor]:
     """Every rank's output of ``matmul_reduce_scatter`` from every rank's ``a_s [W*m, K_s]``
     and ``b_s [K_s, N]``: rank ``c`` gets ``round(sum_s a_s[c*m:(c+1)*m] @ b_s)`` ``[m, N]``,
-    the float32 partials added in rank order, rounded once to the input dtype."""
+    the partials (:func:`chunk_gemm`, input dtype) added in float32 in rank order, rounded once
+    to the input dtype."""
     world = len(a)
     m = a[0].shape[0] // world
     outs = []
     for c in range(world):
         acc = None
         for s in range(world):
-            p = chunk_product(a[s][c * m:(c + 1) * m], b[s])
+            p = chunk_gemm(a[s][c * m:(c + 1) * m], b[s]).float()
             acc = p if acc is None else acc + p
         outs.append(acc.to(a[0].dtype))
     return outs

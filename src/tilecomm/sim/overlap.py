@@ -22,7 +22,8 @@ Unfused: ``t_comm + t_gemm``. Fused: the chunk pipeline the kernels run, ``W`` c
   is multiplied after chunk ``j - 1``: ``f_0 = c``, ``f_j = max(f_{j-1}, j*s) + c``.
 * reduce-scatter: the partial of the ``j``-th destination is computed at ``(j+1) * c`` and
   sent after the previous send; the own rows come last, then a rank-order reduction of ``W``
-  float32 partials (read from HBM): ``max(W*c, last send) + t_reduce``.
+  partials (read from HBM; in the input dtype, as tilecomm.ops moves them):
+  ``max(W*c, last send) + t_reduce``.
 
 It assumes the GEMM runs as fast while the copies run (copies by the copy engine or by few
 SMs, and HBM/NVLink traffic that does not slow the GEMM) and that a chunk GEMM of ``M/W`` rows
@@ -108,12 +109,12 @@ def exposed_comm(t_comm: float, t_gemm: float, w: int) -> float:
 
 
 def predict_overlap(op: str, m: int, k: int, n: int, tp: int, system="dgx-h100",
-                    dtype: str = "bf16", gemm_eff: float = GEMM_EFF, partials: str = "fp32"
+                    dtype: str = "bf16", gemm_eff: float = GEMM_EFF, partials: str = "input"
                     ) -> OverlapPrediction:
     """Unfused and fused time of one TP GEMM (see the module docstring for the shapes).
-    ``partials``: what matmul_reduce_scatter moves, ``fp32`` (tilecomm.ops: float32 partials,
-    one rounding, twice the bytes of 16-bit data) or ``input`` (partials rounded to the
-    input dtype before the transfer, as PyTorch's async-TP and NCCL's reduce_scatter do)."""
+    ``partials``: what matmul_reduce_scatter moves, ``input`` (partials rounded to the input
+    dtype before the transfer: tilecomm.ops, PyTorch's async-TP, NCCL's reduce_scatter) or
+    ``fp32`` (a what-if: float32 partials, twice the bytes of 16-bit data)."""
     from ..topology import build
     from .api import best
 
@@ -137,10 +138,12 @@ def predict_overlap(op: str, m: int, k: int, n: int, tp: int, system="dgx-h100",
         fused = pipeline_all_gather(coll.time_us, t_gemm, tp)
     else:
         t_gemm = gemm_us(m, k // tp, n, spec, dtype, gemm_eff)
-        # the fused op reduce-scatters float32 partials (rank-order sum, one rounding)
+        # the fused op reduce-scatters partials in the input dtype (tilecomm.ops) or, as a
+        # what-if, float32 ones; the rank-order sum reads the W partials of its rows
         coll = best("reduce_scatter", m * n * e, system=spec, gpus=tp)
-        t_red = tp * (m // tp) * n * 4 / (spec.mem_GBps * 1e9) * 1e6
-        moved = 4 / e if partials == "fp32" else 1.0
+        pe = 4 if partials == "fp32" else e
+        t_red = tp * (m // tp) * n * pe / (spec.mem_GBps * 1e9) * 1e6
+        moved = pe / e
         fused = pipeline_reduce_scatter(coll.time_us * moved, t_gemm, tp, t_red)
     unfused = coll.time_us + t_gemm
     hidden = (unfused - fused) / coll.time_us if coll.time_us > 0 else 0.0
@@ -157,9 +160,9 @@ def add_overlap_args(p) -> None:
     p.add_argument("--dtype", default="bf16", choices=sorted(ITEMSIZE), help="overlap: dtype")
     p.add_argument("--op", default="both", choices=["both", "all_gather_matmul",
                                                     "matmul_reduce_scatter"])
-    p.add_argument("--partials", default="fp32", choices=["fp32", "input"],
-                   help="overlap: matmul_reduce_scatter moves float32 partials (tilecomm.ops) "
-                        "or partials in the input dtype")
+    p.add_argument("--partials", default="input", choices=["input", "fp32"],
+                   help="overlap: matmul_reduce_scatter moves partials in the input dtype "
+                        "(tilecomm.ops) or, as a what-if, float32 partials")
     p.add_argument("--gemm-eff", type=float, default=GEMM_EFF,
                    help=f"overlap: fraction of dense peak a GEMM reaches ({GEMM_EFF})")
 

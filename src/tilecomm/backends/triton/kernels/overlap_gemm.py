@@ -18,13 +18,14 @@ by the host; ``b [K, N]`` any strides; ``c [W*m, N]``)
     ``ieee`` for float32 inputs, as torch.matmul without TF32) and is rounded once.
 
 ``matmul_reduce_scatter_kernel`` (``a [W*m, K_r]``, ``b [K_r, N]`` any strides; ``part [W,
-m, N]`` float32 symmetric; ``out [m, N]``)
+m, N]`` symmetric, the inputs' dtype; ``out [m, N]``)
     Program ``p`` computes output tiles ``u = p, p+P, ...`` of every owner, the next rank
-    first and its own rows last; a peer's tile is stored straight into slot ``rank`` of the
-    owner's ``part`` (remote stores) and announced by setting the owner's signal ``(tile,
-    rank)`` to the epoch (release). Then, for its own tiles, it waits for every peer's signal
-    of the tile (acquire) and adds ``part[0] + part[1] + ...`` in rank order in
-    float32, rounding once into ``out`` (the reference's order).
+    first and its own rows last; a peer's tile, rounded to the inputs' dtype (the
+    reference's partial, :mod:`tilecomm.ops.reference`), is stored straight into slot
+    ``rank`` of the owner's ``part`` (remote stores) and announced by setting the owner's
+    signal ``(tile, rank)`` to the epoch (release). Then, for its own tiles, it waits for
+    every peer's signal of the tile (acquire) and adds ``part[0] + part[1] + ...`` in rank
+    order in float32, rounding once into ``out`` (the reference's order).
 
 Reuse: ``g`` and ``part`` have two halves chosen by the epoch's parity. A rank that starts call
 ``k + 2`` has finished call ``k + 1``, in which it waited for a signal every peer sent in its
@@ -134,7 +135,7 @@ def matmul_reduce_scatter_kernel(a, b, part, out, pad, bases, rank, err, timeout
             acc = _tile(a, sa_m, sa_k, dst * m + lrows, rmask, b, sb_k, sb_n, cols, cmask, k,
                         BM, BN, BK, PRECISION)
             slot = lang.peer_ptr(part, dst, bases, rank) + rank * mn
-            tl.store(slot + lrows[:, None] * n + cols[None, :], acc,
+            tl.store(slot + lrows[:, None] * n + cols[None, :], acc.to(part.dtype.element_ty),
                      mask=rmask[:, None] & cmask[None, :])
             if dst != rank:
                 lang.signal_set(pad, u * WORLD + rank, epoch, dst, bases, rank)
@@ -147,10 +148,52 @@ def matmul_reduce_scatter_kernel(a, b, part, out, pad, bases, rank, err, timeout
         for s in tl.static_range(WORLD):
             if s != rank:
                 lang.wait_ge(pad, u * WORLD + s, epoch, s, err, rank, timeout_ns, SITE_TILE)
-        acc = tl.load(part + offs, mask=mask, other=0.0)
+        acc = tl.load(part + offs, mask=mask, other=0.0).to(tl.float32)
         for s in tl.static_range(1, WORLD):
-            acc += tl.load(part + s * mn + offs, mask=mask, other=0.0)
+            acc += tl.load(part + s * mn + offs, mask=mask, other=0.0).to(tl.float32)
         tl.store(out + offs, acc.to(out.dtype.element_ty), mask=mask)
+
+
+# ---- the copy-engine variant of all_gather_matmul (ops.kernel, copy="stream") -------------
+# The host queues, per peer chunk in rotation order, on a side stream: wait_chunk_kernel (the
+# owner's ready signal, acquire), a cudaMemcpyAsync of the chunk from the owner's g into this
+# rank's g (the copy engine), an event; on the main stream: chunk_ready_kernel (after the own
+# chunk's host copy), the own chunk's chunk_matmul_kernel, then per peer chunk a wait for its
+# event and its chunk_matmul_kernel. No kernel spins on work of another stream of this rank
+# (only on peers' signals), so it cannot deadlock on SMs held by the GEMM.
+
+
+@triton.jit
+def chunk_ready_kernel(pad, bases, rank, epoch, WORLD: tl.constexpr):
+    """Tell every peer that this rank's chunk of ``g`` is written (slot ``rank`` of the peer's
+    pad := epoch, release); the same signal all_gather_matmul_kernel's program 0 sends."""
+    for p in tl.static_range(WORLD):
+        if p != rank:
+            lang.signal_set(pad, rank, epoch, p, bases, rank)
+
+
+@triton.jit
+def wait_chunk_kernel(pad, src, epoch, err, rank, timeout_ns):
+    """Wait (bounded, acquire) for rank ``src``'s ready signal of this epoch; a timeout is
+    recorded in ``err`` (DeviceHeap.check raises it) and the copy after it is garbage."""
+    lang.wait_ge(pad, src, epoch, src, err, rank, timeout_ns, SITE_CHUNK)
+
+
+@triton.jit
+def chunk_matmul_kernel(g, b, c, row0, m, n, k, sb_k, sb_n, BM: tl.constexpr,
+                        BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr):
+    """``c[row0:row0+m] = g[row0:row0+m] @ b`` (``g [*, K]`` contiguous, float32 accumulation,
+    one rounding): one tile per program, grid ``cdiv(m, BM) * cdiv(n, BN)``."""
+    t = tl.program_id(0)
+    nb = tl.cdiv(n, BN)
+    local_rows = (t // nb) * BM + tl.arange(0, BM)
+    rmask = local_rows < m
+    rows = row0 + local_rows
+    cols = (t % nb) * BN + tl.arange(0, BN)
+    cmask = cols < n
+    acc = _tile(g, k, 1, rows, rmask, b, sb_k, sb_n, cols, cmask, k, BM, BN, BK, PRECISION)
+    tl.store(c + rows[:, None] * n + cols[None, :], acc.to(c.dtype.element_ty),
+             mask=rmask[:, None] & cmask[None, :])
 
 
 #: tile shapes (BM, BN, BK): the interpreter runs every op in numpy (small blocks keep the
@@ -169,7 +212,7 @@ def _sig(ag: bool, dt: str) -> dict:
     else:
         names = ["a", "b", "part", "out", "pad", "bases", "rank", "err", "timeout_ns", "epoch",
                  "m", "n", "k", "sa_m", "sa_k", "sb_k", "sb_n"]
-        types = [f"*{dt}", f"*{dt}", "*fp32", f"*{dt}", "*i64", "*i64", "i32", "*i64", "i64",
+        types = [f"*{dt}", f"*{dt}", f"*{dt}", f"*{dt}", "*i64", "*i64", "i32", "*i64", "i64",
                  "i64", "i32", "i32", "i32", "i32", "i32", "i32", "i32"]
     return dict(zip(names, types))
 
@@ -181,6 +224,14 @@ def _compile_entries():
         consts = {"WORLD": 8, "BM": bm, "BN": bn, "BK": bk, "PRECISION": prec}
         out.append((all_gather_matmul_kernel, _sig(True, dt), consts))
         out.append((matmul_reduce_scatter_kernel, _sig(False, dt), consts))
+        chunk = dict(zip(["g", "b", "c", "row0", "m", "n", "k", "sb_k", "sb_n"],
+                         [f"*{dt}"] * 3 + ["i32"] * 6))
+        out.append((chunk_matmul_kernel, chunk,
+                    {k: v for k, v in consts.items() if k != "WORLD"}))
+    out.append((chunk_ready_kernel, {"pad": "*i64", "bases": "*i64", "rank": "i32",
+                                     "epoch": "i64"}, {"WORLD": 8}))
+    out.append((wait_chunk_kernel, {"pad": "*i64", "src": "i32", "epoch": "i64", "err": "*i64",
+                                    "rank": "i32", "timeout_ns": "i64"}, {}))
     return out
 
 
