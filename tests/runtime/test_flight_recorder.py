@@ -68,7 +68,9 @@ def _blocked_dump(comm):
         os.kill(int(pids[0]), signal.SIGUSR1)
         time.sleep(0.4)
     comm.all_reduce(torch.ones(4))
-    return comm.flight.next_seq - 1
+    seq = comm.flight.next_seq - 1
+    comm.barrier()      # rank 1 stays until rank 0 is past the dump and its all_reduce
+    return seq
 
 
 def test_sigusr1_dump_shows_what_a_blocked_rank_waits_for(debug_dir):
