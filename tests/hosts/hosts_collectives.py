@@ -29,12 +29,7 @@ def main() -> None:
             ops = ("sum", "max", "avg") if dtype.is_floating_point else ("sum", "min")
             for algo in hier_algorithms("all_reduce", lay) + ["auto"]:
                 for op in ops:
-                    xs = inputs((n,), dtype)
-                    x = xs[r].clone()
-                    comm.all_reduce(x, op=op, algo=algo)
-                    want = reference.all_reduce(xs, op)[r] if dtype != torch.bfloat16 \
-                        else reference.rank_order_reduced(xs, op)
-                    _close(x, want, dtype, f"all_reduce {algo} {op} {dtype} n={n}")
+                    _check_all_reduce(comm, inputs((n,), dtype), op, algo, "")
                     n_checked += 1
             for algo in hier_algorithms("all_gather", lay) + ["auto"]:
                 xs = inputs((n, 2), dtype)
@@ -69,16 +64,11 @@ def main() -> None:
             out2 = comm.all_to_all_v(xs[r], counts[r], [counts[j][r] for j in range(w)])
             assert torch.equal(out2, out)
             n_checked += 3
-    # large calls: hier_rail all_reduce runs in pipelined pieces (odd counts: a padded tail)
+    # large calls: several pieces inside each host, odd counts (a padded tail on the rails)
     for dtype, n in ((torch.float32, 1_000_003), (torch.bfloat16, 1_500_001)):
         for algo in hier_algorithms("all_reduce", lay):
             for op in ("sum", "avg"):
-                xs = inputs((n,), dtype)
-                x = xs[r].clone()
-                comm.all_reduce(x, op=op, algo=algo)
-                want = reference.all_reduce(xs, op)[r] if dtype != torch.bfloat16 \
-                    else reference.rank_order_reduced(xs, op)
-                _close(x, want, dtype, f"large all_reduce {algo} {op} {dtype} n={n}")
+                _check_all_reduce(comm, inputs((n,), dtype), op, algo, "large ")
                 n_checked += 1
     # symmetric tensors, send/recv within and across hosts, barrier
     y = comm.alloc((64,), torch.float32)
@@ -98,6 +88,16 @@ def main() -> None:
     comm.barrier()
     comm.close()
     print(f"rank {r}: {n_checked} checks OK on {lay.describe()}", flush=True)
+
+
+def _check_all_reduce(comm, xs, op, algo, label):
+    """all_reduce of this rank's ``xs[rank]`` against the reference (bf16: rank-order)."""
+    x = xs[comm.rank].clone()
+    comm.all_reduce(x, op=op, algo=algo)
+    dtype = x.dtype
+    want = reference.all_reduce(xs, op)[comm.rank] if dtype != torch.bfloat16 \
+        else reference.rank_order_reduced(xs, op)
+    _close(x, want, dtype, f"{label}all_reduce {algo} {op} {dtype} n={x.numel()}")
 
 
 def _close(got, want, dtype, what):
