@@ -339,3 +339,20 @@ def test_all_to_all_v_into_out(ranks):
     want = reference.all_to_all_v([make(7, r, (sum(m[r]), 3), torch.float32) for r in range(w)], m)
     for r in range(w):
         assert res[r][0] and torch.equal(res[r][1], want[r])
+
+
+def _exchanges(comm):
+    """Repeated exchanges of one length (they reuse buffers) and of another length."""
+    got = [comm.exchange([comm.rank * 100 + i, -i, 2**62 + comm.rank]) for i in range(5)]
+    got.append(comm.exchange([comm.rank]))
+    got.append(comm.exchange([7 * comm.rank, 1, 2]))
+    return got
+
+
+def test_exchange_returns_every_calls_own_values(ranks):
+    results = ranks(3).run(_exchanges)
+    for got in results:
+        for i in range(5):
+            assert got[i] == [[r * 100 + i, -i, 2**62 + r] for r in range(3)]
+        assert got[5] == [[0], [1], [2]]
+        assert got[6] == [[0, 1, 2], [7, 1, 2], [14, 1, 2]]
