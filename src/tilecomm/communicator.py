@@ -151,6 +151,14 @@ class Communicator:
         (the inter-host rails it is on), ``num_hosts`` and the whole ``layout``."""
         return Topology(self.layout, self.rank)
 
+    @property
+    def host_comm(self) -> "Communicator":
+        """The communicator over the ranks of this rank's host (``topology.host_ranks``, local
+        ranks 0..``local_size``-1), over their shared heap: this communicator itself when all
+        ranks share one host. For code that splits its own work by host (the hierarchical
+        collectives do: ``hier/``)."""
+        return self._backend.host_communicator() or self
+
     # ---- symmetric memory -----------------------------------------------------------------
     def alloc(self, shape: int | Sequence[int], dtype: torch.dtype = torch.float32,
               device: str | torch.device | None = None) -> torch.Tensor:

@@ -23,6 +23,13 @@ def main() -> None:
             xs = [(x * 10).round() for x in xs]
         return [x.to(dtype) for x in xs]
 
+    # the host's own communicator: this host's ranks only, in topology order
+    topo, hc = comm.topology, comm.host_comm
+    assert hc is not comm and hc.world_size == topo.local_size and hc.rank == topo.local_rank
+    x = torch.tensor([float(r + 1)])
+    hc.all_reduce(x)
+    assert x.item() == sum(p + 1 for p in topo.host_ranks), (x, topo)
+
     n_checked = 0
     for dtype in (torch.float32, torch.bfloat16, torch.int64):
         for n in (1, 7, 1000, 5000):

@@ -356,3 +356,11 @@ def test_exchange_returns_every_calls_own_values(ranks):
             assert got[i] == [[r * 100 + i, -i, 2**62 + r] for r in range(3)]
         assert got[5] == [[0], [1], [2]]
         assert got[6] == [[0, 1, 2], [7, 1, 2], [14, 1, 2]]
+
+
+def _host_comm_is_self(comm):
+    return comm.host_comm is comm
+
+
+def test_host_comm_of_one_host_is_the_communicator(ranks):
+    assert ranks(2).run(_host_comm_is_self) == [True, True]

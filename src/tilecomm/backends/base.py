@@ -100,6 +100,11 @@ class Backend(abc.ABC):
         """Raise ``ValueError``/``TypeError`` naming what is supported if this backend cannot
         run the call (before any rank starts it)."""
 
+    def host_communicator(self):
+        """The Communicator over this rank's host when the backend spans hosts (None: the
+        communicator is the host's own)."""
+        return None
+
     def attach_debug(self, flight, tracer) -> None:
         """Receive the communicator's flight recorder and the process's tracer (or None), for
         a host backend's waits and phases (``tilecomm.debug``); default: nothing to report."""

@@ -130,6 +130,9 @@ class HierBackend(Backend):
     def synchronize(self) -> None:
         self.local.synchronize()
 
+    def host_communicator(self):
+        return self.local
+
     # ---- helpers -----------------------------------------------------------------------------
     def rails_for(self, device: str) -> Rails:
         r = self._rails.get(device)
