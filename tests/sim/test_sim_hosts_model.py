@@ -109,3 +109,27 @@ def test_predict_cli_prints_rows_and_regimes(tmp_path, capsys):
     assert "gloo" not in out.split("| collective | size |")[1]
     for reg in ("small", "medium", "large"):
         assert f"| all_reduce | {reg} |" in out
+
+
+def test_local_steps_fit_recovers_a_known_wake_and_slow_down(tmp_path):
+    wake, slow = 400.0, 1.7
+    rows = [{"collective": c, "bytes": n,
+             "time_us": wake + slow * H.local_alone_us(CPU_SHM_COST, c, n, 2)}
+            for c in ("reduce_scatter", "all_gather", "broadcast") for n in (64, 1 << 16, 1 << 23)]
+    lo = H.fit_local(rows, CPU_SHM_COST, 2)
+    assert lo.wake_us == pytest.approx(wake, rel=1e-6)
+    assert lo.slow == pytest.approx(slow, rel=1e-6)
+    # through the files and the CLI: the local steps of a prediction carry both terms
+    link = tmp_path / "link.json"
+    link.write_text(json.dumps({"hosts": 2, "rows": [
+        {"mode": m, "bytes": n, "time_us": 100.0 + n / 1000.0}
+        for m in ("both", "one") for n in (4224, 1 << 20)]}))
+    local = tmp_path / "local.json"
+    local.write_text(json.dumps({"rows": rows, "per_host": 2}))
+    cost, _ = H.load_link(str(link), local_path=str(local))
+    plain, _ = H.load_link(str(link))
+    steps = dict(H.breakdown("all_reduce", "hier_rail", LAY, 1 << 20, cost))
+    plain_steps = dict(H.breakdown("all_reduce", "hier_rail", LAY, 1 << 20, plain))
+    assert steps["rail"] == pytest.approx(plain_steps["rail"])
+    assert steps["local"] == pytest.approx(wake + slow * plain_steps["local"], rel=1e-6)
+    assert H.main(["fit", str(link), "--local", str(local)]) == 0

@@ -27,14 +27,18 @@ NOTE [what one hierarchical call costs]
     ``topology/presets.py`` CPU_SHM_COST). Copy rate: cache when the step's bytes (read plus
     written) fit ``cache_bytes``, DRAM otherwise.
 
-    What it leaves out: the waits of one host's ranks while another rank of the host is in a
-    Gloo round (they spin, then sleep: ``HierBackend`` sets the channel's spin), and the
-    processes outnumbering cores (2 hosts x 2 ranks on 2 cores); both show up as error in
-    docs/model.md "Ranks on several hosts", not as fitted terms.
+    Local steps, when calibrated (``--local``, ``benchmarks/hosts_local.py``): ``wake_us +
+    slow x`` the single-host time. The single-host fit is 2 ranks with a core each; inside a
+    hierarchical call every host runs its local step at once (4 processes on 2 cores: the
+    slow-down) right after an inter-host round that releases the ranks at different times,
+    some of them asleep in their wait (the wake-up). Both are fitted on local collectives
+    timed alone in exactly that situation, never on the hierarchical rows predicted.
+    Without the calibration the predictions are 40-70% low (docs/model.md).
 
-``python -m tilecomm.sim.hosts fit LINK.json`` prints the link fit;
-``python -m tilecomm.sim.hosts predict LINK.json BENCH.json ...`` predicts ``tilecomm bench
---hosts`` rows out of sample (the link is fitted on LINK.json only) and prints the errors.
+``python -m tilecomm.sim.hosts fit LINK.json [--local LOCAL.json]`` prints the fits;
+``python -m tilecomm.sim.hosts predict LINK.json BENCH.json ... [--local LOCAL.json]``
+predicts ``tilecomm bench --hosts`` rows out of sample (fitted on LINK.json and LOCAL.json
+only) and prints the errors.
 """
 
 from __future__ import annotations
@@ -68,12 +72,27 @@ class Link:
 
 
 @dataclass(frozen=True)
+class LocalSteps:
+    """A Local step inside a hierarchical call: ``slow x`` the single-host model's time (every
+    host busy at once), plus ``wake_us`` when it follows an inter-host step (which releases
+    the ranks at different times)."""
+
+    wake_us: float
+    slow: float
+
+    def step_us(self, single_host_us: float, after_rail: bool = True) -> float:
+        return self.slow * single_host_us + (self.wake_us if after_rail else 0.0)
+
+
+@dataclass(frozen=True)
 class HostsCost:
-    """The link in its two modes and the single-host runtime's parameters."""
+    """The link in its two modes, the single-host runtime's parameters and, when calibrated
+    (``benchmarks/hosts_local.py``), the local steps' wake-up and slow-down."""
 
     both: Link
     one: Link
     shm: ShmCost
+    local: LocalSteps | None = None
 
 
 # ---- counting what a plan does -----------------------------------------------------------------
@@ -94,6 +113,7 @@ class StepWork:
     ops: int = 0
     local: tuple | None = None
     busy: bool = True
+    after_rail: bool = False          # a Local step right after an inter-host step
 
 
 def caller_count(collective: str, nbytes: int, world_size: int, itemsize: int = 4) -> int:
@@ -139,9 +159,10 @@ def plan_work(plan: HierPlan, count: int, itemsize: int = 4,
                 continue
             # the size the local communicator's tuner sees (communicator.py _algo)
             seen = nb * len(host) if st.collective == "all_gather" else nb
+            after = bool(out) and out[-1].kind in ("rail", "exchange")
             out.append(StepWork("local", local=(st.collective,
                                                 local_algo(st.collective, seen, len(host)),
-                                                len(host), nb)))
+                                                len(host), nb), after_rail=after))
         elif isinstance(st, Rail):
             out.append(_rail_work(st, plan.rank, unit_b))
         elif isinstance(st, Exchange):
@@ -195,7 +216,8 @@ def step_us(w: StepWork, cost: HostsCost, link: Link, itemsize: int = 4) -> floa
         coll, algo, ranks, nb = w.local
         if coll == "barrier" or ranks <= 1:
             return s.call_us + s.sync_us if coll == "barrier" else s.call_us
-        return cpu_loop.predict_us(s, coll, algo, ranks, nb, "user", itemsize)
+        alone = cpu_loop.predict_us(s, coll, algo, ranks, nb, "user", itemsize)
+        return alone if cost.local is None else cost.local.step_us(alone, w.after_rail)
     t = w.ops * s.op_us + _mem_us(s, w.copy_bytes, w.add_bytes)
     if w.kind in ("rail", "exchange"):
         t += w.rounds * link.alpha_us + 1e-3 * w.recv_bytes / link.beta_GBps
@@ -244,9 +266,31 @@ def fit_link(points: list[tuple[float, float]]) -> Link:
     return Link(float(th[0]), float(1 / th[1]) if th[1] > 0 else float("inf"))
 
 
-def load_link(path: str, shm: ShmCost | None = None) -> tuple[HostsCost, dict]:
+def local_alone_us(shm: ShmCost, collective: str, nbytes: int, ranks: int) -> float:
+    """The single-host model of a local step (the algorithm the local tuner picks)."""
+    from .. import tuner
+    seen = nbytes * ranks if collective == "all_gather" else nbytes
+    algo = tuner.choose(collective, seen, ranks, kind="cpu")
+    return cpu_loop.predict_us(shm, collective, algo, ranks, nbytes, "user", 4)
+
+
+def fit_local(rows: list[dict], shm: ShmCost, ranks: int) -> LocalSteps:
+    """Non-negative least squares on relative errors of ``time_us = wake + slow x alone``
+    over ``benchmarks/hosts_local.py`` rows."""
+    b = np.array([r["time_us"] for r in rows], float)
+    A = np.array([[1.0, local_alone_us(shm, r["collective"], int(r["bytes"]), ranks)]
+                  for r in rows]) / b[:, None]
+    scale = np.abs(A).max(0)
+    scale[scale == 0] = 1.0
+    th = cpu_loop.nnls(A / scale, np.ones_like(b)) / scale
+    return LocalSteps(float(th[0]), float(th[1]))
+
+
+def load_link(path: str, shm: ShmCost | None = None,
+              local_path: str | None = None) -> tuple[HostsCost, dict]:
     """Fit both modes on a ``benchmarks/hosts_link.py`` file (2-member rails: each round
-    receives one member's bytes)."""
+    receives one member's bytes) and, given ``local_path`` (``benchmarks/hosts_local.py``),
+    the local steps."""
     from ..topology.presets import CPU_SHM_COST
 
     data = json.loads(Path(path).read_text())
@@ -258,7 +302,13 @@ def load_link(path: str, shm: ShmCost | None = None) -> tuple[HostsCost, dict]:
         if len(pts) < 2:
             raise ValueError(f"{path}: fewer than two {mode!r} rows to fit the link on")
         links[mode] = fit_link(pts)
-    return HostsCost(links["both"], links["one"], shm or CPU_SHM_COST), data
+    shm = shm or CPU_SHM_COST
+    local = None
+    if local_path is not None:
+        ld = json.loads(Path(local_path).read_text())
+        local = fit_local(ld["rows"], shm, int(ld.get("per_host", 2)))
+        data = {**data, "local": ld}
+    return HostsCost(links["both"], links["one"], shm, local), data
 
 
 def regime(nbytes: int) -> str:
@@ -282,9 +332,11 @@ def predict_rows(cost: HostsCost, rows: list[dict], layout: HostLayout) -> list[
     return out
 
 
-def report(link_path: str, bench_paths: list[str], per_host: list[int] | None = None) -> str:
-    """Markdown: the link fit, every row measured / predicted, errors per regime."""
-    cost, data = load_link(link_path)
+def report(link_path: str, bench_paths: list[str], per_host: list[int] | None = None,
+           local_path: str | None = None) -> str:
+    """Markdown: the link fit (and the local steps' fit), every row measured / predicted,
+    errors per regime."""
+    cost, data = load_link(link_path, local_path=local_path)
     lines = [f"Link fitted on {link_path} (load {data.get('loadavg_before', ['?'])[0]} -> "
              f"{data.get('loadavg_after', ['?'])[0]}):",
              f"both rails busy: alpha {cost.both.alpha_us:.1f} us, beta "
@@ -296,6 +348,18 @@ def report(link_path: str, bench_paths: list[str], per_host: list[int] | None = 
         f = lk.round_us((data.get("hosts", 2) - 1) * r["bytes"])
         lines.append(f"| {r['mode']} | {_size(r['bytes'])} | {r['time_us']:.1f} | {f:.1f} | "
                      f"{(f - r['time_us']) / r['time_us']:+.0%} |")
+    if cost.local is not None:
+        lo = cost.local
+        ranks = int(data["local"].get("per_host", 2))
+        lines += ["", f"Local steps fitted on {local_path}: wake {lo.wake_us:.1f} us, slow-down "
+                      f"x{lo.slow:.2f} on the single-host model", "",
+                  "| collective | bytes | measured us | alone us | fit us | error |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for r in data["local"]["rows"]:
+            alone = local_alone_us(cost.shm, r["collective"], int(r["bytes"]), ranks)
+            f = lo.step_us(alone)
+            lines.append(f"| {r['collective']} | {_size(r['bytes'])} | {r['time_us']:.1f} | "
+                         f"{alone:.1f} | {f:.1f} | {(f - r['time_us']) / r['time_us']:+.0%} |")
     checks = []
     for path in bench_paths:
         rows = load_bench(path)
@@ -350,12 +414,15 @@ def main(argv=None) -> int:
     p.add_argument("link")
     p.add_argument("bench", nargs="+")
     p.add_argument("--per-host", default=None, help="ranks per host, e.g. 2,2 (default: even)")
+    for q in (f, p):
+        q.add_argument("--local", default=None,
+                       help="benchmarks/hosts_local.py output: fit the local steps on it too")
     a = ap.parse_args(argv)
     if a.cmd == "fit":
-        print(report(a.link, []))
+        print(report(a.link, [], local_path=a.local))
     else:
         ph = [int(x) for x in a.per_host.split(",")] if a.per_host else None
-        print(report(a.link, a.bench, ph))
+        print(report(a.link, a.bench, ph, local_path=a.local))
     return 0
 
 
