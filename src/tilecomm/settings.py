@@ -28,7 +28,7 @@ class Settings:
     #: TILECOMM_SPIN: polls of a flag before a waiting rank starts yielding its core.
     spin: int = 2000
     #: TILECOMM_WAIT_SLEEP_AFTER: seconds a wait polls (spinning, then yielding) before it
-    #: sleeps between polls (10 us, doubling to 200 us), so long waits leave the cores to
+    #: sleeps between polls (10 us, doubling to 100 us), so long waits leave the cores to
     #: ranks with work (simulated hosts, ranks blocked in Gloo on another host).
     wait_sleep_after: float = 2e-3
     #: TILECOMM_SHM_DIR: directory of the POSIX shared-memory files.
