@@ -27,13 +27,14 @@ NOTE [what one hierarchical call costs]
     ``topology/presets.py`` CPU_SHM_COST). Copy rate: cache when the step's bytes (read plus
     written) fit ``cache_bytes``, DRAM otherwise.
 
-    Local steps, when calibrated (``--local``, ``benchmarks/hosts_local.py``): ``wake_us +
-    slow x`` the single-host time. The single-host fit is 2 ranks with a core each; inside a
-    hierarchical call every host runs its local step at once (4 processes on 2 cores: the
-    slow-down) right after an inter-host round that releases the ranks at different times,
-    some of them asleep in their wait (the wake-up). Both are fitted on local collectives
-    timed alone in exactly that situation, never on the hierarchical rows predicted.
-    Without the calibration the predictions are 40-70% low (docs/model.md).
+    Local steps, when calibrated (``--local``, ``benchmarks/hosts_local.py``): ``slow x`` the
+    single-host time, plus ``wake_us`` for a step right after a Rail or Exchange step. The
+    single-host fit is 2 ranks with a core each; inside a hierarchical call every host runs
+    its local step at once (4 processes on 2 cores: the slow-down), and a step after an
+    inter-host round starts when that round releases the ranks, at different times, some of
+    them asleep in their wait (the wake-up). Both terms are fitted on local collectives timed
+    alone in exactly that situation, never on the hierarchical rows predicted; with them the
+    median error on a fresh 2 x 2 sweep is 25%, without them 28% (docs/model.md).
 
 ``python -m tilecomm.sim.hosts fit LINK.json [--local LOCAL.json]`` prints the fits;
 ``python -m tilecomm.sim.hosts predict LINK.json BENCH.json ... [--local LOCAL.json]``
