@@ -307,7 +307,8 @@ class Communicator:
             algo = self._algo("all_to_all", algo, tensor.numel() * d.itemsize, be, d)
             src = _buffer(be, tensor, "all_to_all", write=False)
             dst = _buffer(be, out, "all_to_all", read=False)
-        self._run(be, "all_to_all", algo, d, tensor.numel(), {"in": src.flat, "out": dst.flat})
+        self._run(be, "all_to_all", algo, d, tensor.numel(), {"in": src.flat, "out": dst.flat},
+                  row_shape=tuple(tensor.shape[1:]))
         dst.finish()
         return out
 
@@ -352,7 +353,7 @@ class Communicator:
             elif recv is not None:
                 bufs["out"] = make_out(sum(recv))
         self._run(be, "all_to_all_v", algo, d, row, bufs, send_rows=send, recv_rows=recv,
-                  make_out=make_out)
+                  make_out=make_out, row_shape=tuple(rest))
         if dst is not None:
             dst.finish()
         return holder[-1]

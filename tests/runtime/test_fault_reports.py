@@ -116,6 +116,29 @@ def test_all_gather_rows_of_different_shapes_are_a_mismatch_on_every_rank(ranks)
         assert "rank 0: not (2,), rank 1: (2,), rank 2: (2,)" in out[r], out[r]
 
 
+def _rows_a2a(comm, which):
+    """Equal element counts per row, different row shapes (3 x 4 against 4 x 3)."""
+    rest = (3, 4) if comm.rank == 0 else (4, 3)
+    w = comm.world_size
+    try:
+        if which == "all_to_all":
+            comm.all_to_all(torch.ones(w, *rest))
+        else:
+            comm.all_to_all_v(torch.ones(w, *rest), [1] * w)
+    except CommMismatch as e:
+        return str(e)
+    return "accepted"
+
+
+@pytest.mark.parametrize("which", ["all_to_all", "all_to_all_v"])
+def test_all_to_all_rows_of_different_shapes_are_a_mismatch_on_every_rank(ranks, which):
+    out = ranks(2).run(_rows_a2a, which)
+    for r, text in enumerate(out):
+        assert text.startswith(f"{which} #") and "disagree on the row shape" in text, (r, text)
+    assert "rank 0: (3, 4), rank 1: not (3, 4)" in out[0]
+    assert "rank 0: not (4, 3), rank 1: (4, 3)" in out[1]
+
+
 def _bad_op(comm):
     try:
         comm.all_reduce(torch.ones(2), op="bogus" if comm.rank == 0 else "sum")

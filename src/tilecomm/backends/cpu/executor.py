@@ -308,7 +308,7 @@ class Executor:
         # The piece size depends only on the settings: announce it like every collective does.
         piece = piece_elems(prog, call.dtype.itemsize, self.half_bytes)
         fields = self._fields(seq, call.collective, call.algo, call.dtype.id, call.count,
-                              call.op, call.root, 0, piece, places)
+                              call.op, call.root, shape_id(call.row_shape), piece, places)
         ch.post_desc(seq, fields)
         descs = self._handshake(seq, call.collective, fields)
         rows = self._read_matrix(seq)
