@@ -1,9 +1,9 @@
 """Run under torchrun on simulated hosts (tests/hosts/test_hosts.py): promises across hosts.
 
-Argument ``scenario``: mismatch (count differs between hosts, then within one host, then a bad
-argument on one rank: every rank raises), shm (nothing of tilecomm left in this host's
-/dev/shm once the communicator exists), dies (the last rank exits: every other rank raises
-CommTimeout naming it, within the timeout)."""
+Argument ``scenario``: mismatch (count differs between hosts, then within one host, then row
+shapes with equal counts on one rank, then a bad argument on one rank: every rank raises), shm
+(nothing of tilecomm left in this host's /dev/shm once the communicator exists), dies (the last
+rank exits: every other rank raises CommTimeout naming it, within the timeout)."""
 
 import os
 import sys
@@ -13,6 +13,7 @@ import torch
 
 import tilecomm
 from tilecomm.errors import CommError, CommMismatch, CommTimeout
+from tilecomm.hier.plans import hier_algorithms
 
 
 def main(scenario: str) -> None:
@@ -30,6 +31,24 @@ def main(scenario: str) -> None:
                     print(f"rank {r}: {case}/{algo}: CommMismatch: {str(e)[:160]}", flush=True)
                 else:
                     raise AssertionError(f"rank {r}: {case}/{algo}: no CommMismatch")
+                comm.barrier()
+        # equal element counts, different row shapes on one rank (3 x 4 against 4 x 3)
+        rest = (4, 3) if r == last else (3, 4)
+        for name, call in (("all_gather", lambda a: comm.all_gather(torch.ones(2, *rest),
+                                                                   algo=a)),
+                           ("all_to_all", lambda a: comm.all_to_all(torch.ones(w, *rest))),
+                           ("all_to_all_v", lambda a: comm.all_to_all_v(torch.ones(w, *rest),
+                                                                       [1] * w))):
+            for algo in (("hier_rail", "hier_leader") if name == "all_gather" else ("auto",)):
+                if algo not in hier_algorithms(name, comm.layout) and algo != "auto":
+                    continue
+                try:
+                    call(algo)
+                except CommMismatch as e:
+                    print(f"rank {r}: rows {name}/{algo}: CommMismatch: {str(e)[:160]}",
+                          flush=True)
+                else:
+                    raise AssertionError(f"rank {r}: rows {name}/{algo}: no CommMismatch")
                 comm.barrier()
         for algo in ("auto", "hier_leader"):    # (hier_rail: the bad rank's partner times out)
             t0 = time.monotonic()

@@ -43,6 +43,11 @@ def test_mismatch_and_bad_arguments_raise_on_every_rank_of_every_host(run_on_hos
     assert len(_ok_lines(out, r"mismatch OK")) == 4, out[-3000:]
     # a count that differs between the hosts is named as such
     assert _ok_lines(out, r"hosts/auto: CommMismatch: .*different hosts disagree on count")
+    # rows of another shape on one rank: every rank of every host raises, for every op tried
+    for case in ("all_gather/hier_rail", "all_gather/hier_leader", "all_to_all/auto",
+                 "all_to_all_v/auto"):
+        assert len(_ok_lines(out, rf"rows {case}: CommMismatch")) == 4, (case, out[-3000:])
+    assert _ok_lines(out, r"rows all_gather/hier_rail: CommMismatch: .*row shape")
 
 
 @pytest.mark.timeout(400)

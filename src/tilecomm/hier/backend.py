@@ -271,6 +271,13 @@ class _Run:
                 text += f" (missing ranks {list(err.missing)})"
             self.be.local._backend.reject(self.what, text)
 
+    def _rows(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` as rows of the call's row shape, so the host's handshake compares it too
+        (with the rails' headers, every pair of ranks is then compared, directly or through
+        a chain of hosts and rails)."""
+        rows = self.call.row_shape
+        return t.view(-1, *rows) if rows else t
+
     def _local(self, st: Local) -> None:
         lc = self.be.local
         c = st.collective
@@ -280,21 +287,22 @@ class _Run:
         elif c == "reduce_scatter":
             lc.reduce_scatter(src, op=self.local_op, out=self.view(st.dst))
         elif c == "all_gather":
-            lc.all_gather(src, out=self.view(st.dst))
+            lc.all_gather(self._rows(src), out=self._rows(self.view(st.dst)))
         elif c == "broadcast":
             lc.broadcast(src, root=st.root)
         elif c == "reduce":
             lc.reduce(src, root=st.root, op=self.local_op)
         elif c == "all_to_all":
-            lc.all_to_all(src, out=self.view(st.dst))
+            lc.all_to_all(self._rows(src), out=self._rows(self.view(st.dst)))
         elif c == "all_to_all_v":
             host = self.lay.hosts[self.lay.host_of(self.be.rank)]
             row = self.call.count
             send = [self.call.send_rows[p] for p in host]
             recv = [self.call.recv_rows[p] for p in host]
             dst = self.view(st.dst)
-            lc.all_to_all_v(src.view(-1, row) if row else src.view(sum(send), 0), send, recv,
-                            out=dst.view(-1, row) if row else dst.view(sum(recv), 0))
+            rows = self.call.row_shape if row else (0,)
+            lc.all_to_all_v(src.view(sum(send), *rows), send, recv,
+                            out=dst.view(sum(recv), *rows))
         elif c == "barrier":
             lc.barrier()
         else:
@@ -304,7 +312,7 @@ class _Run:
         call = self.call
         op_id = OP_ID[call.op] if call.op is not None else 0
         return rails.header(self.be.seq, self.what, call.algo, call.dtype.id, call.count,
-                            op_id, call.root, nbytes, error=error)
+                            op_id, call.root, nbytes, error=error, rows=call.row_shape)
 
     def _rail(self, st: Rail, error) -> None:
         rails = self.be.rails_for(self.device.type if st.kind != "sync" else "cpu")
@@ -324,7 +332,7 @@ class _Run:
             if error is None and mine is not None and nbytes <= SMALL \
                     and mine.device.type == "cpu":
                 hdr[HDR_BYTES:HDR_BYTES + nbytes] = _bytes(mine)   # small: one round
-            r1 = hdr_rails.round1(part.rail, hdr, what, seq)
+            r1 = hdr_rails.round1(part.rail, hdr, what, seq, self.call.row_shape)
             if error is not None:
                 continue
             if st.kind == "sync":

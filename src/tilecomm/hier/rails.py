@@ -32,11 +32,14 @@ ROUND1 = HDR_BYTES + SMALL
 # header words
 H_MAGIC, H_STATUS, H_SEQ, H_COLL, H_ALGO, H_DTYPE, H_COUNT, H_OP, H_ROOT, H_NBYTES, \
     H_MSGLEN, H_NMISS = range(12)
-H_MISS = 12                # up to 4 missing ranks
+H_MISS = 12                # up to 3 missing ranks
+MAX_MISS = 3
+H_ROWS = 15                # hash of the row shape (the dims after dim 0; 0 for none)
 ERR_KINDS = {1: CommError, 2: CommMismatch, 3: CommTimeout}
 KIND_OF = {CommMismatch: 2, CommTimeout: 3}
 FIELDS = ((H_COLL, "collective"), (H_ALGO, "algorithm"), (H_DTYPE, "dtype"),
-          (H_COUNT, "count"), (H_OP, "op"), (H_ROOT, "root"), (H_NBYTES, "message bytes"))
+          (H_COUNT, "count"), (H_OP, "op"), (H_ROOT, "root"), (H_NBYTES, "message bytes"),
+          (H_ROWS, "row shape (the dims after dim 0)"))
 
 
 def name_id(text: str) -> int:
@@ -83,15 +86,19 @@ class Rails:
 
     # ---- header round -----------------------------------------------------------------------
     def header(self, seq: int, collective: str, algo: str, dtype_id: int, count: int,
-               op_id: int, root: int, nbytes: int, error: BaseException | None = None):
-        """The fixed-size block this rank contributes to a header round (uint8 tensor)."""
+               op_id: int, root: int, nbytes: int, error: BaseException | None = None,
+               rows: tuple = ()):
+        """The fixed-size block this rank contributes to a header round (uint8 tensor).
+        ``rows``: the row shape of all_gather / all_to_all(_v) (equal counts with different
+        row shapes would put the right bytes in the wrong rows)."""
         block = np.zeros(ROUND1, dtype=np.uint8)
         words = block[:HDR_BYTES].view(np.int64)
         words[:H_NBYTES + 1] = (MAGIC, 0, seq, name_id(collective), name_id(algo), dtype_id,
                                 count, op_id, root, nbytes)
+        words[H_ROWS] = name_id(repr(tuple(rows))) if rows else 0
         if error is not None:
             words[H_STATUS] = KIND_OF.get(type(error), 1)
-            missing = tuple(getattr(error, "missing", ()))[:4]
+            missing = tuple(getattr(error, "missing", ()))[:MAX_MISS]
             words[H_NMISS] = len(missing)
             words[H_MISS:H_MISS + len(missing)] = missing
             text = f"{type(error).__name__}: {error}".encode()[:SMALL]
@@ -99,8 +106,10 @@ class Rails:
             block[HDR_BYTES:HDR_BYTES + len(text)] = np.frombuffer(text, dtype=np.uint8)
         return torch.from_numpy(block)
 
-    def round1(self, c: int, hdr: torch.Tensor, what: str, seq: int) -> list[torch.Tensor]:
-        """All-gather the fixed-size header block on rail ``c``; raise what any member reports."""
+    def round1(self, c: int, hdr: torch.Tensor, what: str, seq: int,
+               rows: tuple = ()) -> list[torch.Tensor]:
+        """All-gather the fixed-size header block on rail ``c``; raise what any member reports
+        (``rows``: this rank's row shape, for the message)."""
         members = self.layout.rail(c)
         me = members.index(self.rank)
         outs = [hdr if i == me else torch.empty(ROUND1, dtype=torch.uint8)
@@ -124,8 +133,13 @@ class Rails:
             for idx, label in FIELDS + ((H_SEQ, "sequence number"),):
                 vals = [int(v) for v in words[:, idx]]
                 if len(set(vals)) > 1:
-                    shown = ", ".join(f"rank {m}: {_show(idx, v, what)}"
-                                      for m, v in zip(members, vals))
+                    if idx == H_ROWS:     # a hash: this rank knows only its own shape
+                        mine = vals[members.index(self.rank)]
+                        shown = ", ".join(f"rank {m}: {'' if v == mine else 'not '}{rows}"
+                                          for m, v in zip(members, vals))
+                    else:
+                        shown = ", ".join(f"rank {m}: {_show(idx, v, what)}"
+                                          for m, v in zip(members, vals))
                     raise CommMismatch(f"{what} #{seq}: ranks on different hosts disagree on "
                                        f"{label}: {shown}")
         return outs
