@@ -1,9 +1,12 @@
 """Run under torchrun on simulated hosts (tests/hosts/test_hosts.py): promises across hosts.
 
 Argument ``scenario``: mismatch (count differs between hosts, then within one host, then row
-shapes with equal counts on one rank, then a bad argument on one rank: every rank raises), shm
-(nothing of tilecomm left in this host's /dev/shm once the communicator exists), dies (the last
-rank exits: every other rank raises CommTimeout naming it, within the timeout)."""
+shapes with equal counts on one rank, then all_to_all_v split sizes that disagree across hosts,
+then a bad argument on one rank: every rank raises), splits (the row-shape and split-size
+cases alone, for uneven hosts, where a rank alone on its host cannot tell its rail partners that
+it rejected a call: docs/design.md), shm (nothing of tilecomm left in this host's /dev/shm once
+the communicator exists), dies (the last rank exits: every other rank raises CommTimeout naming
+it, within the timeout)."""
 
 import os
 import sys
@@ -14,6 +17,43 @@ import torch
 import tilecomm
 from tilecomm.errors import CommError, CommMismatch, CommTimeout
 from tilecomm.hier.plans import hier_algorithms
+
+
+def shapes_and_splits(comm) -> None:
+    """Row shapes (equal counts) that differ on the last rank, then all_to_all_v split sizes
+    that disagree across hosts: every rank raises CommMismatch, and the calls stay in step."""
+    r, w = comm.rank, comm.world_size
+    last = w - 1
+    # equal element counts, different row shapes on one rank (3 x 4 against 4 x 3)
+    rest = (4, 3) if r == last else (3, 4)
+    for name, call in (("all_gather", lambda a: comm.all_gather(torch.ones(2, *rest),
+                                                               algo=a)),
+                       ("all_to_all", lambda a: comm.all_to_all(torch.ones(w, *rest))),
+                       ("all_to_all_v", lambda a: comm.all_to_all_v(torch.ones(w, *rest),
+                                                                   [1] * w))):
+        for algo in (("hier_rail", "hier_leader") if name == "all_gather" else ("auto",)):
+            if algo not in hier_algorithms(name, comm.layout) and algo != "auto":
+                continue
+            try:
+                call(algo)
+            except CommMismatch as e:
+                print(f"rank {r}: rows {name}/{algo}: CommMismatch: {str(e)[:160]}",
+                      flush=True)
+            else:
+                raise AssertionError(f"rank {r}: rows {name}/{algo}: no CommMismatch")
+            comm.barrier()
+    # split sizes that disagree across hosts (Gloo would silently receive 1 row into a
+    # 2-row slot): every rank assembles the split matrix and raises the same error
+    recv = [1] * w
+    if r == 0:
+        recv[last] = 2
+    try:
+        comm.all_to_all_v(torch.ones(w, 3), [1] * w, recv)
+    except CommMismatch as e:
+        print(f"rank {r}: splits: CommMismatch: {str(e)[:160]}", flush=True)
+    else:
+        raise AssertionError(f"rank {r}: splits: no CommMismatch")
+    comm.barrier()
 
 
 def main(scenario: str) -> None:
@@ -32,24 +72,7 @@ def main(scenario: str) -> None:
                 else:
                     raise AssertionError(f"rank {r}: {case}/{algo}: no CommMismatch")
                 comm.barrier()
-        # equal element counts, different row shapes on one rank (3 x 4 against 4 x 3)
-        rest = (4, 3) if r == last else (3, 4)
-        for name, call in (("all_gather", lambda a: comm.all_gather(torch.ones(2, *rest),
-                                                                   algo=a)),
-                           ("all_to_all", lambda a: comm.all_to_all(torch.ones(w, *rest))),
-                           ("all_to_all_v", lambda a: comm.all_to_all_v(torch.ones(w, *rest),
-                                                                       [1] * w))):
-            for algo in (("hier_rail", "hier_leader") if name == "all_gather" else ("auto",)):
-                if algo not in hier_algorithms(name, comm.layout) and algo != "auto":
-                    continue
-                try:
-                    call(algo)
-                except CommMismatch as e:
-                    print(f"rank {r}: rows {name}/{algo}: CommMismatch: {str(e)[:160]}",
-                          flush=True)
-                else:
-                    raise AssertionError(f"rank {r}: rows {name}/{algo}: no CommMismatch")
-                comm.barrier()
+        shapes_and_splits(comm)
         for algo in ("auto", "hier_leader"):    # (hier_rail: the bad rank's partner times out)
             t0 = time.monotonic()
             try:
@@ -66,6 +89,12 @@ def main(scenario: str) -> None:
         comm.all_reduce(x)                      # still usable after all that
         assert torch.all(x == w)
         print(f"rank {r}: mismatch OK", flush=True)
+    elif scenario == "splits":
+        shapes_and_splits(comm)
+        x = torch.ones(5)
+        comm.all_reduce(x)
+        assert torch.all(x == w)
+        print(f"rank {r}: splits OK", flush=True)
     elif scenario == "shm":
         comm.barrier()
         left = [f for f in os.listdir("/dev/shm") if f.startswith("tilecomm")]

@@ -48,6 +48,20 @@ def test_mismatch_and_bad_arguments_raise_on_every_rank_of_every_host(run_on_hos
                  "all_to_all_v/auto"):
         assert len(_ok_lines(out, rf"rows {case}: CommMismatch")) == 4, (case, out[-3000:])
     assert _ok_lines(out, r"rows all_gather/hier_rail: CommMismatch: .*row shape")
+    want = r"splits: CommMismatch: .*?rank 0 expects 2 rows from rank 3, which sends it 1"
+    assert len(_ok_lines(out, want)) == 4, out[-3000:]
+
+
+@pytest.mark.timeout(400)
+def test_split_sizes_that_disagree_raise_on_every_rank_of_uneven_hosts(run_on_hosts):
+    """2 + 1: the single rank sits on both rails, so both rails must carry the split matrix,
+    and a mismatch seen on one rail must still reach the partner on the other."""
+    out = run_on_hosts((2, 1), "hosts_faults.py", "splits")
+    assert len(_ok_lines(out, r"splits OK")) == 3, out[-3000:]
+    want = r"splits: CommMismatch: .*?rank 0 expects 2 rows from rank 2, which sends it 1"
+    assert len(_ok_lines(out, want)) == 3, out[-3000:]
+    for case in ("all_to_all/auto", "all_to_all_v/auto"):
+        assert len(_ok_lines(out, rf"rows {case}: CommMismatch")) == 3, (case, out[-3000:])
 
 
 @pytest.mark.timeout(400)

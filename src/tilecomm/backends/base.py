@@ -47,6 +47,21 @@ class CollectiveCall:
     row_shape: tuple = ()
 
 
+def check_split_sizes(send: Sequence[Sequence[int]], expect: Sequence[Sequence[int]],
+                      label: str) -> None:
+    """all_to_all_v: raise CommMismatch unless every rank's expected rows match what the
+    sender sends. ``send[r][j]``: rows rank r sends to rank j; ``expect[r][j]``: rows rank r
+    expects from rank j (-1: not given). Every rank that holds the same matrices raises the
+    same message. ``label``: the call, e.g. "all_to_all_v #3"."""
+    from ..errors import CommMismatch
+
+    for r, row in enumerate(expect):
+        for j, want in enumerate(row):
+            if want >= 0 and want != send[j][r]:
+                raise CommMismatch(f"{label}: ranks disagree on split sizes: rank {r} expects "
+                                   f"{want} rows from rank {j}, which sends it {send[j][r]}")
+
+
 def _cpu_backend(comm) -> "Backend":
     from ..settings import settings
 

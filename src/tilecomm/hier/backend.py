@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..backends.base import Backend, CollectiveCall
+from ..backends.base import Backend, CollectiveCall, check_split_sizes
 from ..errors import CommError, CommTimeout
 from ..types import OP_ID, DType, ReduceOp, lookup_dtype
 from .layout import HostLayout
@@ -63,6 +63,7 @@ class HierBackend(Backend):
         self.seq += 1
         if call.collective == "all_to_all_v" and call.recv_rows is None:
             call.recv_rows = self._learn_recv_rows(call)
+            call.info["learned_rows"] = True     # consistent by construction: not re-checked
             call.buffers["out"] = call.make_out(sum(call.recv_rows))
         plan = hier_plan(call.collective, call.algo, self.layout, call.root, self.rank)
         _Run(self, plan, call).execute()
@@ -318,6 +319,14 @@ class _Run:
         rails = self.be.rails_for(self.device.type if st.kind != "sync" else "cpu")
         hdr_rails = self.be.rails_for("cpu")
         seq, what = self.be.seq, self.what
+        counts = raised = None
+        if error is None and st.kind == "sync" and self.call.collective == "all_to_all_v" \
+                and not self.call.info.get("learned_rows") and st.parts:
+            try:
+                counts = self._host_counts()
+            except CommError as e:        # the other hosts must hear of it, not time out
+                self._rail(st, e)
+                raise
         for part in st.parts:
             mine = self.view(part.src) if part.src is not None else None
             if part.lengths:        # all_gather of host blocks of different sizes: pad
@@ -332,9 +341,26 @@ class _Run:
             if error is None and mine is not None and nbytes <= SMALL \
                     and mine.device.type == "cpu":
                 hdr[HDR_BYTES:HDR_BYTES + nbytes] = _bytes(mine)   # small: one round
-            r1 = hdr_rails.round1(part.rail, hdr, what, seq, self.call.row_shape)
+            if counts is not None and counts.numel() <= SMALL:
+                hdr[HDR_BYTES:HDR_BYTES + counts.numel()] = counts
+            try:
+                r1 = hdr_rails.round1(part.rail, hdr, what, seq, self.call.row_shape)
+            except CommError as e:
+                # a rank on several rails (uneven hosts) still joins the rounds of the rest,
+                # with this error, so no partner there waits for it until the timeout
+                if error is None:
+                    error = raised = e
+                continue
             if error is not None:
                 continue
+            if counts is not None:
+                # every rail carries the blocks (a partner may be on this rail only); one rail
+                # reaches every host, so the first gives the whole matrix, checked once every
+                # rail's round is done (a rank on several rails must not leave one waiting)
+                got = hdr_rails.all_gather(part.rail, counts, r1, what, seq, counts.numel(),
+                                           self.be.scratch)
+                if part is st.parts[0]:
+                    check = (part, [g.clone() for g in got])
             if st.kind == "sync":
                 continue
             if st.kind == "broadcast":
@@ -345,6 +371,34 @@ class _Run:
                                    self.be.scratch)
             vals = [g.view(self.dtype) for g in got]
             self._combine(st, part, vals)
+        if raised is not None:
+            raise raised
+        if counts is not None:
+            self._check_split_sizes(*check)
+
+    def _host_counts(self) -> torch.Tensor:
+        """all_to_all_v: this host's rows of the split matrices (every host rank's send rows,
+        then its expected receive rows), as a block of ``max_local`` x 2W int64 (the same size
+        on every rank, so the rail exchange of it can never mismatch)."""
+        w, call = self.lay.world_size, self.call
+        expect = [-1] * w if call.recv_rows is None else [int(c) for c in call.recv_rows]
+        rows = self.be.local.exchange([int(c) for c in call.send_rows] + expect)
+        block = torch.full((self.lay.max_local, 2 * w), -1, dtype=torch.int64)
+        block[:len(rows)] = torch.tensor(rows, dtype=torch.int64)
+        return block.view(-1).view(torch.uint8)
+
+    def _check_split_sizes(self, part, got: list[torch.Tensor]) -> None:
+        """Every host's count block, from the members of one rail (one per host): every rank
+        assembles the same matrices and raises the same CommMismatch if any pair disagrees
+        (rows of another size than expected would be cut short or left unwritten)."""
+        w = self.lay.world_size
+        send, expect = [None] * w, [None] * w
+        for m, blk in zip(part.members, got):
+            host = self.lay.hosts[self.lay.host_of(m)]
+            rows = blk.view(torch.int64).view(self.lay.max_local, 2 * w).tolist()
+            for g, row in zip(host, rows):
+                send[g], expect[g] = row[:w], row[w:]
+        check_split_sizes(send, expect, f"{self.what} #{self.be.seq}")
 
     def _combine(self, st: Rail, part, vals: list[torch.Tensor]) -> None:
         members = part.members

@@ -37,7 +37,7 @@ from ...algorithms.lower import SMALL_CALL_BYTES, USER_BUFFERS, RankPlan, lower,
 from ...settings import settings
 from ...errors import CommError, CommMismatch, CommTimeout
 from ...types import OP_BY_ID, OP_ID
-from ..base import CollectiveCall
+from ..base import CollectiveCall, check_split_sizes
 from .channel import (ACT_COLLECTIVE, COLL_IDS, COLL_NAMES, D_ALGO, D_COLL, D_COUNT, D_DTYPE, D_EXTRA, D_MSGLEN,
                       D_OP, D_PIECE, D_PLACE, D_ROOT, D_SEQ, ERROR_ID, NUM_PLACES, Channel,
                       algo_id)
@@ -395,12 +395,7 @@ class Executor:
         s0, r0 = lay.row_slot(seq & 1, 0), lay.row_slot(seq & 1, 1)
         send = [self.ch.slots[r][s0:s0 + w].tolist() for r in range(w)]
         recv = [self.ch.slots[r][r0:r0 + w].tolist() for r in range(w)]
-        for r in range(w):
-            for j in range(w):
-                if recv[r][j] >= 0 and recv[r][j] != send[j][r]:
-                    raise CommMismatch(
-                        f"all_to_all_v #{seq}: ranks disagree on split sizes: rank {r} expects "
-                        f"{recv[r][j]} rows from rank {j}, which sends it {send[j][r]}")
+        check_split_sizes(send, recv, f"all_to_all_v #{seq}")
         return send
 
 

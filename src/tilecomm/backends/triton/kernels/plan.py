@@ -67,6 +67,7 @@ import triton.language as tl
 from tilecomm.device import lang
 
 from ...base import CollectiveCall  # noqa: F401  (the launcher contract's type)
+from ...base import check_split_sizes
 from ..registry import ALL_DTYPES, REDUCE_OPS, register_plan
 from .common import (OP_AVG, OP_SUM, acc_f32, combine, finish, load_acc, load_epoch, op_code,
                      parity_half)
@@ -292,19 +293,12 @@ def encoded(ctx, collective: str, algo: str, root: int, count: int, counts=None)
 def _matrix(ctx, call) -> list[list[int]]:
     """all_to_all_v: every rank's send rows (host all-gather), after checking every rank's
     expected receive rows against them (every rank raises the same CommMismatch)."""
-    from ....errors import CommMismatch
 
     w = ctx.world_size
     send = [int(c) for c in call.send_rows]
     expect = [-1] * w if call.recv_rows is None else [int(c) for c in call.recv_rows]
     rows = ctx.host_all_gather(send + expect)
-    for r in range(w):
-        for j in range(w):
-            want = rows[r][w + j]
-            if want >= 0 and want != rows[j][r]:
-                raise CommMismatch(
-                    f"all_to_all_v: ranks disagree on split sizes: rank {r} expects {want} "
-                    f"rows from rank {j}, which sends it {rows[j][r]}")
+    check_split_sizes([row[:w] for row in rows], [row[w:] for row in rows], "all_to_all_v")
     return [row[:w] for row in rows]
 
 
