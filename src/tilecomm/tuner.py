@@ -47,7 +47,10 @@ def _choose_hier(collective: str, nbytes: int, world_size: int) -> str:
     algorithms (one inter-host round among the hosts' local rank 0s: fewest synchronizations
     across hosts; docs/benchmarks.md "Across hosts"), above it the rail algorithms where the
     layout is even (every rank busy on the inter-host leg) and the leader ones otherwise (the
-    fallback of ``available``); point-to-point for all_to_all(_v)."""
+    fallback of ``available``); all_to_all on the rails up to TILECOMM_HIER_A2A_RAIL_MAX,
+    point-to-point above it and for all_to_all_v."""
+    if collective == "all_to_all" and nbytes <= settings().hier_a2a_rail_max:
+        return "hier_rail"
     if collective in ("all_to_all", "all_to_all_v"):
         return "hier_direct"
     if collective in ("all_reduce", "all_gather", "reduce_scatter") and \

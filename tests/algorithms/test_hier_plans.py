@@ -45,6 +45,33 @@ def test_rail_algorithms_need_an_even_layout():
         hier_plan("all_reduce", "hier_rail", uneven, 0, 0)
 
 
+def test_auto_all_to_all_runs_on_the_rails_when_small_and_the_layout_is_even():
+    from tilecomm.settings import settings
+    from tilecomm.tuner import choose
+
+    cut = settings().hier_a2a_rail_max
+    even, uneven = HostLayout.sizes(2, 2), HostLayout.sizes(2, 1)
+
+    def auto(lay, nbytes, coll="all_to_all"):
+        return choose(coll, nbytes, lay.world_size, kind="hier",
+                      available=hier_algorithms(coll, lay))
+    assert auto(even, cut) == "hier_rail"
+    assert auto(even, cut + 1) == "hier_direct"
+    assert auto(uneven, 64) == "hier_direct"          # rails need an even layout
+    assert auto(even, 64, "all_to_all_v") == "hier_direct"
+
+
+def test_rail_all_to_all_sends_one_message_per_other_host():
+    """Each rank's inter-host moves come from its rail partners only (one per other host)."""
+    lay = HostLayout.sizes(3, 3)
+    sched = flatten("all_to_all", "hier_rail", lay)
+    crossing = [m for ph in sched.phases for m in ph
+                if lay.host_of(m.src_rank) != lay.host_of(m.rank)]
+    assert crossing
+    for m in crossing:
+        assert lay.local_rank(m.src_rank) == lay.local_rank(m.rank), m
+
+
 def test_flattened_plans_cross_hosts_only_on_rail_and_exchange_steps():
     lay = HostLayout.even(2, 2)
     s = flatten("all_reduce", "hier_rail", lay)

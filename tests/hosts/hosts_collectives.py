@@ -62,8 +62,10 @@ def main() -> None:
                 _close(x, want, dtype, f"reduce root={root} {dtype} n={n}")
                 n_checked += 2
             xs = inputs((w * n, 3), dtype)
-            out = comm.all_to_all(xs[r])
-            assert torch.equal(out, reference.all_to_all(xs)[r]), ("all_to_all", n)
+            for algo in hier_algorithms("all_to_all", lay) + ["auto"]:
+                out = comm.all_to_all(xs[r], algo=algo)
+                assert torch.equal(out, reference.all_to_all(xs)[r]), ("all_to_all", algo, n)
+                n_checked += 1
             counts = [[(i * 3 + j * 5 + n) % 4 for j in range(w)] for i in range(w)]
             xs = [torch.randn(sum(counts[i]), 2, generator=g).to(dtype) for i in range(w)]
             out = comm.all_to_all_v(xs[r], counts[r])

@@ -367,6 +367,9 @@ class _Run:
                 rails.broadcast(part.rail, _bytes(self.view(part.dst)), part.root,
                                 r1, what, seq, nbytes)
                 continue
+            if st.kind == "all_to_all":
+                self._rail_all_to_all(rails, part, _bytes(mine), r1, nbytes)
+                continue
             got = rails.all_gather(part.rail, _bytes(mine), r1, what, seq, nbytes,
                                    self.be.scratch)
             vals = [g.view(self.dtype) for g in got]
@@ -375,6 +378,21 @@ class _Run:
             raise raised
         if counts is not None:
             self._check_split_sizes(*check)
+
+    def _rail_all_to_all(self, rails, part, mine: torch.Tensor, r1, nbytes: int) -> None:
+        """Member i's part i of ``mine`` (uint8, equal parts) lands in part ``me`` of its dst;
+        from the header round when it fitted (every member carried all its parts)."""
+        members = part.members
+        me, k = members.index(self.be.rank), len(members)
+        per = nbytes // k
+        dst = _bytes(self.view(part.dst))
+        if nbytes <= SMALL and mine.device.type == "cpu":
+            for i, blk in enumerate(r1):
+                dst[i * per:(i + 1) * per] = blk[HDR_BYTES + me * per:HDR_BYTES + (me + 1) * per]
+            return
+        dst[me * per:(me + 1) * per] = mine[me * per:(me + 1) * per]
+        rails.exchange(part.rail, [mine[i * per:(i + 1) * per] for i in range(k)],
+                       [dst[i * per:(i + 1) * per] for i in range(k)], self.what, self.be.seq)
 
     def _host_counts(self) -> torch.Tensor:
         """all_to_all_v: this host's rows of the split matrices (every host rank's send rows,

@@ -78,8 +78,9 @@ class RailPart:
 @dataclass(frozen=True)
 class Rail:
     """Inter-host step. ``kind``: all_reduce (dst = host-order reduction of every member's src),
-    all_gather, reduce_scatter (member i gets part i of the reduction), broadcast, reduce,
-    sync (headers only). ``completes``: the reduction is complete here (avg divides)."""
+    all_gather, reduce_scatter (member i gets part i of the reduction), all_to_all (member i
+    gets part i of every member's src, in member order), broadcast, reduce, sync (headers
+    only). ``completes``: the reduction is complete here (avg divides)."""
 
     kind: str
     parts: tuple[RailPart, ...]
@@ -318,6 +319,38 @@ def _all_to_all(lay, root, rank):
     return _all_to_all_direct(lay, root, rank, "all_to_all")
 
 
+@register("all_to_all", "hier_rail", even_only=True)
+def _all_to_all_rail(lay: HostLayout, root: int, rank: int):
+    """Each block crosses the network once, on its destination's rail, and each rank sends
+    one message per other host (not one per rank there): inside the host, local rank j
+    collects every host rank's blocks for the ranks of rail j (one local all_to_all); then
+    the members of rail j exchange them. A small call's blocks travel in the rail's header
+    round: one inter-host round in all, against two for hier_direct (header, then data)."""
+    _, c, host = _hl(lay, rank)
+    nh, u, w = lay.num_hosts, len(host), lay.world_size
+    # t1: this rank's blocks grouped by local destination j (for ranks (g, j), g = 0..nh-1)
+    pre = tuple((Region("t1", j * nh + g), Region("in", lay.hosts[g][j]))
+                for j in range(u) for g in range(nh))
+    # t2 (after the local step): block from local rank i for rank (g, c) at i * nh + g;
+    # t3: the same blocks grouped by destination host g (the message to rail member g)
+    mid = tuple((Region("t3", g * u + i), Region("t2", i * nh + g))
+                for g in range(nh) for i in range(u))
+    # rail member g's message holds the blocks of ranks (g, 0..u-1): where hosts are
+    # consecutive ranks they land straight in the output
+    contiguous = all(list(hs) == list(range(g * u, (g + 1) * u))
+                     for g, hs in enumerate(lay.hosts))
+    dst = Region("out", 0, w) if contiguous else Region("t4", 0, w)
+    post = () if contiguous else tuple((Region("out", lay.hosts[g][i]), Region("t4", g * u + i))
+                                       for g in range(nh) for i in range(u))
+    return {"in": w, "out": w, "t1": w, "t2": w, "t3": w, "t4": w}, [
+        Copy(pre),
+        Local("all_to_all", Region("t1", 0, w), Region("t2", 0, w)),
+        Copy(mid),
+        Rail("all_to_all", (_rail_part(lay, c, Region("t3", 0, w), dst),)),
+        Copy(post),
+    ]
+
+
 @register("all_to_all_v", "hier_direct")
 def _all_to_all_v(lay, root, rank):
     return _all_to_all_direct(lay, root, rank, "all_to_all_v")
@@ -444,6 +477,12 @@ def _flatten_rail(steps, w: int) -> list[list[Move]]:
                         for j in range(n):
                             moves.append(Move(dst_rank, d.chunk(k * stride + j), s,
                                               regs[s].src.chunk(j)))
+                elif st.kind == "all_to_all":      # member i gets part i of every src
+                    n = d.n // len(mem)
+                    for k, s in enumerate(mem):
+                        for j in range(n):
+                            moves.append(Move(dst_rank, d.chunk(k * n + j), s,
+                                              regs[s].src.chunk(i * n + j)))
                 elif st.kind == "broadcast" and dst_rank != part.root:
                     for j in range(d.n):
                         moves.append(Move(dst_rank, d.chunk(j), part.root,

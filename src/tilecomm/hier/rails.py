@@ -174,6 +174,19 @@ class Rails:
         for w, m in works:
             self._wait(w, what, seq, (m,))
 
+    def exchange(self, c: int, sends, recvs, what: str, seq: int) -> None:
+        """Point-to-point on rail ``c``: ``sends[i]`` to member i, ``recvs[i]`` from member i
+        (uint8 tensors, sizes proven equal by the header round; this rank's entries skipped)."""
+        members = self.layout.rail(c)
+        me = members.index(self.rank)
+        pg = self.groups[c]
+        works = [(pg.send([t], i, 1), members[i]) for i, t in enumerate(sends)
+                 if i != me and t.numel()]
+        works += [(pg.recv([t], i, 1), members[i]) for i, t in enumerate(recvs)
+                  if i != me and t.numel()]
+        for w, m in works:
+            self._wait(w, what, seq, (m,))
+
     def broadcast(self, c: int, buf: torch.Tensor, root: int, round1, what: str, seq: int,
                   nbytes: int) -> None:
         members = self.layout.rail(c)

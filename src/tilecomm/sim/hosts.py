@@ -191,12 +191,16 @@ def _rail_work(st: Rail, rank: int, unit_b: int) -> StepWork:
             ops += 1
         else:
             rounds += 1
-            recv += n if st.kind == "broadcast" else (h - 1) * n
+            recv += n if st.kind == "broadcast" else \
+                (h - 1) * (n // h if st.kind == "all_to_all" else n)
             ops += 1
         if st.kind == "broadcast":
             continue
         if st.kind == "all_gather":
             copy += h * n
+            ops += h
+        elif st.kind == "all_to_all":       # member i's part of every message into dst
+            copy += n
             ops += h
         elif st.kind in ("all_reduce", "reduce_scatter") or (
                 st.kind == "reduce" and rank == part.root):
