@@ -84,16 +84,21 @@ def main() -> None:
     y.fill_(r)
     comm.all_reduce(y)
     assert torch.all(y == sum(range(w))), y
-    for peer_shift in (1, w - 1):
-        dst, src = (r + peer_shift) % w, (r - peer_shift) % w
-        t = torch.full((10,), float(r))
-        if r % 2 == 0:
-            comm.send(t, dst)
-            got = comm.recv(torch.empty(10), src)
-        else:
-            got = comm.recv(torch.empty(10), src)
-            comm.send(t, dst)
-        assert torch.all(got == src), got
+    # sizes around the 4 KiB carried inside the first message across hosts (hier/p2p.py)
+    for dtype, n in ((torch.float32, 0), (torch.float32, 10), (torch.float32, 1024),
+                     (torch.float32, 1025), (torch.bfloat16, 5000), (torch.int64, 3)):
+        msgs = [torch.randn(n, generator=torch.Generator().manual_seed(p)).mul(100).to(dtype)
+                for p in range(w)]
+        for peer_shift in (1, w - 1):
+            dst, src = (r + peer_shift) % w, (r - peer_shift) % w
+            if r % 2 == 0:
+                comm.send(msgs[r], dst)
+                got = comm.recv(torch.empty(n, dtype=dtype), src)
+            else:
+                got = comm.recv(torch.empty(n, dtype=dtype), src)
+                comm.send(msgs[r], dst)
+            assert torch.equal(got, msgs[src]), (dtype, n, src)
+            n_checked += 1
     comm.barrier()
     comm.close()
     print(f"rank {r}: {n_checked} checks OK on {lay.describe()}", flush=True)

@@ -21,7 +21,8 @@ from tilecomm.hier.plans import hier_algorithms
 
 def shapes_and_splits(comm) -> None:
     """Row shapes (equal counts) that differ on the last rank, then all_to_all_v split sizes
-    that disagree across hosts: every rank raises CommMismatch, and the calls stay in step."""
+    that disagree across hosts: every rank raises CommMismatch, and the calls stay in step;
+    then a send/recv between hosts of different sizes (both sides raise)."""
     r, w = comm.rank, comm.world_size
     last = w - 1
     # equal element counts, different row shapes on one rank (3 x 4 against 4 x 3)
@@ -53,6 +54,31 @@ def shapes_and_splits(comm) -> None:
         print(f"rank {r}: splits: CommMismatch: {str(e)[:160]}", flush=True)
     else:
         raise AssertionError(f"rank {r}: splits: no CommMismatch")
+    comm.barrier()
+    # send/recv between hosts that disagree on the size, below and above the 4 KiB carried
+    # in the first message: both sides raise, and the next call still works
+    for n in (10, 5000):
+        try:
+            if r == 0:
+                comm.send(torch.ones(n), last)
+            elif r == last:
+                comm.recv(torch.empty(n + 1), 0)
+            else:
+                continue
+        except CommMismatch as e:
+            print(f"rank {r}: p2p {n}: CommMismatch: {str(e)[:160]}", flush=True)
+        else:
+            raise AssertionError(f"rank {r}: p2p {n}: no CommMismatch")
+    # two receives facing each other: both raise at once instead of waiting for the timeout
+    if r in (0, last):
+        t0 = time.monotonic()
+        try:
+            comm.recv(torch.empty(4), last if r == 0 else 0)
+        except CommMismatch as e:
+            assert time.monotonic() - t0 < 4, time.monotonic() - t0
+            print(f"rank {r}: p2p recv/recv: CommMismatch: {str(e)[:160]}", flush=True)
+        else:
+            raise AssertionError(f"rank {r}: p2p recv/recv: no CommMismatch")
     comm.barrier()
 
 

@@ -50,6 +50,9 @@ def test_mismatch_and_bad_arguments_raise_on_every_rank_of_every_host(run_on_hos
     assert _ok_lines(out, r"rows all_gather/hier_rail: CommMismatch: .*row shape")
     want = r"splits: CommMismatch: .*?rank 0 expects 2 rows from rank 3, which sends it 1"
     assert len(_ok_lines(out, want)) == 4, out[-3000:]
+    for n in (10, 5000):      # the sender and the receiver on the other host
+        assert len(_ok_lines(out, rf"rank [03]: p2p {n}: CommMismatch")) == 2, out[-3000:]
+    assert len(_ok_lines(out, r"rank [03]: p2p recv/recv: CommMismatch: .*?is receiving")) == 2
 
 
 @pytest.mark.timeout(400)
