@@ -87,9 +87,10 @@ class Settings:
     #: (hier_leader), larger ones on every rail (hier_rail; even layouts).
     hier_leader_max: int = 2 << 20
     #: TILECOMM_HIER_A2A_RAIL_MAX: across hosts, algo="auto" runs all_to_all of up to this
-    #: many bytes on the rails (hier_rail: one inter-host round; even layouts), larger ones
-    #: point-to-point between the ranks (hier_direct: fewer local copies).
-    hier_a2a_rail_max: int = 64 << 10
+    #: many bytes on the rails (hier_rail, even layouts: up to 4 KiB its blocks ride in the
+    #: header round, one inter-host round in all), larger ones point-to-point between the
+    #: ranks (hier_direct: two rounds either way, and fewer local copies).
+    hier_a2a_rail_max: int = 4 << 10
     #: TILECOMM_FLIGHT_RECORDS: calls each communicator keeps in its flight recorder (a ring;
     #: tilecomm.debug.flight): sequence number, op, algorithm, bytes, dtype, state, what it
     #: waits for, timestamps. 0 turns recording off.

@@ -390,9 +390,7 @@ class _Run:
             for i, blk in enumerate(r1):
                 dst[i * per:(i + 1) * per] = blk[HDR_BYTES + me * per:HDR_BYTES + (me + 1) * per]
             return
-        dst[me * per:(me + 1) * per] = mine[me * per:(me + 1) * per]
-        rails.exchange(part.rail, [mine[i * per:(i + 1) * per] for i in range(k)],
-                       [dst[i * per:(i + 1) * per] for i in range(k)], self.what, self.be.seq)
+        rails.all_to_all(part.rail, mine, dst, self.what, self.be.seq)
 
     def _host_counts(self) -> torch.Tensor:
         """all_to_all_v: this host's rows of the split matrices (every host rank's send rows,

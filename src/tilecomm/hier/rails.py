@@ -174,16 +174,26 @@ class Rails:
         for w, m in works:
             self._wait(w, what, seq, (m,))
 
-    def exchange(self, c: int, sends, recvs, what: str, seq: int) -> None:
-        """Point-to-point on rail ``c``: ``sends[i]`` to member i, ``recvs[i]`` from member i
-        (uint8 tensors, sizes proven equal by the header round; this rank's entries skipped)."""
+    def all_to_all(self, c: int, src: torch.Tensor, dst: torch.Tensor, what: str,
+                   seq: int) -> None:
+        """Rail ``c``: part i of ``src`` to member i, part i of ``dst`` from member i (uint8,
+        equal parts, sizes proven equal by the header round; this rank's own part is copied).
+        CPU: point-to-point (Gloo's pairwise transfers beat its collectives on loopback);
+        CUDA: one NCCL all_to_all (separate sends and receives facing each other could
+        deadlock on the stream)."""
         members = self.layout.rail(c)
-        me = members.index(self.rank)
+        me, k = members.index(self.rank), len(members)
+        per = src.numel() // k
         pg = self.groups[c]
-        works = [(pg.send([t], i, 1), members[i]) for i, t in enumerate(sends)
-                 if i != me and t.numel()]
-        works += [(pg.recv([t], i, 1), members[i]) for i, t in enumerate(recvs)
-                  if i != me and t.numel()]
+        if src.device.type == "cuda":
+            self._wait(pg.alltoall_base(dst, src, [], [], dist.AllToAllOptions()), what, seq,
+                       members)
+            return
+        dst[me * per:(me + 1) * per] = src[me * per:(me + 1) * per]
+        works = [(pg.send([src[i * per:(i + 1) * per]], i, 1), members[i])
+                 for i in range(k) if i != me and per]
+        works += [(pg.recv([dst[i * per:(i + 1) * per]], i, 1), members[i])
+                  for i in range(k) if i != me and per]
         for w, m in works:
             self._wait(w, what, seq, (m,))
 
