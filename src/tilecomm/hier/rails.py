@@ -205,9 +205,18 @@ class Rails:
             if self.rank != root:
                 buf.copy_(round1[ri][HDR_BYTES:HDR_BYTES + nbytes])
             return
+        pg = self.groups[c]
+        if buf.device.type == "cpu":     # point-to-point from the root (as in _pairwise)
+            if self.rank == root:
+                works = [(pg.send([buf], i, 1), m) for i, m in enumerate(members) if m != root]
+            else:
+                works = [(pg.recv([buf], ri, 1), root)]
+            for w, m in works:
+                self._wait(w, what, seq, (m,))
+            return
         opts = dist.BroadcastOptions()
         opts.rootRank = ri
-        self._wait(self.groups[c].broadcast([buf], opts), what, seq, members)
+        self._wait(pg.broadcast([buf], opts), what, seq, members)
 
     def sendrecv(self, sends, recvs, what: str, seq: int) -> None:
         """Post every send and recv on the world group, then wait for all (uint8 tensors)."""
