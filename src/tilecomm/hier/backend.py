@@ -48,6 +48,7 @@ class HierBackend(Backend):
         self.scratch = Scratch()
         self.p2p_sent: dict[int, int] = {}
         self.p2p_recvd: dict[int, int] = {}
+        self.p2p_blocks = None            # hier/p2p.py's two exchange blocks, made on first use
 
     # ---- Backend interface -------------------------------------------------------------------
     def algorithms(self, collective: str) -> list[str]:

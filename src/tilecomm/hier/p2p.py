@@ -18,11 +18,12 @@ import torch
 
 from ..errors import CommMismatch
 from ..types import DTYPE_BY_ID, DType
+from .rails import SMALL
 
 SEND, RECV = 1, 2
 _WORDS = 5   # kind, tag, dtype id, numel, sequence
 _HDR = _WORDS * 8
-INLINE = 4096   # payload bytes carried in the sender's block
+INLINE = SMALL   # payload bytes carried in the sender's block (as in a rail header round)
 
 
 def send(be, data: torch.Tensor, d: DType, numel: int, peer: int, tag: int) -> None:
@@ -64,10 +65,9 @@ class _Blocks:
 
 
 def _blocks(be) -> _Blocks:
-    b = getattr(be, "_p2p_blocks", None)
-    if b is None:
-        b = be._p2p_blocks = _Blocks()
-    return b
+    if be.p2p_blocks is None:
+        be.p2p_blocks = _Blocks()
+    return be.p2p_blocks
 
 
 def _exchange(be, words, payload, peer: int, what: str, seq: int) -> list[int]:

@@ -293,7 +293,6 @@ def encoded(ctx, collective: str, algo: str, root: int, count: int, counts=None)
 def _matrix(ctx, call) -> list[list[int]]:
     """all_to_all_v: every rank's send rows (host all-gather), after checking every rank's
     expected receive rows against them (every rank raises the same CommMismatch)."""
-
     w = ctx.world_size
     send = [int(c) for c in call.send_rows]
     expect = [-1] * w if call.recv_rows is None else [int(c) for c in call.recv_rows]
