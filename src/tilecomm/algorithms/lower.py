@@ -76,6 +76,7 @@ class RankPlan:
     nslots: int                             # chunks of all symmetric buffers together
     last_read_bufs: tuple[int, ...]         # indices of my buffers peers read in the last phase
     lead: int                               # leading phases without remote reads (any rank)
+    peer_read: dict                         # buffer -> frozenset of my chunks some peer reads
 
     @property
     def collective(self) -> str:
@@ -123,9 +124,15 @@ def lower_schedule(sched: Schedule, rank: int) -> RankPlan:
         slot += sched.buffer(b).nchunks
     last = {m.src.buf for m in (sched.phases[-1] if sched.phases else ())
             if m.src_rank == rank and m.rank != rank}
+    read: dict[str, set[int]] = {}
+    for ph in sched.phases:
+        for m in ph:
+            if m.src_rank == rank and m.rank != rank:
+                read.setdefault(m.src.buf, set()).add(m.src.chunk)
     return RankPlan(sched, rank, phases, tuple(sorted(sched.waits_at_end(rank))), names,
                     symmetric, base, slot, tuple(names.index(b) for b in sorted(last)),
-                    sched.leading_local_phases)
+                    sched.leading_local_phases,
+                    {b: frozenset(c) for b, c in read.items()})
 
 
 def _memo(sched: Schedule, key: str, fn):

@@ -99,6 +99,8 @@ class Addresser:
         if starts is None:
             starts = self._starts[(rank, buf)] = list(accumulate(lay.lens[rank][buf], initial=0))
         place = self.places[rank][prog.names.index(buf)]
+        if place == PLACE_SCRATCH and rank == me and not self.staged(buf, chunk):
+            place = PLACE_LOCAL
         if place == PLACE_SCRATCH:
             return Operand(rank, buf, self.scratch_off + (prog.slot_base[buf] + chunk) * piece * isz,
                            0)
@@ -106,6 +108,13 @@ class Addresser:
             assert rank == me, "a peer's buffer that is not in symmetric memory"
             return Operand(None, buf, starts[chunk] * isz, piece * isz)
         return Operand(rank, buf, place + starts[chunk] * isz, piece * isz)
+
+    def staged(self, buf: str, chunk: int) -> bool:
+        """Whether chunk ``chunk`` of this rank's buffer ``buf``, when the buffer is not in
+        symmetric memory, goes through scratch: a caller's buffer only where some peer reads
+        that chunk (a reduce_scatter's own chunk, read by this rank alone, is reduced where it
+        is; copying it in would cost a pass over 1/W of the input for nothing)."""
+        return buf not in USER_BUFFERS or chunk in self.prog.peer_read.get(buf, ())
 
     def aliased(self, a: str, b: str, rank: int) -> bool:
         """Whether buffers ``a`` and ``b`` of ``rank`` share storage (an active alias)."""
@@ -143,7 +152,7 @@ def stage_template(addr: Addresser, collective: str, me: int, inbound: bool) -> 
         if (inbound and b not in spec.inputs) or (not inbound and b not in ("buf", "out")):
             continue
         for c, n in enumerate(addr.layout.lens[me][b]):
-            if not n:
+            if not n or not addr.staged(b, c):
                 continue
             slot = addr.operand(me, b, c, me)
             isz = addr.layout.d.itemsize
