@@ -10,6 +10,7 @@ ranks that disagree (collective, count, dtype, op, root, algorithm) all raise
 from __future__ import annotations
 
 import contextlib
+import gc
 import weakref
 from typing import Sequence
 
@@ -526,9 +527,18 @@ class Communicator:
         want_triton = kind == "triton"
         if old is not None and (old is not self._backend) == want_triton:
             return
-        if old is not None and old is not self._backend:
+        retired = old is not None and old is not self._backend
+        if retired:
             old.close()
         self._memos.clear()
+        self._backends.pop("cpu", None)
+        del old
+        if retired:
+            # The kernel backend's symmetric blocks return to the heap when its objects die,
+            # and some sit in reference cycles: collected at a different moment on each rank,
+            # they would leave the heaps out of step (the next alloc then finds them diverged).
+            # Every rank switches at the same point of its calls, so collect here.
+            gc.collect()
         self._backends["cpu"] = _triton_backend(self, "cpu") if want_triton else self._backend
 
     @contextlib.contextmanager
