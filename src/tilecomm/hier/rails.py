@@ -211,10 +211,39 @@ class Rails:
         opts.rootRank = ri
         self._wait(pg.broadcast([buf], opts), what, seq, members)
 
+    #: devices whose blocks to other hosts travel as one all_to_all with split sizes instead of
+    #: separate sends and receives (tests add "cpu" to run that path on Gloo)
+    grouped_devices: tuple[str, ...] = ("cuda",)
+
     def sendrecv(self, sends, recvs, what: str, seq: int) -> None:
-        """Post every send and recv on the world group, then wait for all (uint8 tensors)."""
-        self._post_and_wait(self.world, sends, recvs, range(self.layout.world_size), 0, what,
-                            seq)
+        """Blocks to and from ranks of other hosts on the world group: ``sends``/``recvs`` are
+        ``(global rank, uint8 tensor)``, one per peer at most. CPU: every send and receive
+        posted, then waited for (Gloo's point-to-point is its fastest path on loopback).
+        CUDA: one NCCL all_to_all with split sizes (zero for the ranks not exchanged with):
+        separate sends and receives facing each other on NCCL's stream would deadlock once a
+        message outgrows NCCL's buffers, and the all_to_all stays stream-ordered."""
+        dev = next((t.device.type for _, t in list(sends) + list(recvs)), "cpu")
+        if dev not in self.grouped_devices:
+            self._post_and_wait(self.world, sends, recvs, range(self.layout.world_size), 0,
+                                what, seq)
+            return
+        w = self.layout.world_size
+        out_splits, in_splits = [0] * w, [0] * w
+        for splits, pairs in ((in_splits, sends), (out_splits, recvs)):
+            for p, t in pairs:
+                assert not splits[p], f"two blocks for rank {p}"
+                splits[p] = t.numel()
+        device = torch.device(dev)
+        src = torch.cat([t for _, t in sorted(sends, key=lambda pt: pt[0])]) if sends else \
+            torch.empty(0, dtype=torch.uint8, device=device)
+        dst = torch.empty(sum(out_splits), dtype=torch.uint8, device=device)
+        peers = sorted({p for p, _ in list(sends) + list(recvs)})
+        self._wait(self.world.alltoall_base(dst, src, out_splits, in_splits,
+                                            dist.AllToAllOptions()), what, seq, peers)
+        off = 0
+        for p, t in sorted(recvs, key=lambda pt: pt[0]):
+            t.copy_(dst[off:off + t.numel()])
+            off += t.numel()
 
     def _post_and_wait(self, pg, sends, recvs, ranks, tag: int, what: str, seq: int) -> None:
         """Post every send and receive on ``pg`` (``(peer index in pg, uint8 tensor)``; empty
