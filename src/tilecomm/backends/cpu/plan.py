@@ -112,8 +112,9 @@ class Addresser:
     def staged(self, buf: str, chunk: int) -> bool:
         """Whether chunk ``chunk`` of this rank's buffer ``buf``, when the buffer is not in
         symmetric memory, goes through scratch: a caller's buffer only where some peer reads
-        that chunk (a reduce_scatter's own chunk, read by this rank alone, is reduced where it
-        is; copying it in would cost a pass over 1/W of the input for nothing)."""
+        that chunk. A broadcast's non-root buffer, an all_to_all's own block, a
+        reduce_scatter's own chunk are used where they are: copying them in (and back out)
+        would be passes over memory for nothing."""
         return buf not in USER_BUFFERS or chunk in self.prog.peer_read.get(buf, ())
 
     def aliased(self, a: str, b: str, rank: int) -> bool:
