@@ -222,26 +222,26 @@ class Rails:
         CUDA: one NCCL all_to_all with split sizes (zero for the ranks not exchanged with):
         separate sends and receives facing each other on NCCL's stream would deadlock once a
         message outgrows NCCL's buffers, and the all_to_all stays stream-ordered."""
-        dev = next((t.device.type for _, t in list(sends) + list(recvs)), "cpu")
-        if dev not in self.grouped_devices:
+        if self.device not in self.grouped_devices:
             self._post_and_wait(self.world, sends, recvs, range(self.layout.world_size), 0,
                                 what, seq)
             return
+        sends, recvs = sorted(sends, key=_peer), sorted(recvs, key=_peer)   # rank order
         w = self.layout.world_size
-        out_splits, in_splits = [0] * w, [0] * w
+        in_splits, out_splits = [0] * w, [0] * w
         for splits, pairs in ((in_splits, sends), (out_splits, recvs)):
             for p, t in pairs:
                 assert not splits[p], f"two blocks for rank {p}"
                 splits[p] = t.numel()
-        device = torch.device(dev)
-        src = torch.cat([t for _, t in sorted(sends, key=lambda pt: pt[0])]) if sends else \
+        device = (sends + recvs)[0][1].device if sends or recvs else self.device
+        src = torch.cat([t for _, t in sends]) if sends else \
             torch.empty(0, dtype=torch.uint8, device=device)
         dst = torch.empty(sum(out_splits), dtype=torch.uint8, device=device)
-        peers = sorted({p for p, _ in list(sends) + list(recvs)})
+        peers = sorted({p for p, _ in sends + recvs})
         self._wait(self.world.alltoall_base(dst, src, out_splits, in_splits,
                                             dist.AllToAllOptions()), what, seq, peers)
         off = 0
-        for p, t in sorted(recvs, key=lambda pt: pt[0]):
+        for _, t in recvs:
             t.copy_(dst[off:off + t.numel()])
             off += t.numel()
 
@@ -262,6 +262,10 @@ class Rails:
                               f"{list(others)} failed (peer died, stopped or timed out after "
                               f"{self.timeout:g} s): {str(e).splitlines()[0][:200]}",
                               collective=what, seq=seq, missing=others) from None
+
+
+def _peer(pair) -> int:
+    return pair[0]
 
 
 def _show(idx: int, v: int, what: str) -> str:
