@@ -34,3 +34,47 @@ def cpu_per_call(comm, nbytes: int, iters: int, which: str) -> tuple[float, floa
     t1, c1 = time.perf_counter(), time.process_time()
     comm.barrier()
     return (t1 - t0) / iters * 1e6, (c1 - c0) / iters * 1e6
+
+
+def primitive_time(comm, nbytes: int, iters: int, what: str) -> float:
+    """Wall us per repetition of one primitive that every rank runs at once (so the timing
+    includes the contention of 4 ranks on this machine's cores), on ``nbytes`` of float32:
+
+    * "copy": ``dst.copy_(src)``;
+    * "add": ``torch.add(a, b, out=c)`` (reads 2, writes 1);
+    * "tcp": this rank sends ``nbytes`` to its rail partner on the other host and receives as
+      many from it, by Gloo send/recv on the rail group (both rails at once), as the
+      hierarchical algorithms' rail steps do.
+    """
+    n = max(nbytes // 4, 1)
+    a, b, c = torch.randn(n), torch.randn(n), torch.empty(n)
+    if what == "copy":
+        def call():
+            c.copy_(a)
+    elif what == "add":
+        def call():
+            torch.add(a, b, out=c)
+    elif what == "tcp":
+        be = comm._backend
+        rails = be.rails_for("cpu")
+        rail = be.layout.rails_of(comm.rank)[0]
+        members = list(be.layout.rail(rail))
+        assert len(members) == 2, "the tcp primitive pairs two hosts"
+        peer = 1 - members.index(comm.rank)
+        pg = rails.groups[rail]
+
+        def call():
+            works = [pg.send([a], peer, 7), pg.recv([c], peer, 7)]
+            for w in works:
+                w.wait()
+    else:
+        raise ValueError(f"unknown primitive {what!r}")
+    for _ in range(2):
+        call()
+    comm.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        call()
+    t1 = time.perf_counter()
+    comm.barrier()
+    return (t1 - t0) / iters * 1e6
