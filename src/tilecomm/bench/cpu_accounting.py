@@ -59,7 +59,9 @@ def primitive_time(comm, nbytes: int, iters: int, what: str) -> float:
         rails = be.rails_for("cpu")
         rail = be.layout.rails_of(comm.rank)[0]
         members = list(be.layout.rail(rail))
-        assert len(members) == 2, "the tcp primitive pairs two hosts"
+        if len(members) != 2:
+            raise ValueError(f"the tcp primitive pairs the ranks of 2 hosts; this rail has "
+                             f"{len(members)} members")
         peer = 1 - members.index(comm.rank)
         pg = rails.groups[rail]
 
