@@ -1,11 +1,15 @@
-"""The inter-host link of this machine: Gloo all_gather between simulated hosts, alone.
+"""The inter-host link of this machine: one rail round between simulated hosts, alone.
 
-What the hierarchical runtime's rail steps are made of (``hier/rails.py``): a 2-member Gloo
-``allgather`` of a fixed 4224-byte header block, then, for payloads over 4096 B, a second
-``allgather`` of the payload. This script times exactly that primitive, on 2 simulated hosts x
-2 ranks (``tilecomm.simhosts``: the same process layout as ``tilecomm bench --hosts 2 -n 4``),
-with no tilecomm collective around it, so that ``tilecomm.sim.hosts`` can be calibrated on it
-and then *predict* the hierarchical bench rows out of sample.
+What the hierarchical runtime's rail steps are made of (``hier/rails.py``): a round of a fixed
+4224-byte header block, then, for payloads over 4096 B, a round of the payload. Each round is
+``Rails._pairwise``: every member posts a Gloo send to every other member of its rail group and
+a receive from each, then waits for all of them (Gloo's pairwise transfers run at 3-4x the
+speed of its ``allgather`` on loopback here, which is why the runtime uses them). This script
+times exactly that primitive, on 2 simulated hosts x 2 ranks (``tilecomm.simhosts``: the same
+process layout as ``tilecomm bench --hosts 2 -n 4``), with no tilecomm collective around it, so
+that ``tilecomm.sim.hosts`` can be calibrated on it and then *predict* the hierarchical bench
+rows out of sample. ``--primitive allgather`` times Gloo's ``all_gather`` instead (what the
+rails used before the pairwise rounds, and what the first calibrations measured).
 
 Two modes per size:
 
@@ -19,7 +23,8 @@ Usage (root or user namespaces; writes JSON)::
     PYTHONPATH=src python benchmarks/hosts_link.py --json benchmarks/results/hosts_link_2x2.json
 
 Rows: ``{"mode", "bytes", "time_us", "rounds", "iters"}``; ``time_us`` is the median over
-rounds of the slowest rank's mean call time; the file records ``uptime`` before and after.
+rounds of the slowest rank's mean call time; the file records ``primitive`` and ``uptime``
+before and after.
 """
 
 from __future__ import annotations
@@ -40,7 +45,7 @@ def _iters(nbytes: int) -> int:
     return max(3, min(300, (64 << 20) // max(nbytes, 1) // 8))
 
 
-def worker(out_path: str, rounds: int, sizes: list[int]) -> None:
+def worker(out_path: str, rounds: int, sizes: list[int], primitive: str) -> None:
     """One torchrun worker: world group over all ranks, one group per rail."""
     import torch
     import torch.distributed as dist
@@ -50,8 +55,10 @@ def worker(out_path: str, rounds: int, sizes: list[int]) -> None:
     rank, w = dist.get_rank(), dist.get_world_size()
     per = int(os.environ["LOCAL_WORLD_SIZE"])
     nh = w // per
-    rails = [dist.new_group([h * per + c for h in range(nh)]) for c in range(per)]
+    members = [[h * per + c for h in range(nh)] for c in range(per)]
+    rails = [dist.new_group(m) for m in members]
     mine = rank % per
+    peers = [p for p in members[mine] if p != rank]
     rows = []
     for mode in ("both", "one"):
         active = mode == "both" or mine == 0
@@ -59,13 +66,23 @@ def worker(out_path: str, rounds: int, sizes: list[int]) -> None:
             iters = _iters(n)
             src = torch.ones(n, dtype=torch.uint8)
             outs = [torch.empty(n, dtype=torch.uint8) for _ in range(nh)]
+
+            def one_round():
+                if primitive == "allgather":
+                    dist.all_gather(outs, src, group=rails[mine])
+                    return
+                # hier/rails.py Rails._pairwise: sends to every other member, then receives
+                works = [dist.isend(src, p, group=rails[mine]) for p in peers]
+                works += [dist.irecv(o, p, group=rails[mine]) for p, o in zip(peers, outs)]
+                for x in works:
+                    x.wait()
             times = []
             for r in range(rounds + 1):            # round 0 is the warmup
                 dist.barrier()
                 if active:
                     t0 = time.perf_counter()
                     for _ in range(iters):
-                        dist.all_gather(outs, src, group=rails[mine])
+                        one_round()
                     times.append((time.perf_counter() - t0) / iters)
                 else:
                     times.append(0.0)
@@ -79,7 +96,7 @@ def worker(out_path: str, rounds: int, sizes: list[int]) -> None:
                              "rounds": rounds, "iters": iters})
                 print(f"{mode:4s} {n:>10d} B  {rows[-1]['time_us']:10.1f} us", flush=True)
     if rank == 0:
-        Path(out_path).write_text(json.dumps({"rows": rows}, indent=1))
+        Path(out_path).write_text(json.dumps({"rows": rows, "primitive": primitive}, indent=1))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -92,6 +109,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--sizes", default=",".join(map(str, SIZES)), help="bytes, comma separated")
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--primitive", choices=("pairwise", "allgather"), default="pairwise",
+                    help="pairwise: the rails' own send/recv rounds (hier/rails.py); "
+                         "allgather: Gloo's all_gather")
     a = ap.parse_args(argv)
     from tilecomm import simhosts
 
@@ -99,7 +119,7 @@ def main(argv=None) -> int:
     up0 = os.getloadavg()
     res = simhosts.run([a.per_host] * a.hosts,
                        [str(Path(__file__).resolve()), "--worker", str(tmp), str(a.rounds),
-                        a.sizes], timeout=a.timeout)
+                        a.sizes, a.primitive], timeout=a.timeout)
     up1 = os.getloadavg()
     if not res.ok or not tmp.exists():
         print(f"hosts_link: the simulated hosts failed (exit codes {res.codes})", file=sys.stderr)
@@ -117,6 +137,7 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        worker(sys.argv[2], int(sys.argv[3]), [int(x) for x in sys.argv[4].split(",")])
+        worker(sys.argv[2], int(sys.argv[3]), [int(x) for x in sys.argv[4].split(",")],
+               sys.argv[5])
     else:
         raise SystemExit(main())

@@ -1,7 +1,7 @@
 """``tilecomm bench --hosts`` and the rank-side helpers of the across-hosts benchmarks
-(``tilecomm.bench.hosts_group``, ``tilecomm.bench.cpu_accounting``) on 2 simulated hosts x 2
-ranks: the bench checks its results and times Gloo flat in the same run; the helpers return
-one positive timing per rank."""
+(``tilecomm.bench.hosts_group``, ``cpu_accounting``, ``local_steps``) on 2 simulated hosts x 2
+ranks: the bench checks its results and times Gloo flat in the same run; the helpers
+(``cpu_accounting``, ``local_steps``) return one positive timing per rank that takes part."""
 
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ def test_bench_on_simulated_hosts_checks_results_and_times_gloo(tmp_path):
 def test_accounting_helpers_time_every_primitive_on_every_rank():
     from tilecomm.bench.cpu_accounting import cpu_per_call, primitive_time
     from tilecomm.bench.hosts_group import HostsGroup
+    from tilecomm.bench.local_steps import time_local, time_rail_after_local
 
     # (the ranks unpickle functions by reference: only importable ones, not this module's)
     with HostsGroup([2, 2], timeout=60) as g:
@@ -51,3 +52,10 @@ def test_accounting_helpers_time_every_primitive_on_every_rank():
             assert len(res) == 4 and all(w > 0 and c > 0 for w, c in res), (which, res)
         with pytest.raises(Exception, match="unknown primitive"):
             g.run(primitive_time, 4096, 2, "nope")
+        # benchmarks/hosts_local.py's rows: a local step, and a rail round after one
+        per_rank = g.run(time_local, "reduce_scatter", 4096, 3)
+        assert len(per_rank) == 4 and all(len(t) == 3 and min(t) > 0 for t in per_rank)
+        both = g.run(time_rail_after_local, 4224, 3, "both")
+        assert all(min(t) > 0 for t in both)
+        one = g.run(time_rail_after_local, 4224, 3, "one")      # rail 0: ranks 0 and 2
+        assert [min(t) > 0 for t in one] == [True, False, True, False]

@@ -133,3 +133,34 @@ def test_local_steps_fit_recovers_a_known_wake_and_slow_down(tmp_path):
     assert steps["rail"] == pytest.approx(plain_steps["rail"])
     assert steps["local"] == pytest.approx(wake + slow * plain_steps["local"], rel=1e-6)
     assert H.main(["fit", str(link), "--local", str(local)]) == 0
+
+
+def test_rail_wake_is_the_median_excess_and_is_charged_after_local_steps_only(tmp_path):
+    link = tmp_path / "link.json"
+    link.write_text(json.dumps({"hosts": 2, "primitive": "pairwise", "rows": [
+        {"mode": m, "bytes": n, "time_us": 100.0 + n / 1000.0}
+        for m in ("both", "one") for n in (4224, 1 << 20)]}))
+    rows = [{"collective": "broadcast", "bytes": n, "time_us": 300.0 + n / 100.0}
+            for n in (64, 1 << 16, 1 << 23)]
+    # rail rounds after a local step: 250, 260 and 1000 us over the back-to-back fit
+    rail_rows = [{"mode": "both", "bytes": 4224, "time_us": 100.0 + 4.224 + 250.0},
+                 {"mode": "one", "bytes": 4224, "time_us": 100.0 + 4.224 + 260.0},
+                 {"mode": "both", "bytes": 1 << 20, "time_us": 100.0 + 1048.576 + 1000.0}]
+    local = tmp_path / "local.json"
+    local.write_text(json.dumps({"rows": rows, "rail_rows": rail_rows, "per_host": 2}))
+    cost, _ = H.load_link(str(link), local_path=str(local))
+    assert cost.local.rail_wake_us == pytest.approx(260.0, rel=1e-3)
+    no_rail = H.HostsCost(cost.both, cost.one, cost.shm,
+                          H.LocalSteps(cost.local.wake_us, cost.local.slow))
+    # hier_rail all_reduce: local, rail (after a local step: charged), local
+    with_w = H.breakdown("all_reduce", "hier_rail", LAY, 1 << 20, cost)
+    without = H.breakdown("all_reduce", "hier_rail", LAY, 1 << 20, no_rail)
+    assert [k for k, _ in with_w] == ["local", "rail", "local"]
+    assert with_w[1][1] == pytest.approx(without[1][1] + cost.local.rail_wake_us)
+    assert with_w[0][1] == pytest.approx(without[0][1])
+    # hier_rail_first starts with its rail step: it follows the previous call's local step
+    first = [w for w in _work("all_reduce", "hier_rail_first", 8) if w.kind == "rail"]
+    assert first[0].after_local
+    # a rail step straight after another inter-host step is not charged
+    done = [H.StepWork("rail", rounds=1), H.StepWork("copy")]
+    assert H._after_inter_host(done)

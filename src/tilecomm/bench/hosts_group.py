@@ -68,20 +68,26 @@ class HostsGroup:
         return self
 
     def run(self, fn, *args) -> list:
+        """``fn(comm, *args)`` on every rank; results in rank order. A rank that raises makes
+        this raise :class:`RankError` for the lowest such rank, after every rank's reply has
+        been read, so the next ``run`` gets its own replies, not this one's."""
         for c in self.conns:
             c.send((fn, args))
-        out = []
+        out, first = [], None
         for r, c in enumerate(self.conns):
             try:
                 if not c.poll(self.timeout + 30):
-                    raise RankError(r, "CommTimeout", "no result from the rank")
+                    raise first or RankError(r, "CommTimeout", "no result from the rank")
                 status, *rest = c.recv()
             except (EOFError, OSError):
-                raise RankError(r, "exit", "the rank's process ended before returning (see "
-                                "the torchrun output above)") from None
+                raise first or RankError(r, "exit", "the rank's process ended before "
+                                         "returning (see the torchrun output above)") from None
             if status != "ok":
-                raise RankError(r, *rest)
+                first = first or RankError(r, *rest)
+                continue
             out.append(rest[0])
+        if first is not None:
+            raise first
         return out
 
     def stop(self) -> None:

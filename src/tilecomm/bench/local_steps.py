@@ -45,3 +45,46 @@ def time_local(comm, collective: str, nbytes: int, iters: int) -> list[float]:
         if collective == "all_reduce":
             x.fill_(1.0)              # keep the sums finite
     return times
+
+
+def time_rail_after_local(comm, nbytes: int, iters: int, mode: str) -> list[float]:
+    """Seconds per rail round of ``nbytes`` that starts right after a local step, one per
+    iteration (0.0 on a rank that sits the round out).
+
+    A hierarchical call's first rail round follows a local step, which releases the ranks of
+    each host at different times, some of them asleep in their wait; its partner on the other
+    host left its own local step at yet another time. Timed alone, back to back, the same
+    round costs less (``benchmarks/hosts_link.py``). Here each iteration is a barrier of the
+    host's ranks over shared memory (``comm.host_comm``: a local step, as short as one can
+    be), then the round as the rails make it (``Rails._pairwise``: a Gloo send to and a
+    receive from every other member of this rank's rail group). ``mode`` "both": every rail
+    at once (hier_rail); "one": rail 0 only (hier_leader; the others go straight on to the
+    next barrier)."""
+    be = comm._backend
+    rails = be.rails_for("cpu")
+    rail = be.layout.rails_of(comm.rank)[0]
+    members = list(be.layout.rail(rail))
+    pg = rails.groups[rail]
+    me = members.index(comm.rank)
+    peers = [i for i in range(len(members)) if i != me]
+    src = torch.ones(max(1, nbytes), dtype=torch.uint8)
+    outs = {i: torch.empty_like(src) for i in peers}
+    active = mode == "both" or rail == 0
+    lc = comm.host_comm
+
+    def one_round():
+        works = [pg.send([src], i, 5) for i in peers] + [pg.recv([outs[i]], i, 5) for i in peers]
+        for w in works:
+            w.wait()
+    if active:
+        one_round()
+    comm.barrier()
+    times = []
+    for _ in range(iters):
+        lc.barrier()
+        t0 = time.perf_counter()
+        if active:
+            one_round()
+        times.append(time.perf_counter() - t0 if active else 0.0)
+    comm.barrier()
+    return times

@@ -19,8 +19,11 @@ NOTE [what one hierarchical call costs]
                                      bytes this rank keeps), at the memory rates, op_us each
         Exchange  per peer: alpha + bytes / beta (torch.distributed point-to-point)
 
-    ``alpha`` and ``beta`` are those of one Gloo ``allgather`` round between simulated hosts
-    (loopback TCP), measured *alone* by ``benchmarks/hosts_link.py`` in two modes: ``both``
+    ``alpha`` and ``beta`` are those of one rail round as the runtime makes it
+    (``Rails._pairwise``: Gloo sends to and receives from every other member of the rail group)
+    between simulated hosts (loopback TCP), measured *alone* by ``benchmarks/hosts_link.py``
+    (link files without a ``primitive`` field, or with ``allgather``, timed Gloo's
+    ``allgather``, which the rails used before and which is 2-5x slower) in two modes: ``both``
     (every rank's rail busy at once, as in hier_rail) and ``one`` (only rail 0, the others
     idle, as in hier_leader); a step whose every rank has a rail part uses ``both``.
     Memory rates, ``op_us`` and ``call_us`` are the single-host fit (``ShmCost``,
@@ -28,13 +31,17 @@ NOTE [what one hierarchical call costs]
     written) fit ``cache_bytes``, DRAM otherwise.
 
     Local steps, when calibrated (``--local``, ``benchmarks/hosts_local.py``): ``slow x`` the
-    single-host time, plus ``wake_us`` for a step right after a Rail or Exchange step. The
+    single-host time, plus ``wake_us`` for a step right after a Rail or Exchange step; and,
+    when that file has rail rows, ``rail_wake_us`` for a Rail or Exchange step that follows a
+    local step (the converse: its partners arrive from their local steps at different times,
+    some asleep), over the link's back-to-back round. The
     single-host fit is 2 ranks with a core each; inside a hierarchical call every host runs
     its local step at once (4 processes on 2 cores: the slow-down), and a step after an
     inter-host round starts when that round releases the ranks, at different times, some of
     them asleep in their wait (the wake-up). Both terms are fitted on local collectives timed
-    alone in exactly that situation, never on the hierarchical rows predicted; with them the
-    median error on a fresh 2 x 2 sweep is 25%, without them 28% (docs/model.md).
+    alone in exactly that situation, never on the hierarchical rows predicted. Calibrated on
+    the rails' own round, the model is 26-58% low at the median on 2 x 2 sweeps: a rail round
+    inside a call costs more than any primitive timed alone shows (docs/model.md).
 
 ``python -m tilecomm.sim.hosts fit LINK.json [--local LOCAL.json]`` prints the fits;
 ``python -m tilecomm.sim.hosts predict LINK.json BENCH.json ... [--local LOCAL.json]``
@@ -45,7 +52,7 @@ only) and prints the errors.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -63,7 +70,7 @@ SMALL_MAX, MEDIUM_MAX = cpu_loop.LAT_MAX, cpu_loop.CACHE_MAX
 
 @dataclass(frozen=True)
 class Link:
-    """One Gloo round between hosts: ``alpha_us + bytes_received / beta``."""
+    """One rail round between hosts: ``alpha_us + bytes_received / beta``."""
 
     alpha_us: float
     beta_GBps: float
@@ -76,10 +83,13 @@ class Link:
 class LocalSteps:
     """A Local step inside a hierarchical call: ``slow x`` the single-host model's time (every
     host busy at once), plus ``wake_us`` when it follows an inter-host step (which releases
-    the ranks at different times)."""
+    the ranks at different times). ``rail_wake_us``: the converse, added to an inter-host
+    step that follows a local step (or starts the call), over the link's back-to-back time
+    (0 when the calibration file has no rail rows)."""
 
     wake_us: float
     slow: float
+    rail_wake_us: float = 0.0
 
     def step_us(self, single_host_us: float, after_rail: bool = True) -> float:
         return self.slow * single_host_us + (self.wake_us if after_rail else 0.0)
@@ -115,6 +125,7 @@ class StepWork:
     local: tuple | None = None
     busy: bool = True
     after_rail: bool = False          # a Local step right after an inter-host step
+    after_local: bool = False         # an inter-host step that follows no inter-host step
 
 
 def caller_count(collective: str, nbytes: int, world_size: int, itemsize: int = 4) -> int:
@@ -160,19 +171,31 @@ def plan_work(plan: HierPlan, count: int, itemsize: int = 4,
                 continue
             # the size the local communicator's tuner sees (communicator.py _algo)
             seen = nb * len(host) if st.collective == "all_gather" else nb
-            after = bool(out) and out[-1].kind in ("rail", "exchange")
+            after = _after_inter_host(out)
             out.append(StepWork("local", local=(st.collective,
                                                 local_algo(st.collective, seen, len(host)),
                                                 len(host), nb), after_rail=after))
         elif isinstance(st, Rail):
-            out.append(_rail_work(st, plan.rank, unit_b))
+            w = _rail_work(st, plan.rank, unit_b)
+            out.append(replace(w, after_local=not _after_inter_host(out)))
         elif isinstance(st, Exchange):
             nb = sum(r.n for _, r in st.recvs) * unit_b
             out.append(StepWork("exchange", rounds=len([1 for _, r in st.recvs if r.n]),
-                                recv_bytes=nb, busy=bool(st.recvs or st.sends)))
+                                recv_bytes=nb, busy=bool(st.recvs or st.sends),
+                                after_local=not _after_inter_host(out)))
         else:   # pragma: no cover - plans.py has four step kinds
             raise TypeError(f"unknown step {st!r}")
     return out
+
+
+def _after_inter_host(done: list[StepWork]) -> bool:
+    """Whether the step after ``done`` follows an inter-host step (Copy steps do not
+    synchronize, so they are looked through). A call's first step follows the previous
+    call's last, a local step in every plan."""
+    for w in reversed(done):
+        if w.kind != "copy":
+            return w.kind in ("rail", "exchange")
+    return False
 
 
 def _rail_work(st: Rail, rank: int, unit_b: int) -> StepWork:
@@ -226,6 +249,8 @@ def step_us(w: StepWork, cost: HostsCost, link: Link, itemsize: int = 4) -> floa
     t = w.ops * s.op_us + _mem_us(s, w.copy_bytes, w.add_bytes)
     if w.kind in ("rail", "exchange"):
         t += w.rounds * link.alpha_us + 1e-3 * w.recv_bytes / link.beta_GBps
+        if w.after_local and w.rounds and cost.local is not None:
+            t += cost.local.rail_wake_us
     return t
 
 
@@ -279,16 +304,24 @@ def local_alone_us(shm: ShmCost, collective: str, nbytes: int, ranks: int) -> fl
     return cpu_loop.predict_us(shm, collective, algo, ranks, nbytes, "user", 4)
 
 
-def fit_local(rows: list[dict], shm: ShmCost, ranks: int) -> LocalSteps:
+def fit_local(rows: list[dict], shm: ShmCost, ranks: int, rail_rows: list[dict] = (),
+              links: dict | None = None, members: int = 2) -> LocalSteps:
     """Non-negative least squares on relative errors of ``time_us = wake + slow x alone``
-    over ``benchmarks/hosts_local.py`` rows."""
+    over ``benchmarks/hosts_local.py`` rows; with its ``rail_rows`` and the fitted
+    ``links`` (mode -> :class:`Link`), ``rail_wake_us`` = the median excess of a rail round
+    after a local step over the link's back-to-back round (not below 0)."""
     b = np.array([r["time_us"] for r in rows], float)
     A = np.array([[1.0, local_alone_us(shm, r["collective"], int(r["bytes"]), ranks)]
                   for r in rows]) / b[:, None]
     scale = np.abs(A).max(0)
     scale[scale == 0] = 1.0
     th = cpu_loop.nnls(A / scale, np.ones_like(b)) / scale
-    return LocalSteps(float(th[0]), float(th[1]))
+    rail_wake = 0.0
+    if rail_rows and links:
+        excess = [r["time_us"] - links[r["mode"]].round_us((members - 1) * r["bytes"])
+                  for r in rail_rows]
+        rail_wake = max(0.0, float(np.median(excess)))
+    return LocalSteps(float(th[0]), float(th[1]), rail_wake)
 
 
 def load_link(path: str, shm: ShmCost | None = None,
@@ -311,7 +344,8 @@ def load_link(path: str, shm: ShmCost | None = None,
     local = None
     if local_path is not None:
         ld = json.loads(Path(local_path).read_text())
-        local = fit_local(ld["rows"], shm, int(ld.get("per_host", 2)))
+        local = fit_local(ld["rows"], shm, int(ld.get("per_host", 2)), ld.get("rail_rows", ()),
+                          links, members)
         data = {**data, "local": ld}
     return HostsCost(links["both"], links["one"], shm, local), data
 
@@ -342,8 +376,8 @@ def report(link_path: str, bench_paths: list[str], per_host: list[int] | None = 
     """Markdown: the link fit (and the local steps' fit), every row measured / predicted,
     errors per regime."""
     cost, data = load_link(link_path, local_path=local_path)
-    lines = [f"Link fitted on {link_path} (load {data.get('loadavg_before', ['?'])[0]} -> "
-             f"{data.get('loadavg_after', ['?'])[0]}):",
+    lines = [f"Link fitted on {link_path} ({data.get('primitive', 'allgather')} rounds; load "
+             f"{data.get('loadavg_before', ['?'])[0]} -> {data.get('loadavg_after', ['?'])[0]}):",
              f"both rails busy: alpha {cost.both.alpha_us:.1f} us, beta "
              f"{cost.both.beta_GBps:.2f} GB/s; one rail: alpha {cost.one.alpha_us:.1f} us, "
              f"beta {cost.one.beta_GBps:.2f} GB/s", ""]
@@ -365,6 +399,18 @@ def report(link_path: str, bench_paths: list[str], per_host: list[int] | None = 
             f = lo.step_us(alone)
             lines.append(f"| {r['collective']} | {_size(r['bytes'])} | {r['time_us']:.1f} | "
                          f"{alone:.1f} | {f:.1f} | {(f - r['time_us']) / r['time_us']:+.0%} |")
+        rail_rows = data["local"].get("rail_rows", [])
+        if rail_rows:
+            lines += ["", f"Rail rounds right after a local step: wake {lo.rail_wake_us:.1f} us "
+                          f"over the link's back-to-back round (median excess)", "",
+                      "| mode | bytes | measured us | back to back us | fit us | error |",
+                      "|---|---:|---:|---:|---:|---:|"]
+            for r in rail_rows:
+                lk = cost.both if r["mode"] == "both" else cost.one
+                b2b = lk.round_us((data.get("hosts", 2) - 1) * r["bytes"])
+                f = b2b + lo.rail_wake_us
+                lines.append(f"| {r['mode']} | {_size(r['bytes'])} | {r['time_us']:.1f} | "
+                             f"{b2b:.1f} | {f:.1f} | {(f - r['time_us']) / r['time_us']:+.0%} |")
     checks = []
     for path in bench_paths:
         rows = load_bench(path)
