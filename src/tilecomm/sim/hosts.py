@@ -31,7 +31,8 @@ NOTE [what one hierarchical call costs]
     written) fit ``cache_bytes``, DRAM otherwise.
 
     Local steps, when calibrated (``--local``, ``benchmarks/hosts_local.py``): ``slow x`` the
-    single-host time, plus ``wake_us`` for a step right after a Rail or Exchange step; and,
+    single-host time, plus ``wake_us`` for a step right after a Rail or Exchange step (Copy
+    steps in between do not synchronize and are looked through); and,
     when that file has rail rows, ``rail_wake_us`` for a Rail or Exchange step that follows a
     local step (the converse: its partners arrive from their local steps at different times,
     some asleep), over the link's back-to-back round. The
