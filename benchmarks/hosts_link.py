@@ -3,13 +3,13 @@
 What the hierarchical runtime's rail steps are made of (``hier/rails.py``): a round of a fixed
 4224-byte header block, then, for payloads over 4096 B, a round of the payload. Each round is
 ``Rails._pairwise``: every member posts a Gloo send to every other member of its rail group and
-a receive from each, then waits for all of them (2-5x faster than Gloo's ``allgather`` on
-loopback here, which is why the runtime uses them). This script
+a receive from each, then waits for all of them (up to 7x faster than Gloo's ``allgather``
+on loopback here, which is why the runtime uses them). This script
 times exactly that primitive, on 2 simulated hosts x 2 ranks (``tilecomm.simhosts``: the same
 process layout as ``tilecomm bench --hosts 2 -n 4``), with no tilecomm collective around it, so
 that ``tilecomm.sim.hosts`` can be calibrated on it and then *predict* the hierarchical bench
 rows out of sample. ``--primitive allgather`` times Gloo's ``all_gather`` instead (what the
-rails used before the pairwise rounds, and what the first calibrations measured).
+first calibrations measured).
 
 Two modes per size:
 

@@ -7,9 +7,9 @@ cores) and right after an inter-host round. This script measures exactly that, f
 collectives the hierarchical plans use (``tilecomm.bench.local_steps``), so the model can fit
 a wake-up cost and a slow-down factor on it and still *predict* the hierarchical bench rows out
 of sample (they are not used here). It also times the converse: a rail round (the rails' own
-pairwise Gloo round, header-sized and larger) right after a local step, which costs more than
-the same round timed back to back by ``benchmarks/hosts_link.py``; the model fits that excess
-as the rail's wake-up.
+pairwise Gloo round, header-sized and larger) right after a local step; the model takes its
+median excess over the back-to-back link fit (``benchmarks/hosts_link.py``) as the rail's
+wake-up.
 
     PYTHONPATH=src python benchmarks/hosts_local.py --json benchmarks/results/hosts_local_2x2.json
 

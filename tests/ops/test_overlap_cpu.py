@@ -43,8 +43,8 @@ def _rs_many(comm, dtype):
     out = [cases.run_rs(comm, 4, [6] * w, 5, dtype, seed=s) for s in range(3)]
     out.append(cases.run_rs(comm, 7, [3 + 5 * s for s in range(w)], 19, dtype, seed=4))
     out.append(cases.run_rs(comm, 7, [9] * w, 19, dtype, seed=8, out=True))
-    # wide enough rows for torch's vectorized add and its scalar tail (the sum of the
-    # partials is a single add of two 16-bit tensors at W=2: see ops/cpu.py)
+    # 33 x 70 = 2310 elements per partial: torch's vectorized add and its scalar tail both
+    # run (the sum of the partials is a single add of two 16-bit tensors at W=2: ops/cpu.py)
     out.append(cases.run_rs(comm, 33, [40] * w, 70, dtype, seed=11))
     return out
 

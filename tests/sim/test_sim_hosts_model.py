@@ -158,9 +158,16 @@ def test_rail_wake_is_the_median_excess_and_is_charged_after_local_steps_only(tm
     assert [k for k, _ in with_w] == ["local", "rail", "local"]
     assert with_w[1][1] == pytest.approx(without[1][1] + cost.local.rail_wake_us)
     assert with_w[0][1] == pytest.approx(without[0][1])
-    # hier_rail_first starts with its rail step: it follows the previous call's local step
-    first = [w for w in _work("all_reduce", "hier_rail_first", 8) if w.kind == "rail"]
-    assert first[0].after_local
-    # a rail step straight after another inter-host step is not charged
-    done = [H.StepWork("rail", rounds=1), H.StepWork("copy")]
-    assert H._after_inter_host(done)
+    # hier_rail_first starts with its rail step: it follows the previous call's last
+    # synchronizing step (back-to-back calls), a local all_reduce
+    first = _work("all_reduce", "hier_rail_first", 8)
+    assert first[0].kind == "rail" and first[0].after_local
+    # reduce_scatter/hier_rail is Copy, Local, Rail: its local step follows the previous
+    # call's rail step (the local wake-up), and its rail step follows a local step
+    rs = _work("reduce_scatter", "hier_rail", 1 << 16)
+    assert [w.kind for w in rs] == ["copy", "local", "rail"]
+    assert rs[1].after_rail and rs[2].after_local
+    # an inter-host step straight after another (Copy steps looked through) is not charged
+    assert H._after_inter_host([H.StepWork("rail", rounds=1), H.StepWork("copy")])
+    lone = H.StepWork("exchange", rounds=1, recv_bytes=64, after_local=False)
+    assert H.step_us(lone, cost, cost.both) == pytest.approx(H.step_us(lone, no_rail, cost.both))

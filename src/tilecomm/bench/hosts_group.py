@@ -70,16 +70,22 @@ class HostsGroup:
     def run(self, fn, *args) -> list:
         """``fn(comm, *args)`` on every rank; results in rank order. A rank that raises makes
         this raise :class:`RankError` for the lowest such rank, after every rank's reply has
-        been read, so the next ``run`` gets its own replies, not this one's."""
+        been read, so the next ``run`` gets its own replies, not this one's. A rank that sends
+        no reply within ``timeout`` + 30 s, or dies, stops the whole group (a late reply
+        would be taken for the next call's), and this raises."""
+        if not self.conns:
+            raise RuntimeError("HostsGroup: the group is stopped (a rank timed out or died)")
         for c in self.conns:
             c.send((fn, args))
         out, first = [], None
         for r, c in enumerate(self.conns):
             try:
                 if not c.poll(self.timeout + 30):
+                    self.stop()
                     raise first or RankError(r, "CommTimeout", "no result from the rank")
                 status, *rest = c.recv()
             except (EOFError, OSError):
+                self.stop()
                 raise first or RankError(r, "exit", "the rank's process ended before "
                                          "returning (see the torchrun output above)") from None
             if status != "ok":

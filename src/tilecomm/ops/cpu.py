@@ -168,8 +168,11 @@ def _sum_in_rank_order(parts: list, out: torch.Tensor) -> torch.Tensor:
 
     Two partials: one ``torch.add`` in their own dtype. For 16-bit floats torch's CPU add
     widens both to float32, adds and rounds once, which is exactly the reference's
-    ``round(float(p_0) + float(p_1))`` (tested bit for bit on random data). More: the float32
-    sum of all but the last, and the last add writes (rounding once) straight into ``out``.
+    ``round(float(p_0) + float(p_1))`` (tested bit for bit on random data). A correctly rounded
+    native 16-bit add would agree too: the float32 sum of two 16-bit values rounded to 16 bits
+    never differs from the exact sum rounded once (float32's 24 bits >= 2 x 11 + 2). More
+    partials: the float32 sum of all but the last, and the last add writes (rounding once)
+    straight into ``out``.
     """
     if len(parts) == 1:
         return out.copy_(parts[0])

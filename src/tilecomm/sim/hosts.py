@@ -23,7 +23,7 @@ NOTE [what one hierarchical call costs]
     (``Rails._pairwise``: Gloo sends to and receives from every other member of the rail group)
     between simulated hosts (loopback TCP), measured *alone* by ``benchmarks/hosts_link.py``
     (link files without a ``primitive`` field, or with ``allgather``, timed Gloo's
-    ``allgather``, which the rails used before and which is 2-5x slower) in two modes: ``both``
+    ``allgather``, which the rails used before and which is slower, up to 7x) in two modes: ``both``
     (every rank's rail busy at once, as in hier_rail) and ``one`` (only rail 0, the others
     idle, as in hier_leader); a step whose every rank has a rail part uses ``both``.
     Memory rates, ``op_us`` and ``call_us`` are the single-host fit (``ShmCost``,
@@ -41,7 +41,7 @@ NOTE [what one hierarchical call costs]
     inter-host round starts when that round releases the ranks, at different times, some of
     them asleep in their wait (the wake-up). Both terms are fitted on local collectives timed
     alone in exactly that situation, never on the hierarchical rows predicted. Calibrated on
-    the rails' own round, the model is 26-58% low at the median on 2 x 2 sweeps: a rail round
+    the rails' own round, the model is 26-54% low at the median on 2 x 2 sweeps: a rail round
     inside a call costs more than any primitive timed alone shows (docs/model.md).
 
 ``python -m tilecomm.sim.hosts fit LINK.json [--local LOCAL.json]`` prints the fits;
@@ -160,6 +160,7 @@ def plan_work(plan: HierPlan, count: int, itemsize: int = 4,
     lay = plan.layout
     unit_b = unit_elems(plan, count) * itemsize
     host = lay.hosts[lay.host_of(plan.rank)]
+    start = _ends_inter_host(plan)
     out: list[StepWork] = []
     for st in plan.steps:
         if isinstance(st, Copy):
@@ -172,30 +173,39 @@ def plan_work(plan: HierPlan, count: int, itemsize: int = 4,
                 continue
             # the size the local communicator's tuner sees (communicator.py _algo)
             seen = nb * len(host) if st.collective == "all_gather" else nb
-            after = _after_inter_host(out)
+            after = _after_inter_host(out, start)
             out.append(StepWork("local", local=(st.collective,
                                                 local_algo(st.collective, seen, len(host)),
                                                 len(host), nb), after_rail=after))
         elif isinstance(st, Rail):
             w = _rail_work(st, plan.rank, unit_b)
-            out.append(replace(w, after_local=not _after_inter_host(out)))
+            out.append(replace(w, after_local=not _after_inter_host(out, start)))
         elif isinstance(st, Exchange):
             nb = sum(r.n for _, r in st.recvs) * unit_b
             out.append(StepWork("exchange", rounds=len([1 for _, r in st.recvs if r.n]),
                                 recv_bytes=nb, busy=bool(st.recvs or st.sends),
-                                after_local=not _after_inter_host(out)))
+                                after_local=not _after_inter_host(out, start)))
         else:   # pragma: no cover - plans.py has four step kinds
             raise TypeError(f"unknown step {st!r}")
     return out
 
 
-def _after_inter_host(done: list[StepWork]) -> bool:
+def _after_inter_host(done: list[StepWork], call_start: bool = False) -> bool:
     """Whether the step after ``done`` follows an inter-host step (Copy steps do not
-    synchronize, so they are looked through). A call's first step follows the previous
-    call's last, a local step in every plan."""
+    synchronize, so they are looked through). ``call_start``: what the call's first step
+    follows, the previous call's last step (the bench times back-to-back calls of one plan:
+    :func:`_ends_inter_host`)."""
     for w in reversed(done):
         if w.kind != "copy":
             return w.kind in ("rail", "exchange")
+    return call_start
+
+
+def _ends_inter_host(plan: HierPlan) -> bool:
+    """Whether the plan's last synchronizing step (Copy steps skipped) is inter-host."""
+    for st in reversed(plan.steps):
+        if not isinstance(st, Copy):
+            return isinstance(st, (Rail, Exchange))
     return False
 
 
