@@ -64,7 +64,8 @@ def main(argv=None) -> int:
                 print(f"rail after local {mode:4s} {n:>10d} B  {rail_rows[-1]['time_us']:10.1f} us",
                       flush=True)
     up1 = os.getloadavg()
-    data = {"rows": rows, "rail_rows": rail_rows, "hosts": a.hosts, "per_host": a.per_host, "cpus": os.cpu_count(),
+    data = {"rows": rows, "rail_rows": rail_rows, "hosts": a.hosts, "per_host": a.per_host,
+            "cpus": os.cpu_count(),
             "loadavg_before": up0, "loadavg_after": up1,
             "command": "PYTHONPATH=src python benchmarks/hosts_local.py " +
                        " ".join(argv if argv is not None else sys.argv[1:])}

@@ -1,4 +1,4 @@
-"""How fast can any hierarchical all_reduce be on 2 simulated hosts x 2 ranks, against Gloo's
+"""How fast can a hierarchical all_reduce be on 2 simulated hosts x 2 ranks, against Gloo's
 flat ring? A bound from the cost of the bytes each must move, measured on this machine.
 
     PYTHONPATH=src python benchmarks/hosts_traffic_bound.py [--sizes 4M,16M,64M] [--repeats 3]
@@ -12,14 +12,14 @@ kernel (into the socket, out of it) on the same cores and memory as the local co
 Work per rank for an all_reduce of N bytes, counting only what cannot be avoided:
 
 * Gloo flat ring over 4 ranks: sends 1.5 N (and receives as much), adds 0.75 N.
-* Hierarchical (reduce_scatter in the host, all_reduce of the halves on the rails, all_gather
-  in the host), with nothing staged: adds N/2 in the host, sends N/2 to the other host, adds N/2
+* Hierarchical of hier_rail's structure (reduce_scatter in the host, all_reduce of the halves on
+  the rails, all_gather in the host), with nothing staged: adds N/2 in the host, sends N/2 to the other host, adds N/2
   there, and copies N into its output (its own half from the shared buffer the peer also reads,
   the peer's half). Staging a private input's half for the peer adds N/2 copied; that is what
   ordinary (non-heap) tensors need on CPU, where a process cannot read another's memory.
 
 So ``T_gloo ~ 1.5 N t_tcp + 0.75 N t_add`` and ``T_hier >= 0.5 N t_tcp + N t_add + N t_copy``,
-and their ratio bounds the speedup of any hierarchical algorithm here. The script prints the
+and their ratio bounds the speedup of an algorithm of that structure here. The script prints the
 prediction for Gloo next to Gloo measured in the same run (how far the per-byte costs account
 for the real collective), tilecomm's auto measured, and the bound.
 """
@@ -41,7 +41,8 @@ def main(argv=None) -> int:
     from tilecomm.bench.hosts_group import HostsGroup
 
     print(f"{'size':>5} {'copy us':>8} {'add us':>8} {'tcp us':>8} | {'Gloo pred':>9} "
-          f"{'Gloo':>8} {'tilecomm':>8} | {'bound':>5} {'bound staged':>12} {'tilecomm x Gloo':>15}")
+          f"{'Gloo':>8} {'tilecomm':>8} | {'bound':>5} {'bound staged':>12} "
+          f"{'tilecomm x Gloo':>15}")
     with HostsGroup([2, 2], timeout=300) as g:
         for s in a.sizes.split(","):
             n = parse_size(s)
