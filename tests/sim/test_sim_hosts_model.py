@@ -161,13 +161,13 @@ def test_rail_wake_is_the_median_excess_and_is_charged_after_local_steps_only(tm
     # hier_rail_first starts with its rail step: it follows the previous call's last
     # synchronizing step (back-to-back calls), a local all_reduce
     first = _work("all_reduce", "hier_rail_first", 8)
-    assert first[0].kind == "rail" and first[0].after_local
+    assert first[0].kind == "rail" and not first[0].after_inter_host
     # reduce_scatter/hier_rail is Copy, Local, Rail: its local step follows the previous
     # call's rail step (the local wake-up), and its rail step follows a local step
     rs = _work("reduce_scatter", "hier_rail", 1 << 16)
     assert [w.kind for w in rs] == ["copy", "local", "rail"]
-    assert rs[1].after_rail and rs[2].after_local
+    assert rs[1].after_inter_host and not rs[2].after_inter_host
     # an inter-host step straight after another (Copy steps looked through) is not charged
     assert H._after_inter_host([H.StepWork("rail", rounds=1), H.StepWork("copy")])
-    lone = H.StepWork("exchange", rounds=1, recv_bytes=64, after_local=False)
+    lone = H.StepWork("exchange", rounds=1, recv_bytes=64, after_inter_host=True)
     assert H.step_us(lone, cost, cost.both) == pytest.approx(H.step_us(lone, no_rail, cost.both))

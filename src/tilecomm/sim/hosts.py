@@ -125,8 +125,9 @@ class StepWork:
     ops: int = 0
     local: tuple | None = None
     busy: bool = True
-    after_rail: bool = False          # a Local step right after an inter-host step
-    after_local: bool = False         # an inter-host step that follows no inter-host step
+    #: the step follows an inter-host step (Copy steps looked through): a Local step then pays
+    #: the local wake-up, a Rail or Exchange step that does not pays the rail wake-up
+    after_inter_host: bool = False
 
 
 def caller_count(collective: str, nbytes: int, world_size: int, itemsize: int = 4) -> int:
@@ -163,30 +164,27 @@ def plan_work(plan: HierPlan, count: int, itemsize: int = 4,
     start = _ends_inter_host(plan)
     out: list[StepWork] = []
     for st in plan.steps:
+        after = _after_inter_host(out, start)
         if isinstance(st, Copy):
             nb = sum(d.n for d, _ in st.pairs) * unit_b
-            out.append(StepWork("copy", copy_bytes=nb, ops=len(st.pairs)))
+            w = StepWork("copy", copy_bytes=nb, ops=len(st.pairs))
         elif isinstance(st, Local):
             nb = st.src.n * unit_b
-            if st.collective == "barrier":
-                out.append(StepWork("local", local=("barrier", "direct", len(host), 0)))
-                continue
             # the size the local communicator's tuner sees (communicator.py _algo)
             seen = nb * len(host) if st.collective == "all_gather" else nb
-            after = _after_inter_host(out, start)
-            out.append(StepWork("local", local=(st.collective,
-                                                local_algo(st.collective, seen, len(host)),
-                                                len(host), nb), after_rail=after))
+            w = StepWork("local", local=("barrier", "direct", len(host), 0)
+                         if st.collective == "barrier" else
+                         (st.collective, local_algo(st.collective, seen, len(host)),
+                          len(host), nb))
         elif isinstance(st, Rail):
             w = _rail_work(st, plan.rank, unit_b)
-            out.append(replace(w, after_local=not _after_inter_host(out, start)))
         elif isinstance(st, Exchange):
             nb = sum(r.n for _, r in st.recvs) * unit_b
-            out.append(StepWork("exchange", rounds=len([1 for _, r in st.recvs if r.n]),
-                                recv_bytes=nb, busy=bool(st.recvs or st.sends),
-                                after_local=not _after_inter_host(out, start)))
+            w = StepWork("exchange", rounds=len([1 for _, r in st.recvs if r.n]),
+                         recv_bytes=nb, busy=bool(st.recvs or st.sends))
         else:   # pragma: no cover - plans.py has four step kinds
             raise TypeError(f"unknown step {st!r}")
+        out.append(replace(w, after_inter_host=after))
     return out
 
 
@@ -256,11 +254,11 @@ def step_us(w: StepWork, cost: HostsCost, link: Link, itemsize: int = 4) -> floa
         if coll == "barrier" or ranks <= 1:
             return s.call_us + s.sync_us if coll == "barrier" else s.call_us
         alone = cpu_loop.predict_us(s, coll, algo, ranks, nb, "user", itemsize)
-        return alone if cost.local is None else cost.local.step_us(alone, w.after_rail)
+        return alone if cost.local is None else cost.local.step_us(alone, w.after_inter_host)
     t = w.ops * s.op_us + _mem_us(s, w.copy_bytes, w.add_bytes)
     if w.kind in ("rail", "exchange"):
         t += w.rounds * link.alpha_us + 1e-3 * w.recv_bytes / link.beta_GBps
-        if w.after_local and w.rounds and cost.local is not None:
+        if not w.after_inter_host and w.rounds and cost.local is not None:
             t += cost.local.rail_wake_us
     return t
 
