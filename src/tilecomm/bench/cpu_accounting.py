@@ -43,32 +43,26 @@ def primitive_time(comm, nbytes: int, iters: int, what: str) -> float:
     * "copy": ``dst.copy_(src)``;
     * "add": ``torch.add(a, b, out=c)`` (reads 2, writes 1);
     * "tcp": this rank sends ``nbytes`` to its rail partner on the other host and receives as
-      many from it, by Gloo send/recv on the rail group (both rails at once), as the
-      hierarchical algorithms' rail steps do.
+      many from it, both rails at once, by the hierarchical runtime's own rail round
+      (:func:`~tilecomm.bench.local_steps.rail_round`).
     """
     n = max(nbytes // 4, 1)
-    a, b, c = torch.randn(n), torch.randn(n), torch.empty(n)
     if what == "copy":
+        a, c = torch.randn(n), torch.empty(n)
+
         def call():
             c.copy_(a)
     elif what == "add":
+        a, b, c = torch.randn(n), torch.randn(n), torch.empty(n)
+
         def call():
             torch.add(a, b, out=c)
     elif what == "tcp":
-        be = comm._backend
-        rails = be.rails_for("cpu")
-        rail = be.layout.rails_of(comm.rank)[0]
-        members = list(be.layout.rail(rail))
+        from .local_steps import rail_round
+        call, _, members = rail_round(comm, 4 * n, 7)
         if len(members) != 2:
             raise ValueError(f"the tcp primitive pairs the ranks of 2 hosts; this rail has "
                              f"{len(members)} members")
-        peer = 1 - members.index(comm.rank)
-        pg = rails.groups[rail]
-
-        def call():
-            works = [pg.send([a], peer, 7), pg.recv([c], peer, 7)]
-            for w in works:
-                w.wait()
     else:
         raise ValueError(f"unknown primitive {what!r}")
     for _ in range(2):

@@ -47,6 +47,26 @@ def time_local(comm, collective: str, nbytes: int, iters: int) -> list[float]:
     return times
 
 
+def rail_round(comm, nbytes: int, tag: int):
+    """``(call, rail, members)``: ``call()`` makes one round of ``nbytes`` on this rank's
+    (first) rail the way the hierarchical runtime makes its rounds, by calling it
+    (``Rails._pairwise``: a Gloo send to and a receive from every other member of the rail
+    group, then a wait for all), so a benchmark times the runtime's primitive, not a copy of
+    it. ``rail``: the rail's index; ``members``: its global ranks."""
+    be = comm._backend
+    rails = be.rails_for("cpu")
+    rail = be.layout.rails_of(comm.rank)[0]
+    members = list(be.layout.rail(rail))
+    me = members.index(comm.rank)
+    src = torch.ones(max(1, nbytes), dtype=torch.uint8)
+    outs = [src if i == me else torch.empty_like(src) for i in range(len(members))]
+    pg = rails.groups[rail]
+
+    def call():
+        rails._pairwise(pg, members, src, outs, "bench rail round", 0, tag)
+    return call, rail, members
+
+
 def time_rail_after_local(comm, nbytes: int, iters: int, mode: str) -> list[float]:
     """Seconds per rail round of ``nbytes`` that starts right after a local step, one per
     iteration (0.0 on a rank that sits the round out).
@@ -56,26 +76,12 @@ def time_rail_after_local(comm, nbytes: int, iters: int, mode: str) -> list[floa
     host left its own local step at yet another time. Timed alone, back to back, the same
     round costs less (``benchmarks/hosts_link.py``). Here each iteration is a barrier of the
     host's ranks over shared memory (``comm.host_comm``: a local step, as short as one can
-    be), then the round as the rails make it (``Rails._pairwise``: a Gloo send to and a
-    receive from every other member of this rank's rail group). ``mode`` "both": every rail
-    at once (hier_rail); "one": rail 0 only (hier_leader; the others go straight on to the
-    next barrier)."""
-    be = comm._backend
-    rails = be.rails_for("cpu")
-    rail = be.layout.rails_of(comm.rank)[0]
-    members = list(be.layout.rail(rail))
-    pg = rails.groups[rail]
-    me = members.index(comm.rank)
-    peers = [i for i in range(len(members)) if i != me]
-    src = torch.ones(max(1, nbytes), dtype=torch.uint8)
-    outs = {i: torch.empty_like(src) for i in peers}
+    be), then the round as the rails make it (:func:`rail_round`). ``mode`` "both": every
+    rail at once (hier_rail); "one": rail 0 only (hier_leader; the others go straight on to
+    the next barrier)."""
+    one_round, rail, _ = rail_round(comm, nbytes, 5)
     active = mode == "both" or rail == 0
     lc = comm.host_comm
-
-    def one_round():
-        works = [pg.send([src], i, 5) for i in peers] + [pg.recv([outs[i]], i, 5) for i in peers]
-        for w in works:
-            w.wait()
     if active:
         one_round()
     comm.barrier()
