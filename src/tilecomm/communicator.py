@@ -160,6 +160,15 @@ class Communicator:
         collectives do: ``hier/``)."""
         return self._backend.host_communicator() or self
 
+    def process_group(self, name: str, timeout: float | None = None):
+        """A torch.distributed (Gloo) group over all ranks, in rank order, for a layer above
+        the communicator that sends its own messages between hosts (``tilecomm.kv``): its tags
+        and connections are its own. Collective; closed with the communicator. None when all
+        ranks share a host (they talk through the symmetric heap instead). ``timeout``: the
+        group's Gloo timeout in seconds (default: the communicator's)."""
+        self._check_open()
+        return self._backend.process_group(name, timeout)
+
     # ---- symmetric memory -----------------------------------------------------------------
     def alloc(self, shape: int | Sequence[int], dtype: torch.dtype = torch.float32,
               device: str | torch.device | None = None) -> torch.Tensor:
@@ -388,9 +397,12 @@ class Communicator:
         t, out = bufs
         t.numpy()[:] = [int(v) for v in values]
         d = lookup_dtype(torch.int64)
-        self._run(self._backend, "all_gather", "direct", d, t.numel(),
-                  {"in": _Bytes(t, "exchange", write=False).flat,
-                   "out": _Bytes(out, "exchange", read=False).flat})
+        avail = self._backend.algorithms("all_gather")
+        algo = "direct" if avail is None or "direct" in avail else \
+            self._algo("all_gather", "auto", t.numel() * 8)     # across hosts: hier_*
+        self._run(self._backend, "all_gather", algo, d, t.numel(),
+                  {"in": _buffer(self._backend, t, "exchange", write=False).flat,
+                   "out": _buffer(self._backend, out, "exchange", read=False).flat})
         return out.reshape(self.world_size, t.numel()).tolist()
 
     @property

@@ -120,6 +120,12 @@ class Backend(abc.ABC):
         communicator is the host's own)."""
         return None
 
+    def process_group(self, name: str, timeout: float | None = None):
+        """A torch.distributed group over all ranks for a layer that sends its own messages
+        between hosts (collective; ``timeout``: its own, default the communicator's); None
+        when the ranks share one host."""
+        return None
+
     def attach_debug(self, flight, tracer) -> None:
         """Receive the communicator's flight recorder and the process's tracer (or None), for
         a host backend's waits and phases (``tilecomm.debug``); default: nothing to report."""

@@ -55,10 +55,10 @@ class Rails:
         self.layout, self.rank, self.device = layout, rank, device
         self.timeout = timeout
         self._names: dict[int, str] = {}
-        td = timedelta(seconds=timeout)
         prefix = f"tilecomm/{device}"
 
-        def make(tag: str, members):
+        def make(tag: str, members, seconds: float | None = None):
+            td = timedelta(seconds=timeout if seconds is None else seconds)
             st = dist.PrefixStore(f"{prefix}/{tag}", store)
             idx = members.index(rank)
             if device == "cuda":
@@ -71,18 +71,30 @@ class Rails:
                              if host else dist.ProcessGroupGloo.create_default_device()]
             return dist.ProcessGroupGloo(st, idx, len(members), opts)
 
+        self._make = make
+        self._extra: list = []          # groups made for layers above (new_world_group)
         self.groups = {}
         for c in layout.rails_of(rank):
             self.groups[c] = make(f"rail{c}", list(layout.rail(c)))
         self.world = make("world", list(range(layout.world_size)))
 
+    def new_world_group(self, name: str, timeout: float | None = None):
+        """A fresh group over all ranks for a layer above the communicator (its own tags and
+        connections, so its messages never meet the collectives'); ``timeout``: its Gloo
+        timeout (default the rails'). Collective; closed with the rails."""
+        pg = self._make(f"extra{len(self._extra)}/{name}", list(range(self.layout.world_size)),
+                        timeout)
+        self._extra.append(pg)
+        return pg
+
     def close(self) -> None:
-        for pg in list(self.groups.values()) + [self.world]:
+        for pg in list(self.groups.values()) + [self.world] + self._extra:
             try:
                 pg.shutdown()
             except Exception:  # noqa: BLE001 - best effort at teardown
                 pass
         self.groups.clear()
+        self._extra.clear()
 
     # ---- header round -----------------------------------------------------------------------
     def header(self, seq: int, collective: str, algo: str, dtype_id: int, count: int,

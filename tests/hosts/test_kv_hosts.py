@@ -1,0 +1,38 @@
+"""The KV transfer engine across simulated hosts (torchrun per host, tilecomm.simhosts): the
+scenarios of tests/kv/kv_scenarios.py with the two sides of each request on different hosts."""
+
+import re
+
+import pytest
+
+SCRIPT = "kv_hosts.py"
+
+
+def _ok(out: str, name: str) -> list[str]:
+    return re.findall(rf"rank \d+ {name} ok.*", out)
+
+
+@pytest.mark.timeout(400)
+def test_requests_errors_and_layers_across_two_hosts(run_on_hosts):
+    names = ("many_requests", "all_pairs", "layer_by_layer", "errors", "geometry_mismatch")
+    out = run_on_hosts((2, 2), SCRIPT, *names)
+    for name in names:
+        assert len(_ok(out, name)) == 4, (name, out[-3000:])
+    # the receiver on the other host saw each layer as it landed
+    assert "rank 2 layer_by_layer ok [[True, False, False], [True, True, False], " \
+           "[True, True, True]]" in out, out[-3000:]
+    # both sides of a bad call raised, each naming what was wrong
+    assert re.search(r"rank 2 errors ok .*'unknown': \"rank 0 pushed request 'nope'", out)
+    assert re.search(r"rank 0 errors ok .*'mine': \"rank 2 rejected request 'mine'", out)
+
+
+@pytest.mark.timeout(400)
+def test_heads_resharded_across_hosts(run_on_hosts):
+    out = run_on_hosts((2, 1), SCRIPT, "head_split_gather", "head_split_scatter")
+    assert len(_ok(out, "head_split_gather")) == 3 and len(_ok(out, "head_split_scatter")) == 3
+
+
+@pytest.mark.timeout(400)
+def test_a_sender_that_dies_is_named_by_its_receiver(run_on_hosts):
+    out = run_on_hosts((2, 2), SCRIPT, "dead_sender")
+    assert re.search(r"rank 2: dead_sender OK after \d+\.\ds: .*rank 0", out), out[-3000:]

@@ -1,0 +1,321 @@
+"""KV transfer scenarios, each run by every rank of a communicator: from tilecomm.launch on
+one host (tests/kv/test_kv_transfer.py) and under torchrun on simulated hosts
+(tests/kv/kv_hosts.py). Data is random bf16 (and integer-valued float32 where noted);
+results are compared bit for bit with :func:`tilecomm.kv.reference_transfer`."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from tilecomm import CommMismatch, CommTimeout
+from tilecomm.kv import KVTransfer, reference_transfer
+
+GEO = dict(num_layers=3, num_blocks=16, block_size=4, head_dim=8)
+
+
+def fill(cache: torch.Tensor, seed: int) -> torch.Tensor:
+    """Random data every rank can rebuild for any rank (the reference needs the sources)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(cache.shape, generator=g).to(cache.dtype)
+    cache.copy_(x)
+    return x
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
+
+
+def assert_same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    if not torch.equal(_bits(got), _bits(want)):
+        bad = (_bits(got) != _bits(want)).nonzero()[:5].tolist()
+        raise AssertionError(f"{what}: cache differs from the reference at {bad}")
+
+
+def roles(world: int) -> tuple[list[int], list[int]]:
+    half = world // 2
+    return list(range(half)), list(range(half, world))
+
+
+def ids_for(seed: int, n: int, blocks: int, fragmented: bool) -> list[int]:
+    """``n`` distinct block ids: one run, or shuffled runs of 1-3."""
+    rng = random.Random(seed)
+    if not fragmented:
+        start = rng.randrange(0, blocks - n + 1)
+        return list(range(start, start + n))
+    ids = rng.sample(range(blocks), n)
+    ids[1:3] = sorted(ids[1:3])
+    return ids
+
+
+def many_requests(comm, dtype=torch.bfloat16) -> dict:
+    """Every prefill rank sends two requests to every decode rank (one contiguous, one
+    fragmented), layer by layer in two pushes, in an order that differs from the order the
+    receivers expect them and wait for them."""
+    pre, dec = roles(comm.world_size)
+    kv = KVTransfer(comm, timeout=30)
+    cache = kv.paged_cache(kv_heads=2, dtype=dtype, **GEO)
+    nb = GEO["num_blocks"]
+    reqs = [(p, d, k) for p in pre for d in dec for k in range(2)]
+    plan = {}            # rid -> (src ids, dst ids): each request gets its own dst blocks
+    used = {d: list(range(nb)) for d in dec}
+    random.Random(7).shuffle(used[dec[0]])
+    for p, d, k in reqs:
+        n = 3 if k == 0 else 4
+        src = ids_for(100 * p + 10 * d + k, n, nb, fragmented=k == 1)
+        dst = [used[d].pop() for _ in range(n)]
+        plan[f"r{p}-{d}-{k}"] = (p, d, src, dst)
+    sources = {p: fill(cache, 1000 + p) if comm.rank == p else None for p in pre}
+    out = {}
+    if comm.rank in dec:
+        hs = {rid: kv.expect(rid, src=p, block_ids=dst)
+              for rid, (p, d, src, dst) in plan.items() if d == comm.rank}
+        order = sorted(hs, reverse=True)
+        for rid in order:
+            hs[rid].wait()
+        want = torch.zeros_like(cache)
+        for rid, (p, d, src, dst) in plan.items():
+            if d == comm.rank:
+                g = torch.zeros_like(cache)
+                srcc = fill(g, 1000 + p)
+                want = reference_transfer(srcc, want, src, dst)
+        assert_same(cache, want, f"rank {comm.rank}")
+        out = {rid: h.transfers for rid, h in hs.items()}
+    else:
+        mine = [(rid, v) for rid, v in plan.items() if v[0] == comm.rank]
+        handles = []
+        for layers in (range(0, 1), range(1, GEO["num_layers"])):
+            for rid, (p, d, src, dst) in reversed(mine):
+                handles.append(kv.push(rid, dst=d, block_ids=src, layers=layers))
+        for h in handles:
+            h.wait()
+        out = {h.rid: h.transfers for h in handles}
+    del sources
+    kv.close()
+    return out
+
+
+def layer_by_layer(comm) -> list:
+    """The receiver sees layer i ready as soon as it is pushed, before later layers."""
+    pre, dec = roles(comm.world_size)
+    kv = KVTransfer(comm, timeout=30)
+    cache = kv.paged_cache(kv_heads=2, **GEO)
+    seen = []
+    p, d = pre[0], dec[0]
+    if comm.rank == d:
+        h = kv.expect("lbl", src=p, block_ids=[5, 6])
+        for i in range(GEO["num_layers"]):
+            while not h.layer_ready(i):
+                pass
+            # the next layer is pushed only after this rank says it saw this one
+            seen.append([h.layer_ready(k) for k in range(GEO["num_layers"])])
+            comm.send(torch.tensor([i]), p)
+        h.wait()
+    elif comm.rank == p:
+        fill(cache, 5)
+        for i in range(GEO["num_layers"]):
+            kv.push("lbl", dst=d, block_ids=[0, 1], layers=range(i, i + 1)).wait()
+            comm.recv(torch.tensor([0]), d)
+    kv.close()
+    return seen
+
+
+def head_split_gather(comm) -> None:
+    """Prefill with 2 KV heads per rank (ranks 0, 1), decode with 4 (rank 2): each prefill
+    rank sends its heads into its slice of the decode rank's heads."""
+    heads = 4 if comm.rank == 2 else 2
+    kv = KVTransfer(comm, timeout=30)
+    cache = kv.paged_cache(kv_heads=heads, **GEO)
+    if comm.rank == 2:
+        h = kv.expect("g", src=[0, 1], block_ids=[9, 2, 3])
+        h.wait()
+        want = torch.zeros_like(cache)
+        for p in (0, 1):
+            srcc = fill(torch.zeros(cache.shape[:4] + (2, cache.shape[5]), dtype=cache.dtype),
+                        50 + p)
+            want = reference_transfer(srcc, want, [1, 2, 3], [9, 2, 3], head_split=(0, 2 * p, 2))
+        assert_same(cache, want, "head gather")
+    elif comm.rank in (0, 1):
+        fill(cache, 50 + comm.rank)
+        kv.push("g", dst=2, block_ids=[1, 2, 3], head_split=(0, 2 * comm.rank, 2)).wait()
+    kv.close()
+
+
+def head_split_scatter(comm) -> None:
+    """Prefill with 4 KV heads (rank 0), decode with 2 per rank (ranks 1, 2)."""
+    heads = 4 if comm.rank == 0 else 2
+    kv = KVTransfer(comm, timeout=30)
+    cache = kv.paged_cache(kv_heads=heads, **GEO)
+    if comm.rank == 0:
+        fill(cache, 60)
+        for d in (1, 2):
+            kv.push(f"s{d}", dst=d, block_ids=[4, 0], head_split=(2 * (d - 1), 0, 2)).wait()
+    elif comm.rank in (1, 2):
+        kv.expect(f"s{comm.rank}", src=0, block_ids=[7, 8]).wait()
+        srcc = fill(torch.zeros(cache.shape[:4] + (4, cache.shape[5]), dtype=cache.dtype), 60)
+        want = reference_transfer(srcc, torch.zeros_like(cache), [4, 0], [7, 8],
+                                  head_split=(2 * (comm.rank - 1), 0, 2))
+        assert_same(cache, want, "head scatter")
+    kv.close()
+
+
+def _raises(exc, fn, *needles):
+    try:
+        fn()
+    except exc as e:
+        text = str(e)
+        for n in needles:
+            assert n in text, f"{n!r} not in {text!r}"
+        return text
+    raise AssertionError(f"expected {exc.__name__}")
+
+
+def errors(comm) -> dict:
+    """Bad input raises a clear error on both sides; nothing waits for the timeout except
+    the one case that has to (a request the receiver never expects)."""
+    pre, dec = roles(comm.world_size)
+    p, d = pre[0], dec[0]
+    kv = KVTransfer(comm, timeout=5)
+    kv.paged_cache(kv_heads=2, **GEO)
+    seen = {}
+    if comm.rank == d:
+        # 1. block counts differ
+        h = kv.expect("count", src=p, block_ids=[0, 1, 2])
+        seen["count"] = _raises(CommMismatch, h.wait, "pushes 2 blocks", "expects 3")
+        # 2. the sender's ids are out of range: its notice fails this handle
+        h = kv.expect("range", src=p, block_ids=[0, 1])
+        seen["range"] = _raises(CommMismatch, h.wait, "block id 99", "out of range")
+        # 3. this side's ids are out of range: ValueError here, the sender is told
+        seen["mine"] = _raises(ValueError, lambda: kv.expect("mine", src=p, block_ids=[0, -1]),
+                               "block id -1")
+        # 4. a request never expected: the sender gives up, and this rank hears of it
+        comm.barrier()
+        seen["unknown"] = _raises(CommMismatch, lambda: _poll_until_error(kv), "'nope'",
+                                  "never expected")
+        # 5. a sender that never pushes: a bounded wait naming it and the layers
+        h = kv.expect("silent", src=p, block_ids=[4])
+        seen["silent"] = _raises(CommTimeout, lambda: h.wait(timeout=0.5), "'silent'",
+                                 f"rank {p}: layers 0..2")
+        comm.barrier()
+        # still usable afterwards
+        h = kv.expect("after", src=p, block_ids=[8, 9])
+        h.wait()
+    elif comm.rank == p:
+        seen["count"] = _raises(CommMismatch, lambda: kv.push("count", dst=d, block_ids=[0, 1]),
+                                "pushes 2 blocks", "expects 3")
+        seen["range"] = _raises(ValueError, lambda: kv.push("range", dst=d, block_ids=[0, 99]),
+                                "block id 99")
+        seen["mine"] = _raises(CommMismatch, lambda: kv.push("mine", dst=d, block_ids=[0, 1]),
+                               "rejected request 'mine'", "block id -1")
+        seen["bad_dst"] = _raises(ValueError, lambda: kv.push("x", dst=p, block_ids=[0]),
+                                  "another rank")
+        seen["layers"] = _raises(ValueError, lambda: kv.push("x", dst=d, block_ids=[0],
+                                                             layers=[0, 2]), "range")
+        seen["heads"] = _raises(ValueError, lambda: kv.push("x", dst=d, block_ids=[0],
+                                                            head_split=(1, 0, 2)), "head_split")
+        # 4. never expected
+        comm.barrier()
+        seen["unknown"] = _raises(CommTimeout, lambda: kv.push("nope", dst=d, block_ids=[0]),
+                                  "'nope'", f"rank {d} did not expect it")
+        comm.barrier()
+        kv.push("after", dst=d, block_ids=[3, 4]).wait()
+    else:
+        comm.barrier()
+        comm.barrier()
+    kv.close()
+    return seen
+
+
+def _poll_until_error(kv) -> None:
+    import time
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        kv.poll()
+        time.sleep(0.01)
+    raise AssertionError("no error reported")
+
+
+def geometry_mismatch(comm) -> dict:
+    """Caches that cannot exchange blocks (head_dim differs): both sides refuse at once."""
+    pre, dec = roles(comm.world_size)
+    p, d = pre[0], dec[0]
+    kv = KVTransfer(comm, timeout=5)
+    geo = dict(GEO, head_dim=8 if comm.rank != d else 16)
+    kv.paged_cache(kv_heads=2, **geo)
+    seen = {}
+    if comm.rank == d:
+        seen["d"] = _raises(ValueError, lambda: kv.expect("geo", src=p, block_ids=[0]),
+                            "head_dim")
+    elif comm.rank == p:
+        seen["p"] = _raises(ValueError, lambda: kv.push("geo", dst=d, block_ids=[0]), "head_dim")
+    kv.close()
+    return seen
+
+
+SCENARIOS = [many_requests, layer_by_layer, errors, geometry_mismatch]
+
+
+def all_pairs(comm) -> int:
+    """Every rank is a sender and a receiver at once: one request to every other rank, with
+    fragmented blocks (in a host and across hosts alike). Sources come from blocks 0-7 and
+    land in blocks 8-15, so no push reads a block another one writes. Returns the transfers
+    received."""
+    kv = KVTransfer(comm, timeout=30)
+    cache = kv.paged_cache(kv_heads=2, **GEO)
+    w, me = comm.world_size, comm.rank
+    fill(cache, 300 + me)
+    srcs = [s for s in range(w) if s != me]
+
+    def dst_of(s, d):
+        k = [r for r in range(w) if r != d].index(s)
+        return [9 + 2 * k, 8 + 2 * k]
+
+    handles = {s: kv.expect(f"{s}->{me}", src=s, block_ids=dst_of(s, me)) for s in srcs}
+    pushes = [kv.push(f"{me}->{d}", dst=d, block_ids=ids_for(me * 31 + d, 2, 8, True))
+              for d in srcs]
+    for p in pushes:
+        p.wait()
+    got = 0
+    for s, h in handles.items():
+        h.wait()
+        got += h.transfers
+    for s in srcs:
+        srcc = torch.zeros_like(cache)
+        fill(srcc, 300 + s)
+        dst = dst_of(s, me)
+        want = reference_transfer(srcc, torch.zeros_like(cache), ids_for(s * 31 + me, 2, 8, True),
+                                  dst)
+        blocks = torch.tensor(dst)
+        assert_same(cache[:, :, blocks], want[:, :, blocks], f"rank {me} from {s}")
+    kv.close()
+    return got
+
+
+def dead_sender(comm) -> None:
+    """Across hosts: the sender's process exits; the receiver's wait raises CommTimeout
+    naming it well before the timeout (its Gloo connection closes). Every rank leaves with
+    os._exit (the communicator cannot close with a rank gone), printing what it saw."""
+    import os
+    import time
+
+    pre, dec = roles(comm.world_size)
+    p, d = pre[0], dec[0]
+    kv = KVTransfer(comm, timeout=60)
+    kv.paged_cache(kv_heads=2, **GEO)
+    comm.barrier()
+    if comm.rank == p:
+        os._exit(0)
+    if comm.rank == d:
+        h = kv.expect("dead", src=p, block_ids=[1])
+        t0 = time.monotonic()
+        try:
+            h.wait()
+        except CommTimeout as e:
+            assert e.missing == (p,), e.missing
+            print(f"rank {d}: dead_sender OK after {time.monotonic() - t0:.1f}s: {e}",
+                  flush=True)
+            os._exit(0)
+        raise AssertionError("the wait returned")
+    time.sleep(3)            # stay until the receiver has seen the sender go
+    os._exit(0)

@@ -1,0 +1,98 @@
+"""The KV transfer engine inside one host (ranks from tilecomm.launch, shared memory): every
+scenario of kv_scenarios.py, bit for bit against the block-by-block reference."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import tilecomm
+import tilecomm.kv
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import kv_scenarios as S  # noqa: E402
+
+
+def _shm() -> set:
+    return {f for f in os.listdir("/dev/shm") if f.startswith("tilecomm")}
+
+
+@pytest.fixture(autouse=True)
+def no_shm_left():
+    before = _shm()
+    yield
+    assert _shm() <= before
+
+
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_many_requests_in_flight_land_exactly(world, dtype):
+    out = tilecomm.launch(S.many_requests, world, dtype, timeout=60)
+    pre, dec = S.roles(world)
+    for d in dec:
+        # 3 blocks (dst drawn from a shuffled pool) and 4 fragmented blocks, 3 layers, K and V
+        assert len(out[d]) == 2 * len(pre)
+        assert all(6 <= t <= 3 * 2 * 4 for t in out[d].values()), out[d]
+
+
+def test_contiguous_blocks_move_as_one_transfer_per_layer_and_kv():
+    def run(comm):
+        kv = tilecomm.kv.KVTransfer(comm)
+        kv.paged_cache(kv_heads=2, **S.GEO)
+        if comm.rank == 1:
+            h = kv.expect("c", src=0, block_ids=list(range(8, 16)))
+            h.wait()
+            out = h.transfers
+        else:
+            out = kv.push("c", dst=1, block_ids=list(range(0, 8))).transfers
+        kv.close()
+        return out
+    assert tilecomm.launch(run, 2) == [3 * 2, 3 * 2]
+
+
+def test_a_layer_is_ready_as_soon_as_it_has_landed():
+    seen = tilecomm.launch(S.layer_by_layer, 2)[1]
+    assert seen == [[True, False, False], [True, True, False], [True, True, True]]
+
+
+def test_heads_gathered_from_two_prefill_ranks():
+    tilecomm.launch(S.head_split_gather, 3)
+
+
+def test_heads_scattered_to_two_decode_ranks():
+    tilecomm.launch(S.head_split_scatter, 3)
+
+
+def test_every_rank_sends_and_receives_at_once():
+    assert tilecomm.launch(S.all_pairs, 3) == [2 * 3 * 2 * 2] * 3
+
+
+def test_bad_input_raises_on_both_sides():
+    p, d = tilecomm.launch(S.errors, 2)
+    assert set(p) == {"count", "range", "mine", "bad_dst", "layers", "heads", "unknown"}
+    assert set(d) == {"count", "range", "mine", "unknown", "silent"}
+
+
+def test_caches_that_cannot_exchange_are_refused_on_both_sides():
+    p, d = tilecomm.launch(S.geometry_mismatch, 2)
+    assert "head_dim" in p["p"] and "head_dim" in d["d"]
+
+
+def test_calls_before_the_cache_and_after_close_are_refused():
+    def run(comm):
+        kv = tilecomm.kv.KVTransfer(comm)
+        with pytest.raises(ValueError, match="paged_cache"):
+            kv.expect("a", src=1 - comm.rank, block_ids=[0])
+        kv.paged_cache(kv_heads=1, **S.GEO)
+        with pytest.raises(ValueError, match="already has its cache"):
+            kv.paged_cache(kv_heads=1, **S.GEO)
+        with pytest.raises(ValueError, match="not supported yet"):
+            tilecomm.kv.KVTransfer(comm).paged_cache(kv_heads=1, device="meta", **S.GEO)
+        with pytest.raises(ValueError, match="request_id"):
+            kv.push(3.5, dst=1 - comm.rank, block_ids=[0])
+        kv.close()
+        with pytest.raises(tilecomm.CommError, match="closed"):
+            kv.poll()
+    tilecomm.launch(run, 2)
