@@ -58,8 +58,9 @@ def host_commands(per_host: list[int], argv: list[str], *, port: int,
 
 
 def start(per_host: list[int], argv: list[str], *, env: dict | None = None,
-          capture: bool = False) -> list[subprocess.Popen]:
-    """Start torchrun with ``argv`` on simulated hosts; one process (tree) per host."""
+          capture: bool = False, shm_size: str = "2g") -> list[subprocess.Popen]:
+    """Start torchrun with ``argv`` on simulated hosts; one process (tree) per host, each with
+    a private /dev/shm of ``shm_size`` (tmpfs size: "2g", bytes, ...)."""
     reason = available()
     if reason:
         raise RuntimeError(f"simulated hosts need mount and UTS namespaces: {reason}")
@@ -70,7 +71,7 @@ def start(per_host: list[int], argv: list[str], *, env: dict | None = None,
     out = subprocess.PIPE if capture else None
     procs = []
     try:
-        for cmd in host_commands(per_host, argv, port=port):
+        for cmd in host_commands(per_host, argv, port=port, shm_size=str(shm_size)):
             procs.append(subprocess.Popen(cmd, env=e, stdout=out,
                                           stderr=subprocess.STDOUT if capture else None,
                                           text=True, start_new_session=True))

@@ -47,7 +47,9 @@ class HostsGroup:
                 pass            # the listener was closed: startup gave up
 
         try:
-            self.procs = simhosts.start(self.per_host, argv)
+            # each host's tmpfs holds its ranks' heaps (2 GiB unless they need more)
+            need = max(self.per_host) * ((self.heap_bytes or 0) + (256 << 20))
+            self.procs = simhosts.start(self.per_host, argv, shm_size=max(need, 2 << 30))
             t = threading.Thread(target=accept_all, daemon=True)
             t.start()
             end = time.monotonic() + max(60.0, self.timeout)

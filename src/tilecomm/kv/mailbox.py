@@ -21,6 +21,7 @@ Both deliver each writer's messages in the order sent; ``poll`` never blocks.
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -232,6 +233,11 @@ class GlooMailbox:
         """What the threads saw since the last poll: ("message", peer, Message),
         ("done", peer, token) or ("error", peer, text)."""
         got = []
+        if self.done.empty():
+            # let the waiting threads take the GIL: a caller spinning on layer_ready would
+            # otherwise hold it for Python's whole switch interval (5 ms) at a time, and every
+            # completion they report waits for it
+            time.sleep(0)
         while not self.done.empty():
             got.append(self.done.get())
         return got
