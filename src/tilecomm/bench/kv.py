@@ -109,7 +109,7 @@ def rank_kv(comm, cfg: KVBenchConfig) -> dict:
                            kv_heads=g.kv_heads, head_dim=g.head_dim, dtype=g.dtype)
     data = _data(cfg, pair)
     out = {"rank": comm.rank, "sender": sender, "rounds": [], "ttfl": [], "transfers": 0,
-           "wrong": 0, "naive": [], "memcpy": []}
+           "wrong": 0, "naive": [], "memcpy": [], "post": []}
     for rnd in range(cfg.rounds + 1):           # round 0 warms up (first touch, connections)
         src_ids, dst_ids = _ids(cfg, 0, rnd), _ids(cfg, 1, rnd)
         if sender:
@@ -129,6 +129,8 @@ def rank_kv(comm, cfg: KVBenchConfig) -> dict:
                 for i in range(cfg.requests):
                     pushes.append(kv.push(f"{rnd}-{i}", dst=peer, block_ids=src_ids[i],
                                           layers=layers))
+            if rnd:
+                out["post"].append(time.perf_counter() - t0)
             for ph in pushes:           # across hosts: until the data has left
                 ph.wait()
             if rnd == 1:
@@ -201,6 +203,8 @@ def summarize(cfg: KVBenchConfig, per_rank: list[dict]) -> dict:
         "transfers_per_request": max(r["transfers"] for r in per_rank),
         "engine_s": eng, "engine_GBps": nreq * req_bytes / eng / 1e9,
         "ttfl_s": statistics.median(slowest("ttfl")) if slowest("ttfl") else None,
+        # time the senders spent in push calls (inside a host the copies themselves)
+        "push_calls_s": statistics.median(slowest("post")),
         "naive_s_per_request": naive,
         "naive_GBps": (cfg.world_size // 2) * req_bytes / naive / 1e9,
         "naive_transfers_per_request": cfg.layers * cfg.request_blocks,

@@ -38,6 +38,7 @@ _SRC_HDR = 4               # per sender of a slot: head src, head dst, head coun
 # notice codes
 REJECTED, FAILED, UNKNOWN = 1, 2, 3
 DATA_TAG0, TAG_SPAN = 16, 1 << 30
+_BLOCK = 0.01              # seconds a wait on other hosts sleeps per poll (woken by news)
 _IDLE_OK = 7 * 24 * 3600.0  # Gloo timeout of the engine's group (see paged_cache)
 
 
@@ -118,8 +119,11 @@ class KVTransfer:
             self.ring_slots, 0)
         self._free = list(range(self.max_requests))[::-1]
         # the engine bounds every wait itself; Gloo's own timeout would fire on an idle peer
-        pg = self.comm.process_group("kv", timeout=_IDLE_OK) if lay.num_hosts > 1 else None
-        self._gloo = mb.GlooMailbox(self._codec, pg, self._remote) if pg else None
+        self._gloo = None
+        if lay.num_hosts > 1:
+            self._gloo = mb.GlooMailbox(
+                self._codec, self.comm.process_group("kv-control", timeout=_IDLE_OK),
+                self.comm.process_group("kv-data", timeout=_IDLE_OK), self._remote)
         self._tags = {r: 0 for r in self._remote}
         return self.cache
 
@@ -317,16 +321,17 @@ class KVTransfer:
             ph.nbytes += a.numel() * a.element_size()
 
     # ---- progress ---------------------------------------------------------------------------
-    def poll(self) -> None:
+    def poll(self, block: float = 0.0) -> None:
         """Read control messages and finished transfers (every call does this; a rank that
-        only waits on other work may call it to let its peers' requests proceed)."""
+        only waits on other work may call it to let its peers' requests proceed).
+        ``block``: seconds to sleep waiting for news from another host when there is none."""
         self._check_open()
         if self.cache is None:
             return
         for src, m in self._shm.poll():
             self._on_message(src, m)
         if self._gloo is not None:
-            for kind, peer, what in self._gloo.poll():
+            for kind, peer, what in self._gloo.poll(block):
                 if kind == "message":
                     self._on_message(peer, what)
                 elif kind == "done":
@@ -537,11 +542,11 @@ class ExpectHandle:
         self._raise()
         return all(self._has(j, i) for j in range(len(self.srcs)))
 
-    def done(self) -> bool:
+    def done(self, _block: float = 0.0) -> bool:
         """True once every layer has landed (raises what went wrong, if anything did)."""
         if self.complete:
             return True
-        self.kv.poll()
+        self.kv.poll(_block)
         self._raise()
         if all(self._has(j, i) for j in range(len(self.srcs)) for i in range(self.layers)):
             self._finish()
@@ -553,7 +558,9 @@ class ExpectHandle:
         limit = self.kv.timeout if timeout is None else float(timeout)
         deadline = time.monotonic() + limit
         wait = _Backoff()
-        while not self.done():
+        # news from other hosts wakes a blocked poll; shared-memory flags need polling
+        block = _BLOCK if all(s in self.kv._remote for s in self.srcs) else 0.0
+        while not self.done(block):
             if time.monotonic() > deadline:
                 missing = {s: [i for i in range(self.layers) if not self._has(j, i)]
                            for j, s in enumerate(self.srcs)}
@@ -563,7 +570,8 @@ class ExpectHandle:
                                   f"{self.kv.rank}) incomplete after {limit:g} s, missing "
                                   f"{shown}", collective="kv.expect", seq=self.gen,
                                   missing=tuple(missing))
-            wait()
+            if not block:
+                wait()
 
     def _finish(self) -> None:
         kv, geo = self.kv, self.kv.geometry
@@ -602,10 +610,10 @@ class PushHandle:
     kv: "KVTransfer | None" = None
     pending: int = 0            # inter-host sends not yet complete
 
-    def done(self) -> bool:
+    def done(self, _block: float = 0.0) -> bool:
         """True once the data has left this rank's cache (at once inside a host)."""
         if self.pending and self.kv is not None:
-            self.kv.poll()
+            self.kv.poll(_block)
         return not self.pending
 
     def wait(self, timeout: float | None = None) -> None:
@@ -616,14 +624,12 @@ class PushHandle:
             return
         limit = self.kv.timeout if timeout is None else float(timeout)
         deadline = time.monotonic() + limit
-        wait = _Backoff()
-        while not self.done():
+        while not self.done(_BLOCK):
             if time.monotonic() > deadline:
                 raise CommTimeout(f"kv: push of request {self.rid!r} to rank {self.dst}: "
                                   f"{self.pending} of {self.transfers} transfers not received "
                                   f"after {limit:g} s", collective="kv.push",
                                   missing=(self.dst,))
-            wait()
 
 
 @dataclass
