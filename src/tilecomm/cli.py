@@ -43,13 +43,15 @@ def add_bench_parser(sub) -> None:
                                    "(nccl-tests columns; time = slowest rank, median round). "
                                    "size = bytes of the largest buffer, rounded to whole "
                                    "elements per rank.")
-    p.add_argument("op", choices=list(CASES))
+    p.add_argument("op", choices=list(CASES) + ["kv"],
+                   help="a collective, or kv: KV-cache transfer (tilecomm.kv; options below)")
     p.add_argument("-n", "--nranks", type=int, default=2, help="number of local ranks")
     p.add_argument("-b", "--minbytes", default="8", help="smallest size (8, 1K, 256M, ...)")
     p.add_argument("-e", "--maxbytes", default="64M", help="largest size")
     p.add_argument("-f", "--stepfactor", type=int, default=4, help="size multiplier per step")
-    p.add_argument("-d", "--dtype", default="float32",
-                   help="float32 float64 float16 bfloat16 int32 int64 (uint8 int8: no reduction)")
+    p.add_argument("-d", "--dtype", default=None,
+                   help="float32 float64 float16 bfloat16 int32 int64 (uint8 int8: no "
+                        "reduction); default float32 (kv: bfloat16)")
     p.add_argument("--algo", default="auto", help="algorithm, 'auto' (tuner) or 'all'")
     p.add_argument("--mem", choices=["user", "heap"], default="user",
                    help="user: ordinary tensors (staged through scratch); heap: comm.alloc "
@@ -80,7 +82,45 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--trace", default=None, metavar="DIR",
                    help="every rank writes a Chrome trace to DIR (TILECOMM_TRACE), merged into "
                         "DIR/trace.json (tracing slows the calls it times)")
+    k = p.add_argument_group("kv (tilecomm bench kv): prefill ranks 0..n/2-1 push to decode "
+                             "ranks n/2..n-1, against one Gloo send/recv per (layer, block) "
+                             "and one memcpy of a request")
+    k.add_argument("--layers", type=int, default=32)
+    k.add_argument("--blocks", type=int, default=1024, help="blocks per rank's cache")
+    k.add_argument("--block-size", type=int, default=16, help="tokens per block")
+    k.add_argument("--kv-heads", type=int, default=8)
+    k.add_argument("--head-dim", type=int, default=128)
+    k.add_argument("--request-blocks", type=int, default=64, help="blocks per request")
+    k.add_argument("--requests", type=int, default=4, help="requests in flight per pair")
+    k.add_argument("--fragmented", action="store_true",
+                   help="random block ids on both sides (default: one run per request)")
+    k.add_argument("--whole-request", action="store_true",
+                   help="one push per request (default: one per layer, as prefill makes them)")
     p.set_defaults(func=run_bench)
+
+
+def run_bench_kv(args) -> int:
+    from .bench.kv import KVBenchConfig, run as run_kv
+    from .bench.report import write_json
+
+    hosts = None
+    if args.hosts:
+        from .simhosts import parse_per_host
+        hosts = parse_per_host(args.hosts, args.per_host or str(args.nranks // args.hosts))
+    cfg = KVBenchConfig(world_size=args.nranks, hosts=hosts, layers=args.layers,
+                        blocks=args.blocks, block_size=args.block_size, kv_heads=args.kv_heads,
+                        head_dim=args.head_dim, request_blocks=args.request_blocks,
+                        requests=args.requests, rounds=args.rounds,
+                        naive_rounds=max(1, min(3, args.rounds)), fragmented=args.fragmented,
+                        layerwise=not args.whole_request, dtype=args.dtype or "bfloat16")
+    row = run_kv(cfg)
+    console = _console()
+    from .bench.kv import table as kv_table
+    console.print(kv_table(row))
+    if args.json:
+        write_json([row], args.json)
+        console.print(f"wrote 1 row to {args.json}")
+    return 1 if row["wrong"] else 0
 
 
 def run_bench(args) -> int:
@@ -90,6 +130,9 @@ def run_bench(args) -> int:
     from .bench import BenchConfig, run
     from .bench.report import table, write_json
 
+    if args.op == "kv":
+        return run_bench_kv(args)
+    args.dtype = args.dtype or "float32"
     algos = [a.strip() for a in args.algo.split(",")]
     hosts = None
     if args.hosts:

@@ -7,8 +7,9 @@ would produce them, all in flight at once. Compared in the same run:
 
 * **naive**: one ``torch.distributed`` send/recv per (layer, block) on Gloo, K and V of the
   block together -- what a serving engine without a transfer engine writes;
-* **memcpy** (inside a host): one ``copy_`` of a contiguous tensor of one request's bytes on
-  the sending rank: the floor for moving those bytes through memory once.
+* **memcpy**: one copy of a request's bytes on the sending rank, as one contiguous range:
+  inside a host from its cache into the receiver's (the same shared memory the engine writes,
+  so the floor for moving those bytes once), and between two private buffers.
 
 Times are medians over rounds of the slowest rank; GB/s = KV bytes moved / time (DeepEP's and
 Mooncake's convention); ``ttfl`` = time from the start of a round until the first request's
@@ -109,7 +110,7 @@ def rank_kv(comm, cfg: KVBenchConfig) -> dict:
                            kv_heads=g.kv_heads, head_dim=g.head_dim, dtype=g.dtype)
     data = _data(cfg, pair)
     out = {"rank": comm.rank, "sender": sender, "rounds": [], "ttfl": [], "transfers": 0,
-           "wrong": 0, "naive": [], "memcpy": [], "post": []}
+           "wrong": 0, "naive": [], "memcpy": [], "memcpy_shm": [], "post": []}
     for rnd in range(cfg.rounds + 1):           # round 0 warms up (first touch, connections)
         src_ids, dst_ids = _ids(cfg, 0, rnd), _ids(cfg, 1, rnd)
         if sender:
@@ -167,17 +168,23 @@ def rank_kv(comm, cfg: KVBenchConfig) -> dict:
                     cache[layer, :, d] = tmp
         if rnd:
             out["naive"].append(time.perf_counter() - t0)
-    # memcpy of one request's bytes, on the sender (the receiver waits at the barrier)
+    # memcpy of one request's bytes on the sender: from its cache into the receiver's, the
+    # same memory the engine moves between (inside a host), and between private buffers
     comm.barrier()
     if sender:
         nbytes = request_bytes(g, cfg.request_blocks)
-        a = torch.empty(nbytes, dtype=torch.uint8).random_()
-        b = torch.empty_like(a)
-        for rnd in range(cfg.rounds + 1):
-            t0 = time.perf_counter()
-            b.copy_(a)
-            if rnd:
-                out["memcpy"].append(time.perf_counter() - t0)
+        pairs = [("memcpy", torch.empty(nbytes, dtype=torch.uint8).random_().numpy(),
+                  torch.empty(nbytes, dtype=torch.uint8).numpy())]
+        if comm.layout.host_of(peer) == comm.layout.host_of(comm.rank):
+            flat = cache.view(-1).view(torch.uint8)
+            pairs.append(("memcpy_shm", flat[:nbytes].numpy(),
+                          comm.peer(cache, peer).view(-1).view(torch.uint8)[:nbytes].numpy()))
+        for key, a, b in pairs:
+            for rnd in range(cfg.rounds + 1):
+                t0 = time.perf_counter()
+                b[...] = a
+                if rnd:
+                    out[key].append(time.perf_counter() - t0)
     comm.barrier()
     kv.close()
     del cache
@@ -195,8 +202,11 @@ def summarize(cfg: KVBenchConfig, per_rank: list[dict]) -> dict:
 
     eng = statistics.median(slowest("rounds"))
     naive = statistics.median(slowest("naive"))
-    mem = [r["memcpy"] for r in per_rank if r["sender"] and r["memcpy"]]
-    memcpy = statistics.median(min(v) for v in zip(*mem)) if mem else None
+    def fastest_copy(key):
+        mem = [r[key] for r in per_rank if r["sender"] and r[key]]
+        return statistics.median(min(v) for v in zip(*mem)) if mem else None
+
+    memcpy, memcpy_shm = fastest_copy("memcpy"), fastest_copy("memcpy_shm")
     eng_req = eng / cfg.requests               # one request's share of a round, per pair
     row = {
         "request_bytes": req_bytes, "requests_per_round": nreq,
@@ -209,8 +219,13 @@ def summarize(cfg: KVBenchConfig, per_rank: list[dict]) -> dict:
         "naive_GBps": (cfg.world_size // 2) * req_bytes / naive / 1e9,
         "naive_transfers_per_request": cfg.layers * cfg.request_blocks,
         "speedup_vs_naive": naive / eng_req,
-        "memcpy_s": memcpy, "memcpy_GBps": req_bytes / memcpy / 1e9 if memcpy else None,
-        "engine_vs_memcpy": eng_req / memcpy if memcpy else None,
+        "memcpy_s": memcpy, "memcpy_GBps": req_bytes / memcpy / 1e9,
+        "engine_vs_memcpy": eng_req / memcpy,
+        # inside a host: one copy of the request's bytes from the sender's cache into the
+        # receiver's (the same shared memory the engine moves between)
+        "memcpy_shm_s": memcpy_shm,
+        "memcpy_shm_GBps": req_bytes / memcpy_shm / 1e9 if memcpy_shm else None,
+        "engine_vs_memcpy_shm": eng_req / memcpy_shm if memcpy_shm else None,
         "wrong": sum(r["wrong"] for r in per_rank),
         "config": {k: v for k, v in asdict(cfg).items() if k != "ids"},
     }
@@ -233,3 +248,41 @@ def run(cfg: KVBenchConfig) -> dict:
         group.run(_rank_init_gloo, _free_port())
         per_rank = group.run(rank_kv, cfg)
     return summarize(cfg, per_rank)
+
+
+def table(row: dict):
+    """The rich table ``tilecomm bench kv`` prints: one line per method, ratios last."""
+    from rich.table import Table
+
+    from .report import format_size
+
+    c = row["config"]
+    where = f"{len(c['hosts'])} simulated hosts" if c["hosts"] else "one host"
+    title = (f"tilecomm kv: {c['world_size']} ranks on {where}, {c['layers']} layers x "
+             f"{c['request_blocks']} blocks of {c['block_size']} tokens x {c['kv_heads']} heads "
+             f"x {c['head_dim']} ({c['dtype']}), {format_size(row['request_bytes'])} per request, "
+             f"{c['requests']} in flight per pair, "
+             f"{'fragmented' if c['fragmented'] else 'contiguous'} blocks, "
+             f"{'per-layer' if c['layerwise'] else 'whole-request'} pushes")
+    t = Table(title=title, header_style="bold")
+    for col in ("method", "time per request (ms)", "GB/s", "transfers/request",
+                "first layer (ms)", "x naive", "x memcpy", "#wrong"):
+        t.add_column(col, justify="left" if col == "method" else "right")
+    per_req = row["engine_s"] / c["requests"]
+    mem = row["memcpy_s"]
+    shm = row["memcpy_shm_s"]
+    ratio = f"{row['engine_vs_memcpy_shm']:.2f} (shm) / " if shm else ""
+    t.add_row("tilecomm.kv", f"{1e3 * per_req:.2f}", f"{row['engine_GBps']:.2f}",
+              str(row["transfers_per_request"]),
+              f"{1e3 * row['ttfl_s']:.2f}" if row["ttfl_s"] is not None else "",
+              f"{row['speedup_vs_naive']:.1f}",
+              f"{ratio}{row['engine_vs_memcpy']:.2f}", str(row["wrong"]))
+    t.add_row("naive (Gloo send/recv per layer, block)",
+              f"{1e3 * row['naive_s_per_request']:.2f}", f"{row['naive_GBps']:.2f}",
+              str(row["naive_transfers_per_request"]), "", "1.0", "", "")
+    if shm:
+        t.add_row("memcpy of one request, sender's cache -> receiver's", f"{1e3 * shm:.2f}",
+                  f"{row['memcpy_shm_GBps']:.2f}", "1", "", "", "1.00 (shm)", "")
+    t.add_row("memcpy of one request, private buffers", f"{1e3 * mem:.2f}",
+              f"{row['memcpy_GBps']:.2f}", "1", "", "", "1.00", "")
+    return t
