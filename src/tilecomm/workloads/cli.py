@@ -45,6 +45,11 @@ def add_model_parser(sub) -> None:
     p.add_argument("--batch", type=int, default=None, help="inference: concurrent requests")
     p.add_argument("--prompt", type=int, default=2048, help="inference: prompt tokens")
     p.add_argument("--gen", type=int, default=256, help="inference: generated tokens")
+    p.add_argument("--kv-block-size", type=int, default=16,
+                   help="serve: tokens per KV-cache block (the engine moves whole blocks)")
+    p.add_argument("--kv-run-blocks", type=float, default=None,
+                   help="serve: average run of blocks contiguous on both sides (default: the "
+                        "request's blocks are contiguous, one transfer per layer and K/V)")
     p.add_argument("--search", action="store_true", help="rank all valid layouts")
     p.add_argument("--top", type=int, default=10, help="rows of the --search table")
     p.add_argument("--plot", default=None, help="write a PNG (stacked bars + timeline)")
@@ -114,7 +119,9 @@ def run_model(args) -> int:
             L = _layout(args, gpus, True)
             batch = args.batch if args.batch is not None else L.dp * L.pp * 8
             results = [infer(model, args.system, L, batch,
-                             args.prompt, args.gen, args.mode, args.dtype)]
+                             args.prompt, args.gen, args.mode, args.dtype,
+                             kv_block_size=args.kv_block_size,
+                             kv_run_blocks=args.kv_run_blocks)]
     shown = results[:args.top] if args.search else results
     if args.json:
         print(json.dumps([r.as_dict() for r in shown] if args.search else shown[0].as_dict(),

@@ -13,6 +13,18 @@ NOTE [inference cost of one stage]
     inference frameworks do not overlap them with the dependent GEMMs by default.
     With pp > 1 the batch is cut into pp micro-batches that follow one another through the
     stages: per-token latency = pp stage times, throughput = batch / latency.
+
+NOTE [serve: the KV transfer is the engine's schedule]
+    A request's KV cache moves as tilecomm.kv moves it: each prefill rank holding a KV shard
+    (min(tp, kv_heads) per stage; one per stage for MLA's replicated latent) pushes its heads'
+    share of its stage's layers, one transfer per (layer, K/V, run of blocks), timed by
+    tilecomm.kv.model on the system's NICs (NOTE [cost of a push] there). Every shard holder
+    of a node is assumed to push at the same time (steady serving: all replicas hand off
+    requests), so holders share the node's NICs when they outnumber them, as concurrent groups
+    do in comm.py; a rank uses its own NIC. With a decode TP that splits heads finer, each
+    sender makes one push per receiver (head_split); the decode node's NICs bound the time the
+    same way (the larger of the two sides). Blocks of ``kv_block_size`` tokens (vLLM's default
+    16); ``kv_run_blocks``: average contiguous run in blocks (None: contiguous on both sides).
 """
 
 from __future__ import annotations
@@ -50,6 +62,7 @@ class InferResult:
     fits: bool
     kv_bytes_per_request: float
     kv_transfer_s: float = 0.0  # serve: prefill -> decode ranks, one request
+    kv_transfers_per_request: int = 0  # serve: contiguous moves, all senders together
     collectives: list = field(default_factory=list)
     groups: dict = field(default_factory=dict)
 
@@ -78,14 +91,55 @@ def _weights_local(model: ModelSpec, L: Layout, tokens: float) -> tuple[float, f
     return dense + held_e, dense + read_e
 
 
+def _kv_transfer(model: ModelSpec, spec, pre: Layout, dec: Layout, prompt: int,
+                 block_size: int, run_blocks: float | None) -> tuple[float, int]:
+    """(seconds, transfers) of one request's KV cache, prefill -> decode ranks
+    (NOTE [serve: the KV transfer is the engine's schedule])."""
+    import torch
+
+    from tilecomm.kv.model import KVLink, block_layout, push_time
+    from tilecomm.kv.schedule import CacheGeometry, coalesce, transfers
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"kv_block_size must be an int >= 1, got {block_size!r}")
+    if not (spec.gpus_per_node and spec.nics_per_node):
+        return 0.0, 0
+    if model.mla:       # the latent as K and V halves of one head: the engine's [L, 2, ...] cache
+        heads, head_dim = 1, math.ceil((model.kv_lora_rank + model.rope_head_dim) / 2)
+    else:
+        heads, head_dim = model.kv_heads, model.hd
+
+    def shards(x: Layout) -> int:
+        return 1 if model.mla else min(x.tp, model.kv_heads)
+
+    push_heads = max(1, heads // max(shards(pre), shards(dec)))   # heads of one push
+    nblocks = math.ceil(prompt / block_size)
+    src, dst = block_layout(nblocks, run_blocks)
+    link = KVLink.from_system(spec)
+    sides = []
+    for x in (pre, dec):                     # the senders' nodes, then the receivers'
+        layers = math.ceil(model.layers / x.pp)                   # the most loaded stage
+        geo = CacheGeometry(layers, nblocks, block_size, push_heads, head_dim,
+                            torch.bfloat16)                       # ACT_BYTES = 2
+        holders = max(1, min(x.gpus, spec.gpus_per_node) * shards(x) // x.tp)  # per node
+        pushes = holders * max(1, heads // shards(x) // push_heads)
+        nics = min(spec.nics_per_node, holders)                   # a rank uses its own NIC
+        sides.append(push_time(geo, src, dst, replace(link, nics=nics), pushes=pushes).seconds)
+    n = (heads // push_heads) * len(transfers(coalesce(src, dst), range(model.layers)))
+    return max(sides), n
+
+
 def infer(model: str | ModelSpec, system: str, layout: Layout, batch: int,
           prompt: int = 2048, gen: int = 256, mode: str = "decode", dtype: str = "bf16",
-          decode_layout: Layout | None = None) -> InferResult:
+          decode_layout: Layout | None = None, kv_block_size: int = 16,
+          kv_run_blocks: float | None = None) -> InferResult:
     """Predict ``mode`` ('prefill' | 'decode' | 'serve') for ``batch`` requests of ``prompt``
     tokens generating ``gen`` (decode is timed at the mean context, prompt + gen/2).
 
     'serve' = disaggregated: prefill on ``layout``, decode on ``decode_layout`` (default: the
-    same shape) in other nodes; adds the KV-cache transfer of one request between them.
+    same shape) in other nodes; adds the KV-cache transfer of one request between them, timed
+    from the engine's schedule (NOTE [serve: the KV transfer is the engine's schedule]):
+    blocks of ``kv_block_size`` tokens, contiguous runs of ``kv_run_blocks`` blocks on average
+    (None: one run).
     """
     from .comm import _spec
     if mode not in ("prefill", "decode", "serve"):
@@ -108,11 +162,9 @@ def infer(model: str | ModelSpec, system: str, layout: Layout, batch: int,
     if mode == "serve":
         pre = infer(model, system, L, batch, prompt, gen, "prefill", dtype)
         dec = infer(model, system, decode_layout or L, batch, prompt, gen, "decode", dtype)
-        kv = pre.kv_bytes_per_request
-        shards = min(L.tp, model.kv_heads if not model.mla else 1) * L.pp
-        t_kv = (p2p_us(kv / shards, system, cross_node=True) * 1e-6 if spec.gpus_per_node and
-                spec.nics_per_node else 0.0)
-        dec.mode, dec.kv_transfer_s = "serve", t_kv
+        t_kv, n_kv = _kv_transfer(model, spec, L, decode_layout or L, prompt, kv_block_size,
+                                  kv_run_blocks)
+        dec.mode, dec.kv_transfer_s, dec.kv_transfers_per_request = "serve", t_kv, n_kv
         dec.breakdown_s = {"prefill_ttft": pre.latency_s, "kv_transfer": t_kv,
                            **{f"decode_{k}": v for k, v in dec.breakdown_s.items()}}
         dec.collectives = ([replace(c, parallelism=f"prefill {c.parallelism}")
