@@ -36,3 +36,19 @@ def test_heads_resharded_across_hosts(run_on_hosts):
 def test_a_sender_that_dies_is_named_by_its_receiver(run_on_hosts):
     out = run_on_hosts((2, 2), SCRIPT, "dead_sender")
     assert re.search(r"rank 2: dead_sender OK after \d+\.\ds: .*rank 0", out), out[-3000:]
+
+
+@pytest.mark.timeout(300)
+def test_bench_kv_across_two_hosts_moves_every_request_exactly():
+    from tilecomm import simhosts
+    from tilecomm.bench.kv import KVBenchConfig, run
+
+    reason = simhosts.available()
+    if reason:
+        pytest.skip(f"simulated hosts unavailable here: {reason}")
+    row = run(KVBenchConfig(hosts=[1, 1], layers=3, blocks=40, block_size=4, kv_heads=2,
+                            head_dim=16, request_blocks=6, requests=2, rounds=2,
+                            naive_rounds=1, fragmented=True))
+    assert row["wrong"] == 0
+    assert row["memcpy_shm_s"] is None      # no shared memory between the two hosts
+    assert row["engine_s"] > 0 and row["naive_s_per_request"] > 0
