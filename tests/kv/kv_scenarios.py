@@ -6,6 +6,7 @@ results are compared bit for bit with :func:`tilecomm.kv.reference_transfer`."""
 from __future__ import annotations
 
 import random
+import time
 
 import torch
 
@@ -197,6 +198,9 @@ def errors(comm) -> dict:
         h = kv.expect("silent", src=p, block_ids=[4])
         seen["silent"] = _raises(CommTimeout, lambda: h.wait(timeout=0.5), "'silent'",
                                  f"rank {p}: layers 0..2")
+        # 6. a request given up: a later push of it raises on the sender
+        h.cancel("gave up waiting")
+        _raises(CommMismatch, h.wait, "cancelled")
         comm.barrier()
         # still usable afterwards
         h = kv.expect("after", src=p, block_ids=[8, 9])
@@ -219,6 +223,10 @@ def errors(comm) -> dict:
         seen["unknown"] = _raises(CommTimeout, lambda: kv.push("nope", dst=d, block_ids=[0]),
                                   "'nope'", f"rank {d} did not expect it")
         comm.barrier()
+        time.sleep(0.3)          # across hosts the cancel notice is a message on its way
+        seen["cancelled"] = _raises(CommMismatch, lambda: kv.push("silent", dst=d,
+                                                                  block_ids=[4]),
+                                    "cancelled request 'silent'", "gave up waiting")
         kv.push("after", dst=d, block_ids=[3, 4]).wait()
     else:
         comm.barrier()
@@ -228,7 +236,6 @@ def errors(comm) -> dict:
 
 
 def _poll_until_error(kv) -> None:
-    import time
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         kv.poll()
@@ -297,7 +304,6 @@ def dead_sender(comm) -> None:
     naming it well before the timeout (its Gloo connection closes). Every rank leaves with
     os._exit (the communicator cannot close with a rank gone), printing what it saw."""
     import os
-    import time
 
     pre, dec = roles(comm.world_size)
     p, d = pre[0], dec[0]

@@ -71,7 +71,8 @@ def test_every_rank_sends_and_receives_at_once():
 
 def test_bad_input_raises_on_both_sides():
     p, d = tilecomm.launch(S.errors, 2)
-    assert set(p) == {"count", "range", "mine", "bad_dst", "layers", "heads", "unknown"}
+    assert set(p) == {"count", "range", "mine", "bad_dst", "layers", "heads", "unknown",
+                      "cancelled"}
     assert set(d) == {"count", "range", "mine", "unknown", "silent"}
 
 

@@ -244,7 +244,7 @@ class KVTransfer:
             ph.nbytes = self._copy_local(dst, ex, moves, hs)
         else:
             self._send_remote(dst, rid, ex, ids, lo, hi, hs, moves, ph)
-            self._pushes.append(ph)
+            self._pushes = [p for p in self._pushes if p.pending] + [ph]
         ex.pushed |= set(range(lo, hi))
         if len(ex.pushed) == mine.layers:
             del self._expects[(dst, rid)]
@@ -376,6 +376,7 @@ class KVTransfer:
             code = m.args[0]
             if code == REJECTED:
                 self._rejected[(src, m.rid)] = m.text
+                self._expects.pop((src, m.rid), None)
                 return
             h = self._handles.get(m.rid)
             if h is not None and src in h.srcs:
@@ -564,6 +565,20 @@ class ExpectHandle:
         if self.error is not None:
             raise type(self.error)(str(self.error))
 
+    def cancel(self, reason: str = "cancelled") -> None:
+        """Give the request up: its slot is freed and its senders are told, so a push of it
+        that comes later raises on the sender instead of writing into blocks this rank may
+        have handed to another request. (A push already copying cannot be stopped: reuse
+        the blocks once the senders have been heard from, or after their timeout.)"""
+        if self.complete or self.error is not None:
+            return
+        self._fail(CommMismatch(f"request {self.rid!r} was cancelled on rank {self.kv.rank}: "
+                                f"{reason}"))
+        for s in self.srcs:
+            self.kv._send(s, Message(NOTICE, self.rid, (REJECTED,),
+                                     text=f"rank {self.kv.rank} cancelled request "
+                                          f"{self.rid!r}: {reason}"))
+
     def layer_ready(self, i: int) -> bool:
         """True once layer ``i`` of every sender has landed in this rank's cache."""
         if not 0 <= i < self.layers:
@@ -586,7 +601,9 @@ class ExpectHandle:
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until every layer has landed; CommTimeout (naming the request, the senders
-        still missing and their layers) after ``timeout`` seconds (default: the engine's)."""
+        still missing and their layers) after ``timeout`` seconds (default: the engine's).
+        After a timeout the request stays expected (wait again, or :meth:`cancel` it before
+        reusing its blocks)."""
         limit = self.kv.timeout if timeout is None else float(timeout)
         deadline = time.monotonic() + limit
         wait = _Backoff()
