@@ -106,7 +106,13 @@ def run_bench_kv(args) -> int:
     hosts = None
     if args.hosts:
         from .simhosts import parse_per_host
+        if args.per_host is None and args.nranks % args.hosts:
+            raise ValueError(f"--hosts {args.hosts} does not divide -n {args.nranks}; give "
+                             f"--per-host")
         hosts = parse_per_host(args.hosts, args.per_host or str(args.nranks // args.hosts))
+        if sum(hosts) != args.nranks:
+            raise ValueError(f"--per-host {args.per_host} makes {sum(hosts)} ranks, -n says "
+                             f"{args.nranks}")
     cfg = KVBenchConfig(world_size=args.nranks, hosts=hosts, layers=args.layers,
                         blocks=args.blocks, block_size=args.block_size, kv_heads=args.kv_heads,
                         head_dim=args.head_dim, request_blocks=args.request_blocks,

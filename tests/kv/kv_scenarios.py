@@ -183,7 +183,7 @@ def errors(comm) -> dict:
     if comm.rank == d:
         # 1. block counts differ
         h = kv.expect("count", src=p, block_ids=[0, 1, 2])
-        seen["count"] = _raises(CommMismatch, h.wait, "pushes 2 blocks", "expects 3")
+        seen["count"] = _raises(CommMismatch, h.wait, "pushes 2 block(s)", "expects 3")
         # 2. the sender's ids are out of range: its notice fails this handle
         h = kv.expect("range", src=p, block_ids=[0, 1])
         seen["range"] = _raises(CommMismatch, h.wait, "block id 99", "out of range")
@@ -207,7 +207,7 @@ def errors(comm) -> dict:
         h.wait()
     elif comm.rank == p:
         seen["count"] = _raises(CommMismatch, lambda: kv.push("count", dst=d, block_ids=[0, 1]),
-                                "pushes 2 blocks", "expects 3")
+                                "pushes 2 block(s)", "expects 3")
         seen["range"] = _raises(ValueError, lambda: kv.push("range", dst=d, block_ids=[0, 99]),
                                 "block id 99")
         seen["mine"] = _raises(CommMismatch, lambda: kv.push("mine", dst=d, block_ids=[0, 1]),
@@ -226,7 +226,7 @@ def errors(comm) -> dict:
         time.sleep(0.3)          # across hosts the cancel notice is a message on its way
         seen["cancelled"] = _raises(CommMismatch, lambda: kv.push("silent", dst=d,
                                                                   block_ids=[4]),
-                                    "cancelled request 'silent'", "gave up waiting")
+                                    "gave up request 'silent'", "gave up waiting")
         kv.push("after", dst=d, block_ids=[3, 4]).wait()
     else:
         comm.barrier()
@@ -313,9 +313,9 @@ def dead_sender(comm) -> None:
     if comm.rank == p:
         os._exit(0)
     if comm.rank == d:
-        h = kv.expect("dead", src=p, block_ids=[1])
         t0 = time.monotonic()
-        try:
+        try:     # the expect too: the link may already have failed when it is made
+            h = kv.expect("dead", src=p, block_ids=[1])
             h.wait()
         except CommTimeout as e:
             assert e.missing == (p,), e.missing
@@ -325,3 +325,83 @@ def dead_sender(comm) -> None:
         raise AssertionError("the wait returned")
     time.sleep(3)            # stay until the receiver has seen the sender go
     os._exit(0)
+
+
+def _poll_for(kv, seconds: float) -> None:
+    """Let control messages from another host arrive (a notice is a message on its way)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        kv.poll()
+        time.sleep(0.01)
+
+
+def retries_and_failures(comm) -> dict:
+    """Ranks 0 and 1 prefill, rank 2 decodes. A request id that failed once can be expected
+    again; a duplicate expect leaves the request in flight alone; a request that fails on
+    the receiver is refused to every one of its senders, not only to the one that caused it;
+    expects never wait for a sender that is busy (more of them than the ring holds)."""
+    kv = KVTransfer(comm, timeout=10, ring_slots=2)
+    cache = kv.paged_cache(kv_heads=2, **GEO)
+    seen = {}
+    if comm.rank == 2:
+        _raises(ValueError, lambda: kv.expect("a", src=0, block_ids=[0, 99]), "block id 99")
+        ha = kv.expect("a", src=0, block_ids=[0, 1])            # the retry
+        hb = kv.expect("b", src=0, block_ids=[2])
+        seen["dup"] = _raises(ValueError, lambda: kv.expect("b", src=0, block_ids=[3]),
+                              "already expected")
+        hg = kv.expect("g", src=[0, 1], block_ids=[4, 5])
+        t0 = time.monotonic()
+        many = [kv.expect(f"m{i}", src=1, block_ids=[8 + i]) for i in range(5)]
+        seen["expect_s"] = time.monotonic() - t0
+        comm.barrier()                                           # 1: expects are out
+        ha.wait()
+        hb.wait()
+        seen["g"] = _raises(CommMismatch, hg.wait, "pushes 1 block(s)", "expects 2")
+        comm.barrier()                                           # 2: "g" failed here
+        for h in many:
+            h.wait()
+        comm.barrier()                                           # 3: rank 1 is done
+        seen["g_blocks_untouched"] = bool((cache[:, :, 4:6] == 0).all())
+        want = reference_transfer(fill(torch.zeros_like(cache), 70), torch.zeros_like(cache),
+                                  [0, 1, 0], [0, 1, 2])
+        assert_same(cache[:, :, :3], want[:, :, :3], "retried and duplicated requests")
+    elif comm.rank == 0:
+        fill(cache, 70)
+        comm.barrier()                                           # 1
+        kv.push("a", dst=2, block_ids=[0, 1]).wait()
+        kv.push("b", dst=2, block_ids=[0]).wait()
+        seen["g"] = _raises(CommMismatch, lambda: kv.push("g", dst=2, block_ids=[0],
+                                                          head_split=(0, 0, 1)), "expects 2")
+        comm.barrier()                                           # 2
+        comm.barrier()                                           # 3
+    else:
+        fill(cache, 71)
+        time.sleep(0.5)              # busy: rank 2's expects must not wait for this rank
+        comm.barrier()                                           # 1
+        comm.barrier()                                           # 2
+        _poll_for(kv, 1.0)
+        seen["g"] = _raises(CommMismatch, lambda: kv.push("g", dst=2, block_ids=[0, 1],
+                                                          head_split=(1, 1, 1)), "gave up")
+        for i in range(5):
+            kv.push(f"m{i}", dst=2, block_ids=[i]).wait()
+        comm.barrier()                                           # 3
+    kv.close()
+    return seen
+
+
+def heap_after_close(comm) -> int:
+    """Twice: an engine, a request, close; then comm.alloc must find the heaps still in step
+    on every rank (nothing of the closed engine keeps a view of its cache)."""
+    pre, dec = roles(comm.world_size)
+    for k in range(2):
+        kv = KVTransfer(comm, timeout=30)
+        cache = kv.paged_cache(kv_heads=2, **GEO)
+        if comm.rank == dec[0]:
+            kv.expect(f"r{k}", src=pre[0], block_ids=[1, 2]).wait()
+        elif comm.rank == pre[0]:
+            kv.push(f"r{k}", dst=dec[0], block_ids=[3, 4]).wait()
+        kv.close()
+        del cache, kv
+        probe = comm.alloc(1024, torch.uint8)       # raises if the heaps diverged
+        del probe
+    return k

@@ -97,3 +97,34 @@ def test_calls_before_the_cache_and_after_close_are_refused():
         with pytest.raises(tilecomm.CommError, match="closed"):
             kv.poll()
     tilecomm.launch(run, 2)
+
+
+def test_retries_duplicates_and_a_failed_request_with_two_senders():
+    r0, r1, r2 = tilecomm.launch(S.retries_and_failures, 3)
+    assert r2["g_blocks_untouched"], "a sender wrote into a request that had failed"
+    assert r2["expect_s"] < 0.4, r2     # 5 expects into a 2-slot ring, sender busy for 0.5 s
+    assert "gave up" in r1["g"] and "expects 2" in r0["g"]
+
+
+def test_the_heap_stays_in_step_after_close():
+    assert tilecomm.launch(S.heap_after_close, 2) == [1, 1]
+
+
+def test_close_with_a_request_in_flight_refuses_its_later_push():
+    def run(comm):
+        kv = tilecomm.kv.KVTransfer(comm, timeout=5)
+        cache = kv.paged_cache(kv_heads=1, **S.GEO)
+        out = None
+        if comm.rank == 1:
+            kv.expect("late", src=0, block_ids=[3])
+            kv.close()
+            comm.barrier()
+            out = bool((cache == 0).all())
+        else:
+            cache.fill_(1.0)
+            comm.barrier()
+            with pytest.raises(tilecomm.CommMismatch, match="closed its KVTransfer"):
+                kv.push("late", dst=1, block_ids=[0])
+            kv.close()
+        return out
+    assert tilecomm.launch(run, 2)[1] is True

@@ -40,7 +40,8 @@ CTRL_TAG = 1                     # Gloo tag of control messages; data tags start
 
 
 def request_key(request_id) -> str:
-    """A request id (str or int) as the text both sides compare; ValueError if unusable."""
+    """A request id (str or int) as the text both sides compare (so 5 and "5" name the same
+    request); ValueError if unusable."""
     if isinstance(request_id, bool) or not isinstance(request_id, (str, int)):
         raise ValueError(f"request_id must be a str or an int, got {type(request_id).__name__}")
     text = str(request_id)
@@ -216,8 +217,12 @@ class GlooMailbox:
                 work.wait()
             except RuntimeError as e:
                 self.done.put(("error", p, f"{token[0]}: {e}"))
-                continue
-            self.done.put(("done", p, token))
+            else:
+                self.done.put(("done", p, token))
+            # this frame must not keep the last message's tensor (a view of the cache) alive
+            # until the next one: the symmetric heap frees a block when its last view dies,
+            # and every rank must free in the same order
+            del item, work, token, _keep
 
     def send(self, dst: int, m: Message) -> None:
         self.seq[dst] += 1
@@ -255,9 +260,17 @@ class GlooMailbox:
             got.append(self.done.get())
         return got
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
+        """End the waiting threads (the control threads end with the peers' CLOSE) and drop
+        what they reported, so nothing of this engine keeps a view of the cache."""
         for q in self.fifos.values():
             q.put(None)
+        end = time.monotonic() + timeout
+        for t in self.threads:
+            if "fifo" in t.name:
+                t.join(max(0.0, end - time.monotonic()))
+        while not self.done.empty():
+            self.done.get()
 
 
 class KVClosed(CommError):

@@ -12,6 +12,7 @@ ids on both sides moves as one transfer (descriptor coalescing) instead of one p
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -139,11 +140,11 @@ def check_block_ids(ids, geometry: CacheGeometry, what: str) -> list[int]:
             raise ValueError(f"{what}: block_ids must be a 1-d integer tensor or a list of "
                              f"ints, got a {ids.dim()}-d {ids.dtype} tensor")
         ids = ids.tolist()
-    try:
-        out = [int(i) for i in ids]
-    except (TypeError, ValueError):
+    try:      # operator.index: ints and numpy/torch integers, never a float truncated
+        out = [operator.index(i) for i in ids]
+    except TypeError:
         raise ValueError(f"{what}: block_ids must be ints, got {ids!r}") from None
-    if any(isinstance(i, bool) or isinstance(i, float) for i in ids):
+    if any(isinstance(i, bool) for i in ids):
         raise ValueError(f"{what}: block_ids must be ints, got {ids!r}")
     if not out:
         raise ValueError(f"{what}: block_ids is empty")

@@ -22,8 +22,8 @@ and a timeout names the request and the peer.
 
 from __future__ import annotations
 
+import operator
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -31,14 +31,11 @@ import torch
 from ..errors import CommMismatch, CommTimeout
 from . import mailbox as mb
 from .mailbox import CLOSE, EXPECT, NOTICE, PUSH, Codec, Message, request_key
+from .handles import (_SLOT_HDR, _SRC_HDR, DATA_TAG0, FAILED, REJECTED, TAG_SPAN,
+                      UNKNOWN, ExpectHandle, PushHandle, _Backoff, _Expectation, _Recv)
 from .schedule import CacheGeometry, HeadSplit, check_block_ids, coalesce, transfers
 
 MAX_SOURCES = 8            # senders one request may gather heads from
-_SRC_HDR = 4               # per sender of a slot: head src, head dst, head count, transfers
-# notice codes
-REJECTED, FAILED, UNKNOWN = 1, 2, 3
-DATA_TAG0, TAG_SPAN = 16, 1 << 30
-_BLOCK = 0.01              # seconds a wait on other hosts sleeps per poll (woken by news)
 _IDLE_OK = 7 * 24 * 3600.0  # Gloo timeout of the engine's group (see paged_cache)
 
 
@@ -67,7 +64,9 @@ class KVTransfer:
         self._gen = 0
         self._early: dict[tuple[int, str], str] = {}      # notices before the expect
         self._errors: list[Exception] = []                 # raised at the next call
-        self._recvs = 0                                    # inter-host receives in flight
+        self._recvs: dict[int, int] = {}                   # inter-host receives in flight
+        self._dead: dict[int, str] = {}                    # peers whose link failed
+        self._outbox: dict[int, list] = {}                 # messages waiting for ring room
         # sender side
         self._expects: dict[tuple[int, str], _Expectation] = {}
         self._rejected: dict[tuple[int, str], str] = {}
@@ -107,7 +106,7 @@ class KVTransfer:
         self._local = [r for r in host if r != self.rank]
         self._remote = [r for r in range(self.comm.world_size) if r not in host]
         ring_words = mb.ShmMailbox.board_words(self._codec, lay.max_local, self.ring_slots)
-        self._slot_words = MAX_SOURCES * (_SRC_HDR + self._l_max)
+        self._slot_words = _SLOT_HDR + MAX_SOURCES * (_SRC_HDR + self._l_max)
         self._slots_at = ring_words
         self._board = self.comm.alloc(ring_words + self.max_requests * self._slot_words,
                                       torch.int64)
@@ -143,14 +142,17 @@ class KVTransfer:
         self._check_cache()
         self.poll()
         rid = request_key(request_id)
-        srcs = [src] if isinstance(src, int) and not isinstance(src, bool) else list(src)
+        srcs = _ranks(src)
+        if rid in self._handles:    # not told to the senders: the request in flight is fine
+            raise ValueError(f"expect: request {rid!r} is already expected here (from "
+                             f"rank(s) {self._handles[rid].srcs}); ids must be unique among "
+                             f"requests in flight")
+        for s in srcs:
+            if s in self._dead:
+                raise self._dead_error(s, f"expect of request {rid!r}")
         try:
             self._check_sources(srcs, rid)
             ids = check_block_ids(block_ids, self.geometry, f"expect of request {rid!r}")
-            if rid in self._handles:
-                raise ValueError(f"expect: request {rid!r} is already expected here (from "
-                                 f"rank(s) {self._handles[rid].srcs}); ids must be unique among "
-                                 f"requests in flight")
             if not self._free:
                 raise ValueError(f"expect: {self.max_requests} requests are already in flight "
                                  f"on rank {self.rank}; wait for some, or make the KVTransfer "
@@ -158,7 +160,7 @@ class KVTransfer:
         except ValueError as e:
             for s in srcs:
                 if isinstance(s, int) and 0 <= s < self.comm.world_size and s != self.rank:
-                    self._send(s, Message(NOTICE, rid, (REJECTED,),
+                    self._send(s, Message(NOTICE, rid, (REJECTED, 0),
                                           text=f"rank {self.rank} rejected request {rid!r}: "
                                                f"{e}"))
             raise
@@ -167,6 +169,7 @@ class KVTransfer:
         h = ExpectHandle(self, rid, srcs, ids, slot, self._gen)
         at = self._slots_at + slot * self._slot_words
         self._board_np[at:at + self._slot_words] = 0
+        self._board_np[at] = h.gen          # live: senders check it before each layer
         self._handles[rid] = self._by_slot[slot] = h
         for j, s in enumerate(srcs):
             self._send(s, Message(EXPECT, rid, (len(ids), slot, h.gen, j, len(srcs)), ids=ids))
@@ -205,13 +208,15 @@ class KVTransfer:
         ``handle.wait()`` before overwriting the source blocks (``close`` waits for all).
         """
         self._check_cache()
-        self.poll()
+        self._progress()
         rid = request_key(request_id)
         mine = self.geometry
+        given, dst = dst, _rank(dst)
+        if dst in self._dead:
+            raise self._dead_error(dst, f"push of request {rid!r}")
         try:
-            if isinstance(dst, bool) or not isinstance(dst, int) or \
-                    not 0 <= dst < self.comm.world_size or dst == self.rank:
-                raise ValueError(f"push of request {rid!r}: dst {dst!r} must be another rank "
+            if dst is None or not 0 <= dst < self.comm.world_size or dst == self.rank:
+                raise ValueError(f"push of request {rid!r}: dst {given!r} must be another rank "
                                  f"of this communicator (0..{self.comm.world_size - 1})")
             theirs = self.geometries[dst]
             _compatible(mine, theirs, f"push of request {rid!r}", self.rank, dst)
@@ -221,7 +226,7 @@ class KVTransfer:
         except ValueError as e:
             if isinstance(dst, int) and 0 <= dst < self.comm.world_size and dst != self.rank:
                 self._expects.pop((dst, rid), None)     # the receiver's handle fails too
-                self._send(dst, Message(NOTICE, rid, (FAILED,),
+                self._send(dst, Message(NOTICE, rid, (FAILED, 0),
                                         text=f"rank {self.rank}'s push of request {rid!r} "
                                              f"failed there: {e}"))
             raise
@@ -229,13 +234,17 @@ class KVTransfer:
         problem = None
         if ex.nblocks != len(ids):
             problem = CommMismatch(f"request {rid!r}: rank {self.rank} pushes {len(ids)} "
-                                   f"blocks, rank {dst} expects {ex.nblocks}")
+                                   f"block(s), rank {dst} expects {ex.nblocks}")
+        elif ex.nsrc == 1 and hs.count != theirs.kv_heads:
+            problem = ValueError(f"push of request {rid!r}: rank {dst} expects all its "
+                                 f"{theirs.kv_heads} heads from this rank alone, but head_split "
+                                 f"sends {hs.count}")
         elif ex.pushed & set(range(lo, hi)):
             problem = ValueError(f"push of request {rid!r}: layers "
                                  f"{sorted(ex.pushed & set(range(lo, hi)))} were already pushed")
         if problem is not None:
             del self._expects[(dst, rid)]
-            self._send(dst, Message(NOTICE, rid, (FAILED,), text=str(problem)))
+            self._send(dst, Message(NOTICE, rid, (FAILED, ex.gen), text=str(problem)))
             raise problem
         runs = coalesce(ids, ex.ids)
         moves = transfers(runs, range(lo, hi))
@@ -255,14 +264,16 @@ class KVTransfer:
         deadline = time.monotonic() + self.timeout
         wait = _Backoff()
         while True:
-            if key in self._rejected:
-                raise CommMismatch(self._rejected.pop(key))
             ex = self._expects.get(key)
             if ex is not None:
                 return ex
+            if key in self._rejected:
+                raise CommMismatch(self._rejected.pop(key))
+            if dst in self._dead:
+                raise self._dead_error(dst, f"push of request {rid!r}")
             if time.monotonic() > deadline:
                 waiting = sorted(r for (d, r) in self._expects if d == dst)
-                self._send(dst, Message(NOTICE, rid, (UNKNOWN,), text=(
+                self._send(dst, Message(NOTICE, rid, (UNKNOWN, 0), text=(
                     f"rank {self.rank} pushed request {rid!r} to this rank, which never "
                     f"expected it (waited {self.timeout:g} s)")))
                 raise CommTimeout(
@@ -270,7 +281,7 @@ class KVTransfer:
                     f"within {self.timeout:g} s (requests it expects from rank {self.rank}: "
                     f"{waiting or 'none'})", collective="kv.push", missing=(dst,))
             wait()
-            self.poll()
+            self._progress()
 
     def _peer_cache(self, r: int) -> torch.Tensor:
         t = self._peer_caches.get(r)
@@ -288,9 +299,9 @@ class KVTransfer:
         32 KB, fragmented: 0.16 ms against 0.84 ms, tests/kv measures neither -- bench kv
         does), and both are memcpy for the bytes."""
         board = self._peer_boards[dst]
-        at = self._slots_at + ex.slot * self._slot_words + ex.j * (_SRC_HDR + self._l_max)
+        slot_at = self._slots_at + ex.slot * self._slot_words
+        at = slot_at + _SLOT_HDR + ex.j * (_SRC_HDR + self._l_max)
         board[at:at + 3] = (hs.src, hs.dst, hs.count)
-        board[at + 3] += len(moves)
         whole = hs.is_whole(self.cache.shape[4], self.geometries[dst].kv_heads)
         if whole:
             src, out = self._blocks_np(self.rank), self._blocks_np(dst)
@@ -298,8 +309,13 @@ class KVTransfer:
             src, out = self.cache, self._peer_cache(dst)
         nbytes, layer = 0, None
         for t in moves:
-            if layer is not None and t.layer != layer:
-                board[at + _SRC_HDR + layer] = ex.gen        # layer done: after its data
+            if t.layer != layer:
+                if layer is not None:
+                    board[at + _SRC_HDR + layer] = ex.gen    # layer done: after its data
+                if int(board[slot_at]) != ex.gen:            # the receiver gave it up
+                    self._expects.pop((dst, ex.rid), None)
+                    raise CommMismatch(f"push of request {ex.rid!r}: rank {dst} gave up "
+                                       f"the request (cancelled or failed there)")
             layer = t.layer
             r = t.run
             a = src[t.layer, t.kv, r.src:r.src + r.n]
@@ -313,6 +329,7 @@ class KVTransfer:
                 nbytes += a.numel() * a.element_size()
         if layer is not None:
             board[at + _SRC_HDR + layer] = ex.gen
+        board[at + 3] += len(moves)
         return nbytes
 
     def _blocks_np(self, r: int) -> np.ndarray:
@@ -345,11 +362,19 @@ class KVTransfer:
     # ---- progress ---------------------------------------------------------------------------
     def poll(self, block: float = 0.0) -> None:
         """Read control messages and finished transfers (every call does this; a rank that
-        only waits on other work may call it to let its peers' requests proceed).
+        only waits on other work may call it to let its peers' requests proceed), and raise
+        what concerns no request of this rank: a push of a request it never expected.
         ``block``: seconds to sleep waiting for news from another host when there is none."""
+        self._progress(block)
+        if self._errors:
+            raise self._errors.pop(0)
+
+    def _progress(self, block: float = 0.0) -> None:
+        """:meth:`poll` without raising the stray errors (handle methods raise their own)."""
         self._check_open()
         if self.cache is None:
             return
+        self._flush_outbox()
         for src, m in self._shm.poll():
             self._on_message(src, m)
         if self._gloo is not None:
@@ -359,28 +384,47 @@ class KVTransfer:
                 elif kind == "done":
                     self._on_done(what[1])
                 else:
-                    self._errors.append(CommTimeout(
-                        f"kv on rank {self.rank}: the link to rank {peer} (another host) "
-                        f"failed: the peer died or stopped ({what.splitlines()[0][:200]})",
-                        collective="kv", missing=(peer,)))
-        if self._errors:
-            raise self._errors.pop(0)
+                    self._peer_died(peer, what)
+
+    def _peer_died(self, peer: int, text: str) -> None:
+        """A link to another host failed: everything that involves ``peer`` fails, naming it
+        and the request; calls that do not involve it go on."""
+        if peer in self._dead:
+            return
+        self._dead[peer] = text.splitlines()[0][:200] if text else "connection lost"
+        for h in [h for h in self._handles.values() if peer in h.srcs]:
+            h._fail(self._dead_error(peer, f"request {h.rid!r} (expect #{h.gen} on rank "
+                                           f"{self.rank})"))
+        for ph in self._pushes:
+            if ph.dst == peer and ph.pending:
+                ph.error = self._dead_error(peer, f"push of request {ph.rid!r}")
+                ph.pending = 0
+        self._recvs.pop(peer, None)
+        self._expects = {k: v for k, v in self._expects.items() if k[0] != peer}
+
+    def _dead_error(self, peer: int, what: str) -> CommTimeout:
+        return CommTimeout(f"kv: {what}: rank {peer} (another host) died or stopped: its link "
+                           f"to rank {self.rank} failed ({self._dead[peer]})", collective="kv",
+                           missing=(peer,))
 
     def _on_message(self, src: int, m: Message) -> None:
         if m.kind == EXPECT:
             nb, slot, gen, j, nsrc = m.args[:5]
-            self._expects[(src, m.rid)] = _Expectation(slot, gen, j, nsrc, m.ids, nb)
+            self._expects[(src, m.rid)] = _Expectation(m.rid, slot, gen, j, nsrc, m.ids, nb)
+            self._rejected.pop((src, m.rid), None)      # a new expectation: old news is void
         elif m.kind == PUSH:
             self._on_push(src, m)
         elif m.kind == NOTICE:
-            code = m.args[0]
-            if code == REJECTED:
+            code, gen = m.args[:2]
+            if code == REJECTED:        # the receiver refused or gave up (gen 0: no slot)
+                ex = self._expects.get((src, m.rid))
+                if ex is not None and (gen == 0 or ex.gen == gen):
+                    del self._expects[(src, m.rid)]
                 self._rejected[(src, m.rid)] = m.text
-                self._expects.pop((src, m.rid), None)
                 return
             h = self._handles.get(m.rid)
-            if h is not None and src in h.srcs:
-                h._fail(CommMismatch(m.text))
+            if h is not None and src in h.srcs and gen in (0, h.gen):
+                h._fail(CommMismatch(m.text))      # and its other senders are told
             elif code == UNKNOWN:
                 self._errors.append(CommMismatch(m.text))
             else:
@@ -415,7 +459,7 @@ class KVTransfer:
             if h is not None:
                 h._pending[(j, t.layer)] = h._pending.get((j, t.layer), 0) + 1
             rec = _Recv(buf, into, src, h, j, t.layer)
-            self._recvs += 1
+            self._recvs[src] = self._recvs.get(src, 0) + 1
             self._gloo.post_recv(src, _bytes(buf), DATA_TAG0 + (base + k) % TAG_SPAN,
                                  (f"data of request {m.rid!r}", rec))
 
@@ -424,10 +468,12 @@ class KVTransfer:
         if token is None:               # a control message went out
             return
         if isinstance(token, PushHandle):
-            token.pending -= 1
+            token.pending = max(0, token.pending - 1)
             return
         r = token
-        self._recvs -= 1
+        if r.src in self._dead:
+            return
+        self._recvs[r.src] -= 1
         h = r.handle
         if h is None or h.error is not None:
             return
@@ -439,24 +485,20 @@ class KVTransfer:
             h._remote_done[r.j].add(r.layer)
 
     def _send(self, dst: int, m: Message) -> None:
+        """Send a control message; never blocks. Inside a host a full ring (the peer has not
+        read for a while) queues the message here, in order, until a later call finds room."""
         if dst in self._remote:
-            self._gloo.send(dst, m)
+            if dst not in self._dead:
+                self._gloo.send(dst, m)
             return
-        deadline = time.monotonic() + self.timeout
-        wait = _Backoff()
-        while not self._shm.room(dst):
-            if time.monotonic() > deadline:
-                raise CommTimeout(f"kv: rank {dst} has not read its control messages from rank "
-                                  f"{self.rank} for {self.timeout:g} s ({mb.KIND_NAMES[m.kind]} "
-                                  f"of request {m.rid!r} waiting)", collective="kv",
-                                  missing=(dst,))
-            wait()
-            self._drain_for_room()
-        self._shm.send(dst, m)
+        box = self._outbox.setdefault(dst, [])
+        box.append(m)
+        self._flush_outbox()
 
-    def _drain_for_room(self) -> None:
-        for src, m in self._shm.poll():
-            self._on_message(src, m)
+    def _flush_outbox(self) -> None:
+        for dst, box in self._outbox.items():
+            while box and self._shm.room(dst):
+                self._shm.send(dst, box.pop(0))
 
     # ---- teardown ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -467,22 +509,29 @@ class KVTransfer:
         if self._closed:
             return
         try:
+            for h in list(self._handles.values()):       # its senders must stop writing
+                h.cancel(f"rank {self.rank} closed its KVTransfer")
             for ph in self._pushes:
                 ph.wait()
+            deadline = time.monotonic() + self.timeout
+            wait = _Backoff()
+            while any(self._outbox.values()) and time.monotonic() < deadline:
+                wait()                                   # a local peer still has to read
+                self._flush_outbox()
             if self._gloo is not None:
-                for p in self._remote:
+                live = [p for p in self._remote if p not in self._dead]
+                for p in live:
                     self._gloo.send(p, Message(CLOSE, "close"))
-                deadline = time.monotonic() + self.timeout
-                wait = _Backoff()
-                while set(self._remote) - self._closed_by or self._recvs:
+                while {p for p in live if p not in self._dead} - self._closed_by or \
+                        any(self._recvs.values()):
                     if time.monotonic() > deadline:
-                        missing = tuple(sorted(set(self._remote) - self._closed_by))
+                        missing = tuple(sorted(set(live) - self._closed_by))
                         raise CommTimeout(f"kv close on rank {self.rank}: rank(s) "
                                           f"{list(missing)} did not close within "
                                           f"{self.timeout:g} s", collective="kv.close",
                                           missing=missing)
                     wait()
-                    self.poll()
+                    self._progress()
         finally:
             self._closed = True
             # drop the symmetric tensors now (handles refer back to this object, so the
@@ -491,7 +540,7 @@ class KVTransfer:
             self._handles.clear()
             self._by_slot.clear()
             if self._gloo is not None:
-                self._gloo.stop()
+                self._gloo.stop()            # its threads drop their views of the cache
             self.cache = self._raw = self._board = self._board_np = None
             self._peer_caches.clear()
             self._peer_boards = {}
@@ -513,198 +562,25 @@ class KVTransfer:
             raise ValueError("call kv.paged_cache(...) on every rank first")
 
 
-class ExpectHandle:
-    """The decode side of one request: which layers have landed."""
-
-    def __init__(self, kv: KVTransfer, rid: str, srcs: list[int], ids: list[int], slot: int,
-                 gen: int):
-        self.kv, self.rid, self.srcs, self.ids = kv, rid, srcs, ids
-        self.slot, self.gen = slot, gen
-        self.layers = kv.geometry.layers
-        self.error: Exception | None = None
-        self.complete = False
-        self._remote_transfers = 0
-        self._remote_done = {j: set() for j, s in enumerate(srcs) if s in kv._remote}
-        self._pending: dict[tuple[int, int], int] = {}
-        self._heads: dict[int, tuple[int, int]] = {}
-        self._at = kv._slots_at + slot * kv._slot_words
-        self._released = False          # the slot went back: its words belong to others now
-        self._local_moves = 0
-
-    @property
-    def transfers(self) -> int:
-        """Transfers (contiguous moves) that delivered this request so far, all senders
-        together."""
-        local = sum(int(self._flag(j)[3]) for j, s in enumerate(self.srcs)
-                    if j not in self._remote_done) if not self._released else self._local_moves
-        return self._remote_transfers + local
-
-    def _flag(self, j: int) -> np.ndarray:
-        a = self._at + j * (_SRC_HDR + self.kv._l_max)
-        return self.kv._board_np[a:a + _SRC_HDR + self.layers]
-
-    def _has(self, j: int, layer: int) -> bool:
-        if j in self._remote_done:
-            return layer in self._remote_done[j]
-        return int(self._flag(j)[_SRC_HDR + layer]) == self.gen
-
-    def _fail(self, e: Exception) -> None:
-        if self.error is None and not self.complete:
-            self.error = e
-            self._release()
-
-    def _release(self) -> None:
-        kv = self.kv
-        self._released = True
-        if kv._handles.get(self.rid) is self:
-            del kv._handles[self.rid]
-            del kv._by_slot[self.slot]
-            kv._free.append(self.slot)
-
-    def _raise(self) -> None:
-        if self.error is not None:
-            raise type(self.error)(str(self.error))
-
-    def cancel(self, reason: str = "cancelled") -> None:
-        """Give the request up: its slot is freed and its senders are told, so a push of it
-        that comes later raises on the sender instead of writing into blocks this rank may
-        have handed to another request. (A push already copying cannot be stopped: reuse
-        the blocks once the senders have been heard from, or after their timeout.)"""
-        if self.complete or self.error is not None:
-            return
-        self._fail(CommMismatch(f"request {self.rid!r} was cancelled on rank {self.kv.rank}: "
-                                f"{reason}"))
-        for s in self.srcs:
-            self.kv._send(s, Message(NOTICE, self.rid, (REJECTED,),
-                                     text=f"rank {self.kv.rank} cancelled request "
-                                          f"{self.rid!r}: {reason}"))
-
-    def layer_ready(self, i: int) -> bool:
-        """True once layer ``i`` of every sender has landed in this rank's cache."""
-        if not 0 <= i < self.layers:
-            raise ValueError(f"request {self.rid!r}: layer {i} out of range [0, {self.layers})")
-        if self.complete:
-            return True
-        self.kv.poll()
-        self._raise()
-        return all(self._has(j, i) for j in range(len(self.srcs)))
-
-    def done(self, _block: float = 0.0) -> bool:
-        """True once every layer has landed (raises what went wrong, if anything did)."""
-        if self.complete:
-            return True
-        self.kv.poll(_block)
-        self._raise()
-        if all(self._has(j, i) for j in range(len(self.srcs)) for i in range(self.layers)):
-            self._finish()
-        return self.complete
-
-    def wait(self, timeout: float | None = None) -> None:
-        """Block until every layer has landed; CommTimeout (naming the request, the senders
-        still missing and their layers) after ``timeout`` seconds (default: the engine's).
-        After a timeout the request stays expected (wait again, or :meth:`cancel` it before
-        reusing its blocks)."""
-        limit = self.kv.timeout if timeout is None else float(timeout)
-        deadline = time.monotonic() + limit
-        wait = _Backoff()
-        # news from other hosts wakes a blocked poll; shared-memory flags need polling
-        block = _BLOCK if all(s in self.kv._remote for s in self.srcs) else 0.0
-        while not self.done(block):
-            if time.monotonic() > deadline:
-                missing = {s: [i for i in range(self.layers) if not self._has(j, i)]
-                           for j, s in enumerate(self.srcs)}
-                missing = {s: v for s, v in missing.items() if v}
-                shown = "; ".join(f"rank {s}: layers {_span(v)}" for s, v in missing.items())
-                raise CommTimeout(f"kv: request {self.rid!r} (expect #{self.gen} on rank "
-                                  f"{self.kv.rank}) incomplete after {limit:g} s, missing "
-                                  f"{shown}", collective="kv.expect", seq=self.gen,
-                                  missing=tuple(missing))
-            if not block:
-                wait()
-
-    def _finish(self) -> None:
-        kv, geo = self.kv, self.kv.geometry
-        for j, s in enumerate(self.srcs):
-            if j not in self._remote_done:
-                f = self._flag(j)
-                self._heads[j] = (int(f[1]), int(f[2]))
-                self._local_moves += int(f[3])
-        spans = sorted(self._heads.values())
-        at, problem = 0, None
-        for lo, n in spans:
-            if lo != at:
-                problem = f"heads {at}..{lo - 1} were not sent" if lo > at else \
-                    f"head {lo} was sent twice"
-                break
-            at = lo + n
-        if problem is None and at != geo.kv_heads:
-            problem = f"heads {at}..{geo.kv_heads - 1} were not sent"
-        self._release()
-        if problem:
-            self.error = CommMismatch(f"request {self.rid!r} on rank {kv.rank}: the senders' "
-                                      f"head splits {spans} do not tile the {geo.kv_heads} heads "
-                                      f"here ({problem})")
-            self._raise()
-        self.complete = True
+def _rank(r) -> int | None:
+    """``r`` as a rank number (ints, numpy and torch integers), or None."""
+    if isinstance(r, bool):
+        return None
+    try:
+        return operator.index(r)
+    except TypeError:
+        return None
 
 
-@dataclass
-class PushHandle:
-    """The prefill side of one push: ``transfers`` contiguous moves of ``nbytes`` bytes."""
-
-    rid: str
-    dst: int
-    transfers: int
-    nbytes: int
-    kv: "KVTransfer | None" = None
-    pending: int = 0            # inter-host sends not yet complete
-
-    def done(self, _block: float = 0.0) -> bool:
-        """True once the data has left this rank's cache (at once inside a host)."""
-        if self.pending and self.kv is not None:
-            self.kv.poll(_block)
-        return not self.pending
-
-    def wait(self, timeout: float | None = None) -> None:
-        """Block until the data has left this rank's cache; CommTimeout after ``timeout``
-        seconds (default: the engine's). Across hosts the receiver must be making progress
-        (any of its kv calls) for the data to move."""
-        if not self.pending:
-            return
-        limit = self.kv.timeout if timeout is None else float(timeout)
-        deadline = time.monotonic() + limit
-        while not self.done(_BLOCK):
-            if time.monotonic() > deadline:
-                raise CommTimeout(f"kv: push of request {self.rid!r} to rank {self.dst}: "
-                                  f"{self.pending} of {self.transfers} transfers not received "
-                                  f"after {limit:g} s", collective="kv.push",
-                                  missing=(self.dst,))
-
-
-@dataclass
-class _Expectation:
-    """What a receiver told this sender about one request."""
-
-    slot: int
-    gen: int
-    j: int
-    nsrc: int
-    ids: list
-    nblocks: int
-    pushed: set = field(default_factory=set)
-
-
-@dataclass
-class _Recv:
-    """One inter-host data message on its way into this rank's cache (``handle`` None: a
-    message of a request that failed here, received only to be dropped)."""
-
-    buf: torch.Tensor
-    into: torch.Tensor | None          # where a staged head split goes
-    src: int
-    handle: ExpectHandle | None
-    j: int
-    layer: int
+def _ranks(src) -> list:
+    """One rank or a list of them; what is not a rank stays as given, for the message."""
+    one = _rank(src)
+    if one is not None:
+        return [one]
+    try:
+        return [_rank(s) if _rank(s) is not None else s for s in src]
+    except TypeError:
+        return [src]
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
@@ -743,21 +619,3 @@ def _head_split(hs, mine: CacheGeometry, theirs: CacheGeometry, rid: str, dst: i
         raise ValueError(f"push of request {rid!r}: head_split {tuple(vars(hs).values())} does "
                          f"not fit {mine.kv_heads} heads here and {theirs.kv_heads} on rank {dst}")
     return hs
-
-
-def _span(v: list[int]) -> str:
-    return f"{v[0]}..{v[-1]}" if len(v) > 1 and v == list(range(v[0], v[-1] + 1)) else str(v)
-
-
-class _Backoff:
-    """Poll fast at first, then sleep longer (up to 1 ms) so a long wait leaves the core."""
-
-    def __init__(self):
-        self.n = 0
-
-    def __call__(self) -> None:
-        self.n += 1
-        if self.n > 200:
-            time.sleep(min(1e-3, 1e-5 * (self.n - 200)))
-        elif self.n > 20:
-            time.sleep(0)
