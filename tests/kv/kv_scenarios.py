@@ -177,7 +177,7 @@ def errors(comm) -> dict:
     the one case that has to (a request the receiver never expects)."""
     pre, dec = roles(comm.world_size)
     p, d = pre[0], dec[0]
-    kv = KVTransfer(comm, timeout=5)
+    kv = KVTransfer(comm, timeout=2)
     kv.paged_cache(kv_heads=2, **GEO)
     seen = {}
     if comm.rank == d:
