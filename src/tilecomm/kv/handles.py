@@ -59,18 +59,17 @@ class ExpectHandle:
             return layer in self._remote_done[j]
         return int(self._flag(j)[_SRC_HDR + layer]) == self.gen
 
-    def _fail(self, e: Exception, tell: bool = True) -> None:
-        """The request failed here: free its slot and (``tell``) tell its senders, so a push
-        of it that comes later raises there instead of writing into blocks this rank may
-        give to another request."""
+    def _fail(self, e: Exception) -> None:
+        """The request failed here: free its slot and tell its senders (the one at fault
+        too), so a push of it that comes later raises there instead of writing into blocks
+        this rank may give to another request."""
         if self.error is None and not self.complete:
             self.error = e
             self._release()
-            if tell:
-                for s in self.srcs:
-                    self.kv._send(s, Message(NOTICE, self.rid, (REJECTED, self.gen),
-                                             text=f"rank {self.kv.rank} gave up request "
-                                                  f"{self.rid!r}: {e}"))
+            for s in self.srcs:
+                self.kv._send(s, Message(NOTICE, self.rid, (REJECTED, self.gen),
+                                         text=f"rank {self.kv.rank} gave up request "
+                                              f"{self.rid!r}: {e}"))
 
     def _release(self) -> None:
         kv = self.kv
