@@ -35,50 +35,7 @@ import weakref
 import torch
 
 from . import checks
-
-_ALIGN = 64      # chunk starts are 64-byte aligned, like torch's own allocations
-
-
-def _round(n: int) -> int:
-    return -(-n // _ALIGN) * _ALIGN
-
-
-class _Workspace:
-    """A symmetric byte buffer of two halves, grown on demand, with peer views."""
-
-    def __init__(self):
-        self.buf: torch.Tensor | None = None
-        self.half = 0
-        self.calls = 0
-        self._peers: dict[int, torch.Tensor] = {}
-
-    def fits(self, nbytes: int) -> bool:
-        return self.buf is not None and nbytes <= self.half
-
-    def grow(self, comm, nbytes: int) -> None:
-        """Collective: every rank calls it with the same ``nbytes``."""
-        half = _round(max(nbytes, _ALIGN))
-        self.buf = self._peers = None
-        self.buf = comm.alloc(2 * half, torch.uint8)
-        self.half = half
-        self._peers = {}
-
-    def region(self, parity: int, offset: int, shape, dtype, rank: int | None = None,
-               comm=None) -> torch.Tensor:
-        """``shape``/``dtype`` view at ``offset`` of half ``parity``; of ``rank``'s copy when
-        given (a view of the peer's shared memory)."""
-        buf = self.buf
-        if rank is not None and rank != comm.rank:
-            buf = self._peers.get(rank)
-            if buf is None:
-                buf = self._peers[rank] = comm.peer(self.buf, rank)
-        n = 1
-        for s in shape:
-            n *= s
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        lo = parity * self.half + offset
-        return buf[lo:lo + n * itemsize].view(dtype).reshape(shape)
-
+from .workspace import Workspace as _Workspace, round_up as _round
 
 _STATE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 

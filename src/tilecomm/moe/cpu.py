@@ -1,0 +1,166 @@
+"""CPU engine of dispatch and combine: rows read straight from the peers' shared memory.
+
+Ranks of one host map each other's symmetric heap, so moving a row is one gather from a peer's
+memory into the receiver's output. One handshake per call (:func:`checks.agree`, which also
+exchanges the row counts) is the only synchronization; every rank publishes its data before it:
+
+dispatch
+    publish ``x`` (fp8: the quantized rows and their scales), ``topk_idx`` and ``topk_weights``
+    in this rank's half of a symmetric workspace (:class:`~tilecomm.ops.workspace.Workspace`);
+    handshake; then, source by source in rank order, pick the source's tokens that chose one of
+    this rank's experts from its ``topk_idx`` (in the peer's memory) and gather their rows,
+    the own source from the caller's tensors.
+combine
+    publish ``y`` (one row per received row); handshake; then sum, destination by destination
+    in rank order, the rows each destination holds for this rank's tokens into a float32
+    accumulator (``index_add_``: each token gets one add per destination, in that order) and
+    round once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..ops.workspace import Workspace, round_up
+from . import checks
+from .routing import dest_mask
+
+
+@dataclass
+class Moved:
+    """What an engine's dispatch hands back: the received rows, in dispatch order.
+
+    ``x [R, H]`` (fp8 under fp8, with ``scales [R, H/128]``), ``idx [R, K]`` the sources'
+    global expert ids, ``weights [R, K]`` float32, ``src_rank``/``src_token [R]`` int64,
+    ``call`` the agreed handshake (its ``counts()`` are every rank's rows per destination)."""
+    x: torch.Tensor
+    scales: torch.Tensor | None
+    idx: torch.Tensor
+    weights: torch.Tensor
+    src_rank: torch.Tensor
+    src_token: torch.Tensor
+    call: checks.Call
+    extra: dict = field(default_factory=dict)
+
+
+def _parts(t: int, h: int, k: int, row_bytes: int, nb: int) -> tuple[list[int], int]:
+    """Offsets of x, topk_idx, topk_weights, scales in a rank's block, and its size."""
+    sizes = [t * row_bytes, t * k * 8, t * k * 4, t * nb * 4]
+    offs, acc = [], 0
+    for s in sizes:
+        offs.append(acc)
+        acc += round_up(s)
+    return offs, acc
+
+
+class CpuEngine:
+    """One communicator's workspace (all ranks on one host, CPU tensors)."""
+
+    def __init__(self, comm):
+        self.comm = comm
+        self.ws = Workspace()
+
+    # ---- dispatch ---------------------------------------------------------------------------
+    def dispatch(self, ep, mine: list[int], detail: str, x, scales, idx, wts) -> Moved:
+        comm, ws = self.comm, self.ws
+        me, w = comm.rank, comm.world_size
+        parity = ws.next_parity()
+        h, k = ep.hidden, mine[checks.F_K]
+        row_bytes = h * (1 if scales is not None else ep.itemsize)
+        nb = scales.shape[1] if scales is not None else 0
+        ok = mine[checks.F_PROBLEM] == 0
+        t = x.shape[0] if ok else 0
+        offs, need = _parts(t, h, k, row_bytes, nb)
+        if ok and ws.fits(need):
+            self._publish(parity, offs, x, scales, idx, wts)
+            mine[checks.F_READY] = 1
+        call = checks.agree(comm, "dispatch", mine, detail)
+        if not call.ready():
+            ws.grow(comm, max(_parts(tt, h, k, row_bytes, nb)[1] for tt in call.tokens()))
+            self._publish(parity, offs, x, scales, idx, wts)
+            comm.barrier()
+        return self._gather(ep, call, parity, x, scales, idx, wts, h, k, row_bytes, nb)
+
+    def _publish(self, parity, offs, x, scales, idx, wts) -> None:
+        t, ws = x.shape[0], self.ws
+        if t == 0:
+            return
+        ws.region(parity, offs[0], x.shape, x.dtype).copy_(x)
+        ws.region(parity, offs[1], idx.shape, torch.int64).copy_(idx)
+        ws.region(parity, offs[2], wts.shape, torch.float32).copy_(wts)
+        if scales is not None:
+            ws.region(parity, offs[3], scales.shape, torch.float32).copy_(scales)
+
+    def _gather(self, ep, call, parity, x, scales, idx, wts, h, k, row_bytes, nb) -> Moved:
+        comm, ws = self.comm, self.ws
+        me, w = comm.rank, comm.world_size
+        counts = call.counts()
+        rows = sum(counts[s][me] for s in range(w))
+        xdt = x.dtype
+        out_x = torch.empty((rows, h), dtype=xdt)
+        out_s = torch.empty((rows, nb), dtype=torch.float32) if scales is not None else None
+        out_i = torch.empty((rows, k), dtype=torch.int64)
+        out_w = torch.empty((rows, k), dtype=torch.float32)
+        src_rank = torch.empty(rows, dtype=torch.int64)
+        src_tok = torch.empty(rows, dtype=torch.int64)
+        at = 0
+        for s in range(w):
+            n, ts = counts[s][me], call.tokens()[s]
+            if n == 0:
+                continue
+            if s == me:
+                sx, ss, si, sw = x, scales, idx, wts
+            else:
+                offs, _ = _parts(ts, h, k, row_bytes, nb)
+                sx = ws.region(parity, offs[0], (ts, h), xdt, rank=s, comm=comm)
+                si = ws.region(parity, offs[1], (ts, k), torch.int64, rank=s, comm=comm)
+                sw = ws.region(parity, offs[2], (ts, k), torch.float32, rank=s, comm=comm)
+                ss = ws.region(parity, offs[3], (ts, nb), torch.float32, rank=s, comm=comm) \
+                    if nb else None
+            tok = dest_mask(si, ep.el, w)[:, me].nonzero(as_tuple=True)[0]
+            if tok.numel() != n:           # the source counted differently: never expected
+                raise RuntimeError(f"moe dispatch: rank {s} announced {n} rows for rank {me} "
+                                   f"but its topk_idx selects {tok.numel()}")
+            sl = slice(at, at + n)
+            torch.index_select(sx, 0, tok, out=out_x[sl])
+            torch.index_select(si, 0, tok, out=out_i[sl])
+            torch.index_select(sw, 0, tok, out=out_w[sl])
+            if ss is not None:
+                torch.index_select(ss, 0, tok, out=out_s[sl])
+            src_rank[sl] = s
+            src_tok[sl] = tok
+            at += n
+        return Moved(out_x, out_s, out_i, out_w, src_rank, src_tok, call)
+
+    # ---- combine ----------------------------------------------------------------------------
+    def combine(self, ep, mine: list[int], detail: str, rows: torch.Tensor, layout
+                ) -> torch.Tensor:
+        comm, ws = self.comm, self.ws
+        me, w = comm.rank, comm.world_size
+        parity = ws.next_parity()
+        h = ep.hidden
+        ok = mine[checks.F_PROBLEM] == 0
+        need = round_up(rows.numel() * ep.itemsize) if ok else 0
+        if ok and ws.fits(need):
+            ws.region(parity, 0, rows.shape, ep.dtype).copy_(rows)
+            mine[checks.F_READY] = 1
+        call = checks.agree(comm, "combine", mine, detail)
+        if not call.ready():
+            ws.grow(comm, max(round_up(layout.rows_of(r) * h * ep.itemsize) for r in range(w)))
+            ws.region(parity, 0, rows.shape, ep.dtype).copy_(rows)
+            comm.barrier()
+        acc = torch.zeros((layout.tokens[me], h), dtype=torch.float32)
+        for r in range(w):                   # one host: combine_groups is plain rank order
+            n = layout.counts[me][r]
+            if n == 0:
+                continue
+            lo = layout.offsets_at(r)[me]
+            if r == me:
+                src = rows[lo:lo + n]
+            else:
+                src = ws.region(parity, lo * h * ep.itemsize, (n, h), ep.dtype, rank=r,
+                                comm=comm)
+            acc.index_add_(0, layout.send_tokens[r], src.to(torch.float32))
+        return acc.to(ep.dtype)

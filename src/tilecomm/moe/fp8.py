@@ -1,0 +1,41 @@
+"""FP8 dispatch: token rows as float8 e4m3 with one float32 scale per 128 channels.
+
+``quantize`` runs on the source before any row moves (the same torch ops whatever engine moves
+the rows, so every engine gives the same bytes); the rows and their scales travel together and
+``dequantize`` restores a bfloat16/float32 approximation on the receiver. The scale of a block
+is ``amax(|x|) / 448`` (448: e4m3's largest finite value), so the largest entry of every block
+maps to +-448 and nothing saturates; an all-zero block gets scale 1.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DTYPE = torch.float8_e4m3fn
+BLOCK = 128
+FP8_MAX = 448.0
+
+
+def scale_blocks(hidden: int) -> int:
+    if hidden % BLOCK:
+        raise ValueError(f"fp8 dispatch needs hidden ({hidden}) to be a multiple of {BLOCK} "
+                         f"(one scale per {BLOCK} channels)")
+    return hidden // BLOCK
+
+
+def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [T, H]`` (any float dtype) -> ``(q [T, H] float8_e4m3fn, scales [T, H/128] float32)``."""
+    t, h = x.shape
+    xf = x.to(torch.float32).reshape(t, scale_blocks(h), BLOCK)
+    amax = xf.abs().amax(dim=-1)
+    scales = torch.where(amax > 0, amax / FP8_MAX, torch.ones((), dtype=torch.float32))
+    q = (xf / scales.unsqueeze(-1)).to(DTYPE)
+    return q.reshape(t, h), scales
+
+
+def dequantize(q: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.bfloat16
+               ) -> torch.Tensor:
+    """Inverse of :func:`quantize` up to e4m3's rounding: ``[..., H]`` in ``dtype``."""
+    *lead, h = q.shape
+    blocks = q.to(torch.float32).reshape(*lead, h // BLOCK, BLOCK) * scales.unsqueeze(-1)
+    return blocks.reshape(*lead, h).to(dtype)

@@ -1,0 +1,89 @@
+"""Per-rank MoE scenarios for tilecomm.launch / simulated hosts, and their inputs.
+
+Inputs are made from (seed, rank) alone, so the test process rebuilds every rank's inputs and
+runs :mod:`tilecomm.moe.reference` on them. Experts' "outputs" are deterministic functions of
+the rows (expert e scales by e + 1 and adds the local rank), so a wrong row, a wrong weight or
+a wrong order shows in the bits.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tilecomm.moe import ExpertParallel, routing
+
+H, K, E = 256, 4, 8
+
+
+def inputs(rank: int, tokens: int, *, h=H, k=K, e=E, dtype=torch.bfloat16, seed=0,
+           integer=False, drop=0.2):
+    """x [T, H], topk_idx [T, K] (distinct experts, some -1), topk_weights [T, K] float32."""
+    g = torch.Generator().manual_seed(seed * 1000 + rank)
+    if integer:
+        x = torch.randint(-8, 9, (tokens, h), generator=g).to(dtype)
+    else:
+        x = torch.randn((tokens, h), generator=g).to(dtype)
+    idx = routing.random_topk(tokens, k, e, generator=g, drop=drop)
+    if tokens:
+        idx[0] = -1                       # a token that chose no expert at all
+    w = torch.rand((tokens, k), generator=g).to(torch.float32)
+    return x, idx, w
+
+
+def expert_output(x_rows: torch.Tensor, local_expert: torch.Tensor, rank: int) -> torch.Tensor:
+    """A stand-in expert: ``(e + 1) * x + rank`` per row, in x's dtype."""
+    f = (local_expert.to(torch.float32) + 1).unsqueeze(1)
+    return (x_rows.to(torch.float32) * f + rank).to(x_rows.dtype)
+
+
+def normal_rows(d, rank: int, dtype) -> torch.Tensor:
+    """The caller's normal-mode ``y``: its experts' outputs, weighted, summed in k order."""
+    from tilecomm.moe.dispatched import weighted_rows
+    rows, ks = (d.topk_idx >= 0).nonzero(as_tuple=True)
+    xr = d.dequantized(dtype)[rows] if d.scales is not None else d.x[rows]
+    pairs = expert_output(xr, d.topk_idx[rows, ks], rank)
+    return weighted_rows(d.x.shape[0], ks, rows, d.topk_weights[rows, ks], pairs,
+                         d.topk_idx.shape[1], dtype)
+
+
+def roundtrip(comm, tokens, seed=0, dtype=torch.bfloat16, integer=False, fp8=False,
+              layouts=("normal", "grouped", "low_latency"), m=None, e=E):
+    """Dispatch then combine in each layout; returns plain tensors for the test to compare."""
+    ep = ExpertParallel(comm, num_experts=e, hidden=H, dtype=dtype)
+    x, idx, w = inputs(comm.rank, tokens[comm.rank], dtype=dtype, seed=seed, integer=integer,
+                       e=e)
+    out = {}
+    for lay in layouts:
+        if lay == "low_latency":
+            d = ep.dispatch(x, idx, w, mode="low_latency", max_tokens_per_rank=m or max(tokens),
+                            fp8=fp8)
+            xs = d.dequantized(dtype) if fp8 else d.x
+            y = torch.zeros_like(xs)
+            for le in range(ep.el):       # every slot: the reference only reads valid ones
+                y[le] = expert_output(xs[le], torch.full((xs.shape[1],), le), comm.rank)
+            res = ep.combine(y, d)
+            valid = [[(d.src_rank[le] == s).sum().item() for s in range(comm.world_size)]
+                     for le in range(ep.el)]
+            out[lay] = dict(x=d.x.clone(), count=d.count.clone(), slot=d.slot.clone(),
+                            valid=valid, scales=None if d.scales is None else d.scales.clone(),
+                            src_rank=d.src_rank.clone(), src_token=d.src_token.clone(),
+                            out=res)
+            continue
+        d = ep.dispatch(x, idx, w, fp8=fp8)
+        if lay == "grouped":
+            g = d.grouped()
+            xs = g.x.to(torch.float32) if fp8 else g.x
+            if fp8:
+                from tilecomm.moe.fp8 import dequantize
+                xs = dequantize(g.x, g.scales, dtype)
+            e_of = d.topk_idx[g.row, g.k]
+            y = expert_output(xs, e_of, comm.rank)
+            res = ep.combine(y, g)
+            out[lay] = dict(offsets=g.offsets, row=g.row, k=g.k, out=res)
+        else:
+            y = normal_rows(d, comm.rank, dtype)
+            res = ep.combine(y, d)
+            out[lay] = dict(x=d.x, scales=d.scales, src_rank=d.src_rank, src_token=d.src_token,
+                            topk_idx=d.topk_idx, topk_weights=d.topk_weights,
+                            tokens_per_expert=d.tokens_per_expert, y=y, out=res)
+    return out
