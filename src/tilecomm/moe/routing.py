@@ -41,13 +41,13 @@ def check_topk(topk_idx: torch.Tensor, num_experts: int) -> tuple[int, str] | No
     bad = (topk_idx < -1) | (topk_idx >= num_experts)
     if bool(bad.any()):
         t = int(bad.any(1).nonzero()[0, 0])
-        return t, (f"topk_idx[{t}] = {topk_idx[t].tolist()} has an expert outside "
+        return t, (f"token {t}: topk_idx[{t}] = {topk_idx[t].tolist()} has an expert outside "
                    f"[0, {num_experts}) (and not -1)")
     srt = topk_idx.sort(dim=1).values
     rep = (srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)
     if bool(rep.any()):
         t = int(rep.any(1).nonzero()[0, 0])
-        return t, f"topk_idx[{t}] = {topk_idx[t].tolist()} names an expert twice"
+        return t, f"token {t}: topk_idx[{t}] = {topk_idx[t].tolist()} names an expert twice"
     return None
 
 
