@@ -34,7 +34,7 @@ class Moved:
 
     ``x [R, H]`` (fp8 under fp8, with ``scales [R, H/128]``), ``idx [R, K]`` the sources'
     global expert ids, ``weights [R, K]`` float32, ``src_rank``/``src_token [R]`` int64,
-    ``call`` the agreed handshake (its ``counts()`` are every rank's rows per destination)."""
+    ``call`` the agreed handshake, ``counts[s][r]`` rows rank ``s`` sent to rank ``r``."""
     x: torch.Tensor
     scales: torch.Tensor | None
     idx: torch.Tensor
@@ -42,6 +42,7 @@ class Moved:
     src_rank: torch.Tensor
     src_token: torch.Tensor
     call: checks.Call
+    counts: list[list[int]]
     extra: dict = field(default_factory=dict)
 
 
@@ -132,7 +133,7 @@ class CpuEngine:
             src_rank[sl] = s
             src_tok[sl] = tok
             at += n
-        return Moved(out_x, out_s, out_i, out_w, src_rank, src_tok, call)
+        return Moved(out_x, out_s, out_i, out_w, src_rank, src_tok, call, counts)
 
     # ---- combine ----------------------------------------------------------------------------
     def combine(self, ep, mine: list[int], detail: str, rows: torch.Tensor, layout

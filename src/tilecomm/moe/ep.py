@@ -134,7 +134,7 @@ class ExpertParallel:
         mv = self._engine(device).dispatch(self, mine, detail, xs, scales, idx, wts)
         me = self.comm.rank
         layout = Layout(rank=me, world=w, el=self.el, hidden=self.hidden, dtype=self.dtype,
-                        counts=mv.call.counts(), tokens=mv.call.tokens(),
+                        counts=mv.counts, tokens=mv.call.tokens(),
                         send_tokens=[mask[:, r].nonzero(as_tuple=True)[0] for r in range(w)],
                         call=call_id, groups=self.groups, extra=dict(mv.extra, ep=self._id))
         lidx, lw = routing.local_topk(mv.idx, mv.weights, me, self.el)
