@@ -136,21 +136,22 @@ class CpuEngine:
         return Moved(out_x, out_s, out_i, out_w, src_rank, src_tok, call, counts)
 
     # ---- combine ----------------------------------------------------------------------------
-    def combine(self, ep, mine: list[int], detail: str, rows: torch.Tensor, layout
-                ) -> torch.Tensor:
+    def combine(self, h: int, dtype: torch.dtype, mine: list[int], detail: str,
+                rows: torch.Tensor, layout) -> torch.Tensor:
+        """``rows [layout.rows, h]`` ``dtype`` -> ``[T, h]`` ``dtype`` (see the module doc)."""
         comm, ws = self.comm, self.ws
         me, w = comm.rank, comm.world_size
         parity = ws.next_parity()
-        h = ep.hidden
+        isz = torch.empty((), dtype=dtype).element_size()
         ok = mine[checks.F_PROBLEM] == 0
-        need = round_up(rows.numel() * ep.itemsize) if ok else 0
+        need = round_up(rows.numel() * isz) if ok else 0
         if ok and ws.fits(need):
-            ws.region(parity, 0, rows.shape, ep.dtype).copy_(rows)
+            ws.region(parity, 0, rows.shape, dtype).copy_(rows)
             mine[checks.F_READY] = 1
         call = checks.agree(comm, "combine", mine, detail)
         if not call.ready():
-            ws.grow(comm, max(round_up(layout.rows_of(r) * h * ep.itemsize) for r in range(w)))
-            ws.region(parity, 0, rows.shape, ep.dtype).copy_(rows)
+            ws.grow(comm, max(round_up(layout.rows_of(r) * h * isz) for r in range(w)))
+            ws.region(parity, 0, rows.shape, dtype).copy_(rows)
             comm.barrier()
         acc = torch.zeros((layout.tokens[me], h), dtype=torch.float32)
         for r in range(w):                   # one host: combine_groups is plain rank order
@@ -161,7 +162,7 @@ class CpuEngine:
             if r == me:
                 src = rows[lo:lo + n]
             else:
-                src = ws.region(parity, lo * h * ep.itemsize, (n, h), ep.dtype, rank=r,
+                src = ws.region(parity, lo * h * isz, (n, h), dtype, rank=r,
                                 comm=comm)
             acc.index_add_(0, layout.send_tokens[r], src.to(torch.float32))
-        return acc.to(ep.dtype)
+        return acc.to(dtype)

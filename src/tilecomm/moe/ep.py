@@ -250,7 +250,7 @@ class ExpertParallel:
                                t=lay.tokens[lay.rank] if lay else 0, ready=False,
                                call=lay.call if lay else -1, per_rank=[])
         device = y.device if isinstance(y, torch.Tensor) else torch.device("cpu")
-        return self._engine(device).combine(self, mine, detail, rows, lay)
+        return self._engine(device).combine(self.hidden, self.dtype, mine, detail, rows, lay)
 
     def _check_combine(self, y, d, disp, grouped) -> tuple[int, str]:
         if not isinstance(disp, Dispatched) or disp.layout.extra.get("ep") != self._id:

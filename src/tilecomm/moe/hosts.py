@@ -231,15 +231,16 @@ class HostsEngine:
                      extra={"partner_of": partner_of})
 
     # ---- combine ------------------------------------------------------------------------------
-    def combine(self, ep, mine, detail, rows, layout) -> torch.Tensor:
+    def combine(self, h: int, dtype: torch.dtype, mine, detail, rows, layout) -> torch.Tensor:
+        """``rows [layout.rows, h]`` ``dtype`` -> ``[T, h]`` ``dtype`` (see the module doc)."""
         comm, ws, host = self.comm, self.ws, self.host
         me, w = comm.rank, comm.world_size
-        h, isz = ep.hidden, ep.itemsize
+        isz = torch.empty((), dtype=dtype).element_size()
         ok = mine[checks.F_PROBLEM] == 0
         parity = ws.next_parity()
         self.tag += 1
         if ok and ws.fits(round_up(rows.numel() * isz)):
-            ws.region(parity, 0, rows.shape, ep.dtype).copy_(rows)
+            ws.region(parity, 0, rows.shape, dtype).copy_(rows)
             mine[checks.F_READY] = 1
         call = checks.agree(comm, "combine", mine, detail)
         local = self.members[self.my_host]
@@ -247,7 +248,7 @@ class HostsEngine:
         if need > ws.half or not all(call.descs[q][checks.F_READY] for q in local):
             if need > ws.half:
                 ws.grow(host, need)
-            ws.region(parity, 0, rows.shape, ep.dtype).copy_(rows)
+            ws.region(parity, 0, rows.shape, dtype).copy_(rows)
             host.barrier()
 
         def rows_of(r: int, s: int) -> torch.Tensor:
@@ -255,7 +256,7 @@ class HostsEngine:
             lo, n = layout.offsets_at(r)[s], layout.counts[s][r]
             if r == me:
                 return rows[lo:lo + n]
-            return ws.region(parity, lo * h * isz, (n, h), ep.dtype, rank=self.local_rank[r],
+            return ws.region(parity, lo * h * isz, (n, h), dtype, rank=self.local_rank[r],
                              comm=host)
 
         works, keep = [], []
@@ -295,4 +296,4 @@ class HostsEngine:
             elif hb in remote:
                 tok, part = remote[hb]
                 out.index_add_(0, tok, part)
-        return out.to(ep.dtype)
+        return out.to(dtype)
