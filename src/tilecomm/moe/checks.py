@@ -8,7 +8,8 @@ peer that gave up:
 
 1. a rank whose own arguments are wrong raises its own ``TypeError``/``ValueError`` (naming the
    token for bad ``topk_idx`` rows); the others raise the same type naming that rank;
-2. ranks that disagree on the operation, mode, K, H, dtype, fp8 or max_tokens_per_rank:
+2. ranks that disagree on the operation, mode, K, H, dtype, fp8, max_tokens_per_rank or whether
+   autograd records the call (its backward is collective too):
    :class:`~tilecomm.CommMismatch` on every rank, naming the field and every rank's value.
 
 The handshake is also where every rank learns every other rank's row counts (the dispatch's
@@ -29,8 +30,8 @@ OPS = ("dispatch", "combine")
 MODES = ("normal", "low_latency", "grouped")
 
 F_OP, F_MODE, F_PROBLEM, F_TOKEN, F_E, F_H, F_K, F_DTYPE, F_FP8, F_M, F_T, F_READY, \
-    F_CALL = range(13)
-NFIELDS = 13          # then W values: rows to each rank (dispatch) / rows of y (combine)
+    F_CALL, F_GRAD = range(14)
+NFIELDS = 14          # then W values: rows to each rank (dispatch) / rows of y (combine)
 
 #: problems a rank can find in its own arguments: id -> (exception type, text)
 PROBLEMS = {
@@ -47,6 +48,7 @@ PROBLEMS = {
     11: (TypeError, "tensors are on different devices"),
     12: (ValueError, "max_tokens_per_rank must be a positive int"),
     13: (ValueError, "bad mode"),
+    14: (ValueError, "gradients are not recorded in this mode"),
 }
 
 
@@ -71,12 +73,13 @@ class Call:
 
 def describe(op: str, mode: str, problem: int, token: int, *, e: int, h: int, k: int,
              dtype: torch.dtype, fp8: bool, m: int, t: int, ready: bool, call: int,
-             per_rank: list[int]) -> list[int]:
+             per_rank: list[int], grad: bool = False) -> list[int]:
     d = [0] * NFIELDS
     d[F_OP], d[F_MODE], d[F_PROBLEM], d[F_TOKEN] = OPS.index(op), MODES.index(mode) \
         if mode in MODES else -1, problem, token
     d[F_E], d[F_H], d[F_K], d[F_DTYPE] = e, h, k, DTYPES.index(dtype) if dtype in DTYPES else -1
     d[F_FP8], d[F_M], d[F_T], d[F_READY], d[F_CALL] = int(fp8), m, t, int(ready), call
+    d[F_GRAD] = int(grad)
     return d + [int(v) for v in per_rank]
 
 
@@ -101,7 +104,10 @@ def agree(comm, op: str, mine: list[int], detail: str = "") -> Call:
               (F_E, "num_experts", int), (F_H, "hidden", int), (F_K, "K (topk columns)", int),
               (F_DTYPE, "dtype", lambda v: str(DTYPES[v]).removeprefix("torch.")),
               (F_FP8, "fp8", bool), (F_M, "max_tokens_per_rank", int),
-              (F_CALL, "dispatch the combine belongs to", int)]
+              (F_CALL, "dispatch the combine belongs to", int),
+              # autograd: a rank that records the op runs a collective backward, one that
+              # does not would leave it waiting
+              (F_GRAD, "recording gradients (an input requires grad)", bool)]
     for idx, label, show in fields:
         vals = [d[idx] for d in descs]
         if len(set(vals)) > 1:

@@ -37,6 +37,10 @@ class Layout:
     groups: list[list[int]]
     #: engine-private state the combine needs (e.g. the hosts engine's forwarding lists)
     extra: dict = field(default_factory=dict)
+    #: this rank's ``topk_idx``/``topk_weights`` as dispatched (the backward of combine
+    #: dispatches its gradient the same way)
+    sent_idx: torch.Tensor | None = None
+    sent_weights: torch.Tensor | None = None
 
     @property
     def rows(self) -> int:

@@ -113,18 +113,33 @@ class ExpertParallel:
         travel as float8 e4m3 with a float32 scale per 128 channels (``d.scales``)."""
         self._calls += 1
         call_id = self._calls
+        grad = torch.is_grad_enabled() and any(
+            isinstance(v, torch.Tensor) and v.requires_grad for v in (x, topk_weights))
         problem, token, detail = self._check_dispatch(x, topk_idx, topk_weights, mode,
-                                                      max_tokens_per_rank, fp8)
+                                                      max_tokens_per_rank, fp8, grad)
         ok = problem == 0
         w = self.world
         t = x.shape[0] if ok else 0
         k = topk_idx.shape[1] if ok else -1
         mask = routing.dest_mask(topk_idx, self.el, w) if ok else None
-        counts = routing.send_counts(mask) if ok else [0] * w
         mine = checks.describe("dispatch", mode, problem, token, e=self.num_experts,
                                h=self.hidden, k=k, dtype=self.dtype, fp8=fp8,
                                m=max_tokens_per_rank or 0, t=t, ready=False, call=call_id,
-                               per_rank=counts)
+                               per_rank=routing.send_counts(mask) if ok else [0] * w,
+                               grad=grad)
+        if grad:                       # normal mode, not fp8 (checked): see .autograd
+            from .autograd import dispatch_recorded
+            return dispatch_recorded(self, mine, detail, x, topk_idx, topk_weights, mask)
+        d = self._dispatch(mine, detail, x, topk_idx, topk_weights, mask, fp8)
+        if mode == "low_latency":
+            d = self._to_low_latency(d, max_tokens_per_rank)
+        return d
+
+    def _dispatch(self, mine, detail, x, topk_idx, topk_weights, mask, fp8) -> Dispatched:
+        """Move the rows (the engine) and build the normal-mode result; ``mine`` is this
+        rank's descriptor (bad arguments: the engine's handshake raises on every rank)."""
+        ok = mine[checks.F_PROBLEM] == 0
+        w = self.world
         device = x.device if isinstance(x, torch.Tensor) else torch.device("cpu")
         if ok:
             xs, scales = fp8mod.quantize(x) if fp8 else (x.contiguous(), None)
@@ -136,19 +151,24 @@ class ExpertParallel:
         layout = Layout(rank=me, world=w, el=self.el, hidden=self.hidden, dtype=self.dtype,
                         counts=mv.counts, tokens=mv.call.tokens(),
                         send_tokens=[mask[:, r].nonzero(as_tuple=True)[0] for r in range(w)],
-                        call=call_id, groups=self.groups, extra=dict(mv.extra, ep=self._id))
+                        call=mine[checks.F_CALL], groups=self.groups,
+                        extra=dict(mv.extra, ep=self._id), sent_idx=idx, sent_weights=wts)
         lidx, lw = routing.local_topk(mv.idx, mv.weights, me, self.el)
-        d = Dispatched(x=mv.x, src_rank=mv.src_rank, src_token=mv.src_token, topk_idx=lidx,
-                       topk_weights=lw, tokens_per_expert=routing.tokens_per_expert(lidx, self.el),
-                       layout=layout, scales=mv.scales)
-        if mode == "low_latency":
-            d = self._to_low_latency(d, max_tokens_per_rank)
-        return d
+        return Dispatched(x=mv.x, src_rank=mv.src_rank, src_token=mv.src_token, topk_idx=lidx,
+                          topk_weights=lw,
+                          tokens_per_expert=routing.tokens_per_expert(lidx, self.el),
+                          layout=layout, scales=mv.scales)
 
-    def _check_dispatch(self, x, idx, wts, mode, m, fp8) -> tuple[int, int, str]:
+    def _check_dispatch(self, x, idx, wts, mode, m, fp8, grad) -> tuple[int, int, str]:
         """This rank's first problem: ``(id, token or -1, detail)`` (ids: checks.PROBLEMS)."""
         if mode not in ("normal", "low_latency"):
             return 13, -1, f"mode must be 'normal' or 'low_latency', got {mode!r}"
+        if grad and mode == "low_latency":
+            return 14, -1, ("low-latency mode is for inference (its buffers are reused between "
+                            "calls); dispatch under torch.no_grad() or use mode='normal'")
+        if grad and fp8:
+            return 14, -1, ("fp8 rows carry no gradient; dispatch under torch.no_grad() or "
+                            "without fp8")
         if not all(isinstance(v, torch.Tensor) for v in (x, idx, wts)):
             return 1, -1, "got " + ", ".join(type(v).__name__ for v in (x, idx, wts))
         if x.dim() != 2 or x.shape[1] != self.hidden:
@@ -243,14 +263,22 @@ class ExpertParallel:
         if problem == 0:
             rows = self._rows(y, d, disp, grouped)
         lay = disp.layout if isinstance(disp, Dispatched) else None
+        grad = torch.is_grad_enabled() and rows is not None and rows.requires_grad
         mine = checks.describe("combine", disp.mode if lay else "normal", problem, -1,
                                e=self.num_experts, h=self.hidden,
                                k=disp.topk_idx.shape[1] if lay else -1, dtype=self.dtype,
                                fp8=False, m=disp.max_tokens_per_rank if lay else 0,
                                t=lay.tokens[lay.rank] if lay else 0, ready=False,
-                               call=lay.call if lay else -1, per_rank=[])
+                               call=lay.call if lay else -1, per_rank=[], grad=grad)
+        if grad:
+            from .autograd import combine_recorded
+            return combine_recorded(self, mine, detail, rows, lay)
         device = y.device if isinstance(y, torch.Tensor) else torch.device("cpu")
-        return self._engine(device).combine(self.hidden, self.dtype, mine, detail, rows, lay)
+        return self._combine(self.hidden, self.dtype, mine, detail, rows, lay, device)
+
+    def _combine(self, h, dtype, mine, detail, rows, layout, device) -> torch.Tensor:
+        """Move ``rows [layout.rows, h]`` back to their tokens: ``[T, h]`` ``dtype``."""
+        return self._engine(device).combine(h, dtype, mine, detail, rows, layout)
 
     def _check_combine(self, y, d, disp, grouped) -> tuple[int, str]:
         if not isinstance(disp, Dispatched) or disp.layout.extra.get("ep") != self._id:
