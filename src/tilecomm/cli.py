@@ -43,15 +43,16 @@ def add_bench_parser(sub) -> None:
                                    "(nccl-tests columns; time = slowest rank, median round). "
                                    "size = bytes of the largest buffer, rounded to whole "
                                    "elements per rank.")
-    p.add_argument("op", choices=list(CASES) + ["kv"],
-                   help="a collective, or kv: KV-cache transfer (tilecomm.kv; options below)")
+    p.add_argument("op", choices=list(CASES) + ["kv", "moe"],
+                   help="a collective, kv: KV-cache transfer (tilecomm.kv), or moe: MoE "
+                        "dispatch/combine (tilecomm.moe); their options below")
     p.add_argument("-n", "--nranks", type=int, default=2, help="number of local ranks")
     p.add_argument("-b", "--minbytes", default="8", help="smallest size (8, 1K, 256M, ...)")
     p.add_argument("-e", "--maxbytes", default="64M", help="largest size")
     p.add_argument("-f", "--stepfactor", type=int, default=4, help="size multiplier per step")
     p.add_argument("-d", "--dtype", default=None,
                    help="float32 float64 float16 bfloat16 int32 int64 (uint8 int8: no "
-                        "reduction); default float32 (kv: bfloat16)")
+                        "reduction); default float32 (kv, moe: bfloat16)")
     p.add_argument("--algo", default="auto", help="algorithm, 'auto' (tuner) or 'all'")
     p.add_argument("--mem", choices=["user", "heap"], default="user",
                    help="user: ordinary tensors (staged through scratch); heap: comm.alloc "
@@ -96,23 +97,55 @@ def add_bench_parser(sub) -> None:
                    help="random block ids on both sides (default: one run per request)")
     k.add_argument("--whole-request", action="store_true",
                    help="one push per request (default: one per layer, as prefill makes them)")
+    m = p.add_argument_group("moe (tilecomm bench moe): ExpertParallel dispatch + combine with "
+                             "identity experts, against permute + Gloo all_to_all_single and "
+                             "tilecomm all_to_all_v on the same routing")
+    m.add_argument("--tokens", type=int, default=4096, help="tokens per rank")
+    m.add_argument("--hidden", type=int, default=7168)
+    m.add_argument("--topk", type=int, default=8)
+    m.add_argument("--experts", type=int, default=64)
+    m.add_argument("--mode", choices=["normal", "low_latency"], default="normal")
+    m.add_argument("--fp8", action="store_true", help="dispatch rows as float8 e4m3 + scales")
     p.set_defaults(func=run_bench)
+
+
+def _bench_hosts(args) -> list[int] | None:
+    """Ranks per simulated host from ``--hosts``/``--per-host`` (None: one host)."""
+    if not args.hosts:
+        return None
+    from .simhosts import parse_per_host
+    if args.per_host is None and args.nranks % args.hosts:
+        raise ValueError(f"--hosts {args.hosts} does not divide -n {args.nranks}; give "
+                         f"--per-host")
+    hosts = parse_per_host(args.hosts, args.per_host or str(args.nranks // args.hosts))
+    if sum(hosts) != args.nranks:
+        raise ValueError(f"--per-host {args.per_host} makes {sum(hosts)} ranks, -n says "
+                         f"{args.nranks}")
+    return hosts
+
+
+def run_bench_moe(args) -> int:
+    from .bench.moe import MoEBenchConfig, run as run_moe, table as moe_table
+    from .bench.report import write_json
+
+    cfg = MoEBenchConfig(world_size=args.nranks, hosts=_bench_hosts(args), tokens=args.tokens,
+                         hidden=args.hidden, topk=args.topk, experts=args.experts,
+                         mode=args.mode, fp8=args.fp8, rounds=args.rounds,
+                         dtype=args.dtype or "bfloat16", bound=not args.no_bound)
+    row = run_moe(cfg)
+    console = _console()
+    console.print(moe_table(row))
+    if args.json:
+        write_json([row], args.json)
+        console.print(f"wrote 1 row to {args.json}")
+    return 1 if row["wrong"] else 0
 
 
 def run_bench_kv(args) -> int:
     from .bench.kv import KVBenchConfig, run as run_kv
     from .bench.report import write_json
 
-    hosts = None
-    if args.hosts:
-        from .simhosts import parse_per_host
-        if args.per_host is None and args.nranks % args.hosts:
-            raise ValueError(f"--hosts {args.hosts} does not divide -n {args.nranks}; give "
-                             f"--per-host")
-        hosts = parse_per_host(args.hosts, args.per_host or str(args.nranks // args.hosts))
-        if sum(hosts) != args.nranks:
-            raise ValueError(f"--per-host {args.per_host} makes {sum(hosts)} ranks, -n says "
-                             f"{args.nranks}")
+    hosts = _bench_hosts(args)
     cfg = KVBenchConfig(world_size=args.nranks, hosts=hosts, layers=args.layers,
                         blocks=args.blocks, block_size=args.block_size, kv_heads=args.kv_heads,
                         head_dim=args.head_dim, request_blocks=args.request_blocks,
@@ -138,15 +171,11 @@ def run_bench(args) -> int:
 
     if args.op == "kv":
         return run_bench_kv(args)
+    if args.op == "moe":
+        return run_bench_moe(args)
     args.dtype = args.dtype or "float32"
     algos = [a.strip() for a in args.algo.split(",")]
-    hosts = None
-    if args.hosts:
-        from .simhosts import parse_per_host
-        if args.per_host is None and args.nranks % args.hosts:
-            raise ValueError(f"--hosts {args.hosts} does not divide -n {args.nranks}; give "
-                             f"--per-host")
-        hosts = parse_per_host(args.hosts, args.per_host or str(args.nranks // args.hosts))
+    hosts = _bench_hosts(args)
     cfg = BenchConfig(hosts=hosts, op=args.op, world_size=args.nranks,
                       sizes=sizes(parse_size(args.minbytes), parse_size(args.maxbytes),
                                   args.stepfactor),

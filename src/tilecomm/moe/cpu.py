@@ -153,7 +153,7 @@ class CpuEngine:
             ws.grow(comm, max(round_up(layout.rows_of(r) * h * isz) for r in range(w)))
             ws.region(parity, 0, rows.shape, dtype).copy_(rows)
             comm.barrier()
-        acc = torch.zeros((layout.tokens[me], h), dtype=torch.float32)
+        parts = []
         for r in range(w):                   # one host: combine_groups is plain rank order
             n = layout.counts[me][r]
             if n == 0:
@@ -162,7 +162,44 @@ class CpuEngine:
             if r == me:
                 src = rows[lo:lo + n]
             else:
-                src = ws.region(parity, lo * h * isz, (n, h), dtype, rank=r,
-                                comm=comm)
-            acc.index_add_(0, layout.send_tokens[r], src.to(torch.float32))
-        return acc.to(dtype)
+                src = ws.region(parity, lo * h * isz, (n, h), dtype, rank=r, comm=comm)
+            parts.append((layout.send_tokens[r], src))
+        return accumulate(layout.tokens[me], h, dtype, parts)
+
+
+#: tokens per piece of :func:`accumulate`: a piece's float32 accumulator stays in the cache
+_PIECE_BYTES = 1 << 20
+
+
+def accumulate(t: int, h: int, dtype: torch.dtype, parts) -> torch.Tensor:
+    """``out [t, h]`` ``dtype``: per token, the float32 sum of its rows over ``parts`` in order,
+    rounded once (0 for a token no part names).
+
+    ``parts``: ``(tokens [n] int64 increasing, rows [n, h])``. The same bits as adding each
+    part's rows, converted to float32, into a zeroed ``[t, h]`` float32 accumulator in order
+    (``index_add_``), but a piece of tokens at a time: the accumulator of a piece stays in the
+    cache and no ``[t, h]`` float32 temporaries are made (3-4x faster at 4096 x 7168)."""
+    out = torch.empty((t, h), dtype=dtype)
+    if t == 0:
+        return out
+    piece = max(1, _PIECE_BYTES // (4 * h))
+    acc_buf = torch.empty((piece, h), dtype=torch.float32)
+    tmp_buf = torch.empty((piece, h), dtype=torch.float32)
+    starts = torch.arange(0, t + piece, piece).clamp_(max=t)
+    cuts = [torch.searchsorted(tok, starts).tolist() for tok, _ in parts]
+    for i, t0 in enumerate(range(0, t, piece)):
+        m = min(t, t0 + piece) - t0
+        acc = acc_buf[:m]
+        acc.zero_()
+        for (tok, src), cut in zip(parts, cuts):
+            lo, hi = cut[i], cut[i + 1]
+            if hi == lo:
+                continue
+            if hi - lo == m:                 # every token of the piece: rows line up
+                acc.add_(src[lo:hi])
+            else:
+                tmp = tmp_buf[:hi - lo]
+                tmp.copy_(src[lo:hi])
+                acc.index_add_(0, tok[lo:hi] - t0, tmp)
+        out[t0:t0 + m].copy_(acc)
+    return out

@@ -1,0 +1,52 @@
+"""``tilecomm bench moe``: every method runs on the same routing, checks clean, and its rows add up."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tilecomm.bench import moe as bench_moe
+from tilecomm.cli import main
+
+SMALL = ["--tokens", "40", "--hidden", "256", "--topk", "3", "--experts", "8", "--rounds", "1"]
+
+
+@pytest.mark.parametrize("extra", [[], ["--fp8"], ["--mode", "low_latency"]])
+def test_bench_moe_runs_every_method_and_checks(tmp_path, extra):
+    out = tmp_path / "moe.json"
+    rc = main(["bench", "moe", "-n", "2", *SMALL, *extra, "--json", str(out)])
+    assert rc == 0
+    (row,) = json.loads(out.read_text())
+    methods = row["methods"]
+    want = {"tilecomm.moe"} if extra == ["--mode", "low_latency"] else set(bench_moe.METHODS)
+    assert set(methods) == want
+    # normal mode: a row per (source, token) sent here; low-latency: per (token, expert) slot,
+    # as DeepEP counts its low-latency bytes
+    most = 2 * 40 * (3 if "low_latency" in extra else 1)
+    assert row["wrong"] == 0 and 0 < row["rows_per_rank"] <= most
+    for v in methods.values():
+        assert v["dispatch_GBps"] == pytest.approx(row["dispatch_bytes"] / v["dispatch_s"] / 1e9)
+        assert v["combine_GBps"] == pytest.approx(row["combine_bytes"] / v["combine_s"] / 1e9)
+    if "gloo all_to_all_single" in methods:
+        g = methods["gloo all_to_all_single"]["total_s"]
+        assert methods["tilecomm.moe"]["x_gloo"] == pytest.approx(
+            g / methods["tilecomm.moe"]["total_s"])
+    per_row = 256 + 4 * 2 if "--fp8" in extra else 512       # fp8 bytes + scales, or bf16
+    assert row["dispatch_bytes"] == pytest.approx(row["rows_per_rank"] * per_row)
+    assert row["bound_s"]["dispatch"] > 0 and 0 < row["fraction_of_bound"]["combine"]
+
+
+def test_the_result_check_can_fail():
+    cfg = bench_moe.MoEBenchConfig(tokens=6, hidden=128, topk=2, experts=4)
+    x, idx, w = bench_moe._inputs(cfg, 0)
+    want = bench_moe._expected(cfg, x, idx, w, 2, 2)
+    assert bench_moe._wrong(cfg, want.clone(), want) == 0
+    bad = want.clone()
+    bad[3, 5] += 1
+    assert bench_moe._wrong(cfg, bad, want) == 1
+
+
+def test_bad_moe_arguments_are_a_clear_error(capsys):
+    assert main(["bench", "moe", "-n", "3", *SMALL]) == 2
+    assert "multiple of" in capsys.readouterr().err
