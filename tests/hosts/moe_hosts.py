@@ -28,7 +28,10 @@ def main() -> None:
     for case in sys.argv[2:]:
         name, tokens = case.split(":")
         tokens = [int(v) for v in tokens.split(",")]
-        res = S.roundtrip(comm, tokens, **CASES[name])
+        if name == "grad":              # forward and backward (autograd) across hosts
+            res = S.grad_roundtrip(comm, tokens, 2 * comm.world_size, "grouped")
+        else:
+            res = S.roundtrip(comm, tokens, **CASES[name])
         torch.save(res, out_dir / f"{name}.{comm.rank}.pt")
         sys.stdout.write(f"rank {comm.rank} {name} ok\n")
         sys.stdout.flush()

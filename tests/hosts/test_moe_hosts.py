@@ -1,6 +1,6 @@
 """MoE dispatch/combine across simulated hosts (torchrun per host, tilecomm.simhosts): the
 hosts engine's results bit for bit against the reference (combine summed per host, then in
-host order), for even and uneven layouts."""
+host order), for even and uneven layouts, and gradients through both (autograd)."""
 
 import sys
 from pathlib import Path
@@ -22,7 +22,7 @@ def _load(tmp_path, name, world):
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("per_host,cases", [
     ((2, 2), {"bf16": [5, 0, 7, 3], "fp8": [4, 6, 2, 5], "f32": [9, 8, 7, 9]}),
-    ((1, 2, 1), {"int32": [6, 3, 0, 4]}),          # uneven: partners wrap on small hosts
+    ((1, 2, 1), {"int32": [6, 3, 0, 4], "grad": [5, 0, 6, 3]}),   # uneven: partners wrap
 ])
 def test_roundtrip_across_hosts_matches_reference(run_on_hosts, tmp_path, per_host, cases):
     world = sum(per_host)
@@ -31,6 +31,9 @@ def test_roundtrip_across_hosts_matches_reference(run_on_hosts, tmp_path, per_ho
     host_of = torch.load(tmp_path / "hosts.0.pt")
     assert len(set(host_of)) == len(per_host)
     for name, tokens in cases.items():
+        if name == "grad":
+            S.check_grads(_load(tmp_path, name, world), tokens, 2 * world)
+            continue
         kw = CASES[name]
         S.check(_load(tmp_path, name, world), tokens, seed=kw["seed"],
                 dtype=kw.get("dtype", torch.bfloat16), integer=kw.get("integer", False),

@@ -9,6 +9,7 @@ a one-process reference to float32 rounding (its GEMMs see other batch shapes).
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,61 +17,22 @@ import torch
 
 import tilecomm
 from tilecomm import CommMismatch, RankError
-from tilecomm.moe import ExpertParallel, routing
+from tilecomm.moe import ExpertParallel
 
-H, K = 16, 3
-
-
-def _inputs(rank, t, e, seed=0):
-    g = torch.Generator().manual_seed(seed * 100 + rank)
-    x = torch.randint(-4, 5, (t, H), generator=g).to(torch.float32)
-    idx = routing.random_topk(t, K, e, generator=g, drop=0.25)
-    w = 2.0 ** torch.randint(-2, 2, (t, K), generator=g).to(torch.float32)
-    grad_out = torch.randint(-3, 4, (t, H), generator=g).to(torch.float32)
-    return x, idx, w, grad_out
-
-
-def _closed_form(x, idx, w, grad_out):
-    """Expert e multiplies by e + 1: out[t] = sum_k w[t,k] (idx[t,k]+1) x[t]."""
-    f = torch.where(idx >= 0, idx + 1, 0).to(torch.float32)
-    gx = grad_out * (w * f).sum(1, keepdim=True)
-    gw = f * (x * grad_out).sum(1, keepdim=True)
-    return gx, gw
-
-
-def _exact(comm, tokens, e, layout):
-    ep = ExpertParallel(comm, num_experts=e, hidden=H, dtype=torch.float32)
-    x, idx, w, grad_out = _inputs(comm.rank, tokens[comm.rank], e)
-    x.requires_grad_()
-    w.requires_grad_()
-    d = ep.dispatch(x, idx, w)
-    first = comm.rank * ep.experts_per_rank
-    if layout == "grouped":
-        g = d.grouped()
-        f = (d.topk_idx[g.row, g.k] + first + 1).to(torch.float32)
-        out = ep.combine(g.x * f[:, None], g)
-    else:
-        f = torch.where(d.topk_idx >= 0, d.topk_idx + first + 1, 0).to(torch.float32)
-        out = ep.combine(d.x * (d.topk_weights * f).sum(1, keepdim=True), d)
-    (out * grad_out).sum().backward()
-    return x.grad, w.grad
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import moe_scenarios as S  # noqa: E402
 
 @pytest.mark.parametrize("tokens,e,layout", [([6, 4], 4, "normal"), ([6, 4], 4, "grouped"),
                                              ([5, 0, 7], 6, "normal"), ([3, 6, 0, 2], 8,
                                                                         "grouped")])
 def test_gradients_are_exact(tokens, e, layout):
-    results = tilecomm.launch(_exact, len(tokens), tokens, e, layout, timeout=60)
-    for r, (gx, gw) in enumerate(results):
-        x, idx, w, grad_out = _inputs(r, tokens[r], e)
-        want_x, want_w = _closed_form(x, idx, w, grad_out)
-        assert torch.equal(gx, want_x), f"rank {r}: grad of x"
-        assert torch.equal(gw, want_w), f"rank {r}: grad of topk_weights"
+    results = tilecomm.launch(S.grad_roundtrip, len(tokens), tokens, e, layout, timeout=60)
+    S.check_grads(results, tokens, e)
 
 
 def _refused(comm, case):
-    ep = ExpertParallel(comm, num_experts=4, hidden=H, dtype=torch.float32)
-    x, idx, w, _ = _inputs(comm.rank, 4, 4)
+    ep = ExpertParallel(comm, num_experts=4, hidden=S.GH, dtype=torch.float32)
+    x, idx, w, _ = S.grad_inputs(comm.rank, 4, 4)
     if case == "mixed":
         x.requires_grad_(comm.rank == 0)
         return ep.dispatch(x, idx, w)
