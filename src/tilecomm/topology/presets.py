@@ -98,6 +98,26 @@ def dgx_h100() -> SystemSpec:
                  "latencies": NCCL_TUNING, "launch_us": CALL_OVERHEAD_SRC})
 
 
+def dgx_h800() -> SystemSpec:
+    # H100's export variant: the same GPU with NVLink cut to 400 GB/s bidirectional (200 GB/s
+    # per direction) instead of 900 (NVIDIA H800 SXM5 datasheet: "NVLink 400GB/s"); HBM3,
+    # NICs and fabric as DGX H100. The fabric efficiency is H100's (not measured on H800):
+    # 0.815 x 200 = 163 GB/s, which matches DeepEP's "~160 GB/s NVLink maximum bandwidth" on
+    # H800 (deepseek-ai/DeepEP docs/legacy.md) without being fitted to it. Used to compare
+    # `tilecomm sim moe` with DeepEP's published figures (docs/model.md).
+    h = dgx_h100()
+    return h.with_(
+        name="dgx-h800", gpu="H800-SXM5-80GB", gpu_link_GBps=200.0,
+        nvls_alg_GBps=h.nvls_alg_GBps * 200.0 / 450.0,
+        sources={**h.sources,
+                 "gpu_link_GBps": "NVIDIA H800 SXM5 datasheet: NVLink 400 GB/s bidirectional",
+                 "Simple.eff": "H100's (nccl-tests#212 / nccl#1455), not measured on H800",
+                 "nvls_alg_GBps": "the H100 measurement (nccl-tests#212) scaled by NVLink "
+                                  "bandwidth 200/450; not measured",
+                 "nic_GBps": "8x ConnectX-7 400 Gb/s as DGX H100 (nccl-tests#175: 48.5 "
+                             "achievable)"})
+
+
 def hgx_h200() -> SystemSpec:
     # Same NVLink4/NVSwitch fabric as H100 (H200 datasheet: NVLink 900 GB/s); HBM3e 4.8 TB/s.
     return dgx_h100().with_(
@@ -193,7 +213,7 @@ def cpu_shm() -> SystemSpec:
 
 
 PRESETS = {
-    "dgx-a100": dgx_a100, "dgx-a800": dgx_a800, "dgx-h100": dgx_h100, "hgx-h200": hgx_h200, "dgx-b200": dgx_b200,
+    "dgx-a100": dgx_a100, "dgx-a800": dgx_a800, "dgx-h100": dgx_h100, "dgx-h800": dgx_h800, "hgx-h200": hgx_h200, "dgx-b200": dgx_b200,
     "gb200-nvl72": gb200_nvl72, "pcie-8gpu": pcie_8gpu, "cpu-shm": cpu_shm,
 }
 
