@@ -2,6 +2,8 @@
 
     tilecomm sim all_reduce --system dgx-h100 --nodes 2 -b 1K -e 8G -f 2 --algo all \
         [--json out.json] [--plot out.png] [--measured nccl.log|bench.json]
+    tilecomm sim moe --system dgx-h800 [--nodes N] --tokens 4096 --hidden 7168 --topk 8 \
+        --experts 256 [--fp8] [--mode normal|low_latency] [--json out.json]
     tilecomm topo [--system dgx-h100 [--nodes N]]
 """
 
@@ -21,9 +23,11 @@ def add_sim_parser(subparsers) -> argparse.ArgumentParser:
                               description="Predict time, algbw and busbw of each algorithm.")
     p.add_argument("collective", choices=["all_reduce", "all_gather", "reduce_scatter",
                                           "broadcast", "reduce", "all_to_all", "send_recv",
-                                          "overlap"],
+                                          "overlap", "moe"],
                    help="a collective, or 'overlap': fused GEMM + TP collective "
-                        "(tilecomm.sim.overlap; --tp --m --k --n --dtype)")
+                        "(tilecomm.sim.overlap; --tp --m --k --n --dtype), or 'moe': MoE "
+                        "dispatch/combine (tilecomm.sim.moe; --tokens --hidden --topk "
+                        "--experts --fp8 --mode)")
     p.add_argument("--system", default="dgx-h100", help="preset name or system .json")
     p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--gpus", type=int, default=None, help="ranks per node (default: all)")
@@ -46,6 +50,8 @@ def add_sim_parser(subparsers) -> argparse.ArgumentParser:
                    help="shared-memory systems: user tensors (staged) or comm.alloc (heap)")
     from .overlap import add_overlap_args
     add_overlap_args(p)
+    from .moe import add_moe_args
+    add_moe_args(p)
     p.set_defaults(func=run_sim)
     return p
 
@@ -105,6 +111,9 @@ def run_sim(args) -> int:
     if args.collective == "overlap":
         from .overlap import run_overlap
         return run_overlap(args)
+    if args.collective == "moe":
+        from .moe import run_moe
+        return run_moe(args)
     topo = build(args.system, args.nodes, args.gpus)   # validates --nodes / --gpus
     if getattr(args, "sharp", False):
         from dataclasses import replace
