@@ -65,15 +65,19 @@ def test_bubble_fraction(pp, vpp, m):
     assert b["bubble"] / busy == pytest.approx((pp - 1) / (vpp * m))
 
 
-def test_moe_issues_all_to_all_over_ep_group():
+def test_moe_issues_dispatch_and_combine_over_ep_group():
     moe = ModelSpec("tinymoe", layers=4, hidden=1024, heads=16, kv_heads=4, ffn=2048,
                     vocab=32000, experts=8, top_k=2)
     r = train_step(moe, "dgx-h100", 16, Layout(tp=2, dp=8, ep=4, sp=True), global_batch=16,
                    micro_batch=1, seq=1024)
-    a2a = colls(r, "ep")["all_to_all"]
-    assert a2a.nbytes == 1024 / 2 * 2 * 1024 * 2        # T/tp * top_k * h * bf16
-    assert a2a.group == 4 and a2a.count == 4 * 4 * 2     # 4/layer x 4 layers x 2 mb
-    assert r.breakdown_s["ep"] > 0
+    ep = colls(r, "ep")
+    d, c = ep["moe_dispatch"], ep["moe_combine"]
+    # T/tp tokens, each sent once to every rank owning one of its 2 experts (2 of 8 per rank:
+    # reached with 1 - C(6,2)/C(8,2) = 13/28), h * bf16 per row
+    assert d.nbytes == pytest.approx(1024 / 2 * 4 * 13 / 28 * 1024 * 2)
+    assert d.group == 4 and d.count == c.count == 2 * 4 * 2    # 2/layer x 4 layers x 2 mb
+    assert r.breakdown_s["ep"] == pytest.approx(
+        (d.total_us + c.total_us) * 1e-6)      # exposed (no ep_overlap)
 
 
 def test_overlap_hides_dp_and_tp_overlap_reduces_exposed_tp():

@@ -105,7 +105,7 @@ def synthetic_topk(world: int, tokens: int, topk: int, experts: int, seed: int =
         if weight is None and not limit:
             out.append(routing.random_topk(tokens, topk, experts, g))
             continue
-        u = torch.rand((tokens, experts), generator=g, dtype=torch.float64)
+        u = torch.rand((tokens, experts), generator=g)
         keys = u.clamp_min(1e-300).log() / weight if weight is not None else u
         if limit:
             per = keys.view(tokens, len(hosts), -1).amax(-1)
@@ -277,9 +277,13 @@ def predict_moe(system: str | SystemSpec = "dgx-h100", nodes: int = 1, gpus: int
                 tokens: int = 4096, hidden: int = 7168, topk: int = 8, experts: int = 256,
                 fp8: bool = False, mode: str = "normal", seed: int = 0, skew: float = 0.0,
                 topk_groups: int | None = None, protocol: str = "Simple",
-                engine: str = "auto", expected: bool = False) -> MoePrediction:
+                engine: str = "auto", expected: bool = False,
+                dispatch_row_bytes: int | None = None, combine_row_bytes: int | None = None
+                ) -> MoePrediction:
     """Dispatch and combine time of ``tokens`` tokens per rank on ``nodes`` x ``gpus`` ranks.
-    ``expected``: the expected traffic of uniform routing instead of a sampled one."""
+    ``expected``: the expected traffic of uniform routing instead of a sampled one.
+    ``*_row_bytes``: override the row sizes (``tilecomm model``: ``hidden`` x its activation
+    bytes)."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     for name, v in (("tokens", tokens), ("hidden", hidden), ("topk", topk),
@@ -300,8 +304,9 @@ def predict_moe(system: str | SystemSpec = "dgx-h100", nodes: int = 1, gpus: int
         tr = traffic_of(idx, experts, host_of)
         how = (f"sampled, seed {seed}" + (f", zipf skew {skew}" if skew else ", uniform") +
                (f", top-{topk_groups} groups (nodes)" if topk_groups else ""))
-    rb_d = row_bytes(hidden, fp8) + (LL_HEADER_BYTES if mode == "low_latency" else 0)
-    rb_c = row_bytes(hidden, False)
+    rb_d = dispatch_row_bytes or (row_bytes(hidden, fp8) +
+                                  (LL_HEADER_BYTES if mode == "low_latency" else 0))
+    rb_c = combine_row_bytes or row_bytes(hidden, False)
     d = time_phase(tr, topo, "dispatch", mode, rb_d, protocol, engine)
     c = time_phase(tr, topo, "combine", mode, rb_c, protocol, engine)
     return MoePrediction(topo.spec.name, nodes, topo.gpus, w, tokens, hidden, topk, experts,

@@ -152,6 +152,46 @@ def collective_us(collective: str, nbytes: float, system: str, pl: Placement) ->
     return min(flat, two)
 
 
+@lru_cache(maxsize=20_000)
+def _moe_sim(tokens: int, row_b: int, topk: int, experts: int, system: str, nodes: int,
+             per_node: int) -> tuple[float, float]:
+    """(dispatch us, combine us) of ``tokens`` tokens per rank, rows of ``row_b`` bytes."""
+    from tilecomm.sim.moe import predict_moe
+
+    spec = _shared_spec(_spec(system), per_node) if nodes > 1 else _spec(system)
+    p = predict_moe(spec, nodes, per_node, tokens, 1, topk, experts, expected=True,
+                    engine="phases", dispatch_row_bytes=row_b, combine_row_bytes=row_b)
+    return p.dispatch.time_us, p.combine.time_us
+
+
+def moe_us(tokens: float, hidden: int, itemsize: float, topk: int, experts: int, system: str,
+           pl: Placement) -> tuple[float, float, float]:
+    """MoE dispatch and combine time (us) of ``tokens`` tokens per rank over the EP group
+    ``pl`` (tilecomm.sim.moe, normal mode, the expected traffic of uniform routing: a token
+    goes once to each rank owning one of its ``topk`` experts and crosses the network once per
+    destination node), and the bytes one rank sends per call. Tokens are simulated at powers of
+    two and interpolated linearly (NOTE [size grid]). Zero for a group of one rank."""
+    if pl.size <= 1 or tokens <= 0:
+        return 0.0, 0.0, 0.0
+    from tilecomm.sim.moe import expected_traffic
+
+    row_b = max(1, int(round(hidden * itemsize)))
+    sent = float(expected_traffic(pl.size, pl.per_node, tokens, topk, experts).counts[0].sum()
+                 ) * row_b
+
+    def at(n: int) -> tuple[float, float]:
+        return _moe_sim(n, row_b, topk, experts, system, pl.nodes, pl.per_node)
+
+    lo = 1 << (max(1, int(tokens)).bit_length() - 1)
+    if lo >= tokens:
+        d, c = at(lo)
+        return d, c, sent
+    hi = lo << 1
+    (d0, c0), (d1, c1) = at(lo), at(hi)
+    f = (tokens - lo) / (hi - lo)
+    return d0 + (d1 - d0) * f, c0 + (c1 - c0) * f, sent
+
+
 def p2p_us(nbytes: float, system: str, cross_node: bool) -> float:
     """Time (us) of one point-to-point message between neighbouring pipeline stages."""
     pl = Placement(2, 2, 1) if cross_node else Placement(2, 1, 2)

@@ -8,8 +8,9 @@ NOTE [inference cost of one stage]
     time = max(compute, HBM traffic) + exposed collectives. Compute: the stage's FLOPs at the
     GPU's stated efficiency (hardware.py). HBM: the stage's weights (MoE: only the experts the
     batch touches, expected count E*(1-(1-k/E)^tokens)) plus the KV cache read, at
-    ``HBM_EFF`` of the datasheet bandwidth. Collectives (TP all_reduce 2 per layer, EP
-    all_to_all 2 per MoE layer, one PP send per stage boundary) are on the critical path:
+    ``HBM_EFF`` of the datasheet bandwidth. Collectives (TP all_reduce 2 per layer, EP MoE
+    dispatch + combine per MoE layer (tilecomm.sim.moe), one PP send per stage boundary) are
+    on the critical path:
     inference frameworks do not overlap them with the dependent GEMMs by default.
     With pp > 1 the batch is cut into pp micro-batches that follow one another through the
     stages: per-token latency = pp stage times, throughput = batch / latency.
@@ -36,7 +37,7 @@ from .comm import Placement, collective_us, p2p_us
 from .hardware import HBM_EFF, gpu_of
 from .layout import Layout, groups, validate
 from .models import ModelSpec, load_model
-from .training import ACT_BYTES, RESERVE, Coll, stage_embedding
+from .training import ACT_BYTES, RESERVE, Coll, add_moe, stage_embedding
 
 WEIGHT_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
 
@@ -205,7 +206,8 @@ def infer(model: str | ModelSpec, system: str, layout: Layout, batch: int,
         return count * t * 1e-6
 
     tp_s = add("tp", "all_reduce", tokens * h * e, grp.tp, 2 * ls)
-    ep_s = add("ep", "all_to_all", tokens / L.tp * model.top_k * h * e, grp.ep, 2 * moe_ls)
+    # one MoE dispatch + one combine per MoE layer (tilecomm.sim.moe, normal mode)
+    ep_s = add_moe(colls, tokens / L.tp, h, e, model, system, grp.ep, moe_ls)
     pp_s = 0.0
     if L.pp > 1:
         t = p2p_us(tokens * h * e, system, grp.pp_cross_node)

@@ -10,7 +10,9 @@ NOTE [what a rank issues per micro-batch and per step] (Megatron-LM conventions)
     the same buffer (Korthikanti et al. 2022). CP, per layer: all_gather of the K,V shards
     forward (and again in backward) and a reduce_scatter of their gradients (ring attention
     moves the same bytes). EP, per MoE layer: dispatch + combine all_to_all forward and
-    backward, T/tp*top_k*h*e each (tokens are split over TP ranks before routing). PP, per
+    backward, T/tp tokens per rank (tokens are split over TP ranks before routing), each sent
+    once to every EP rank owning one of its top_k experts and across nodes once per node
+    (tilecomm.sim.moe, expected traffic of uniform routing; rows of h*e bytes). PP, per
     micro-batch and model chunk: one activation forward and one gradient backward, T*h*e/tp
     (Megatron's scatter/gather split over the TP ranks). DP, per step: all_reduce of the fp32
     gradients (ZeRO 0), or reduce_scatter of them + all_gather of the bf16 weights (ZeRO 1/2);
@@ -51,7 +53,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from ..sim.overlap import exposed_comm
-from .comm import Placement, collective_us, p2p_us
+from .comm import Placement, collective_us, moe_us, p2p_us
 from .hardware import GPU, HBM_EFF, gpu_of
 from .layout import Layout, groups, validate
 from .models import ModelSpec, load_model
@@ -114,6 +116,19 @@ class StepResult:
         d["layout"] = self.layout.as_dict()
         d["collectives"] = [{**asdict(c), "total_us": c.total_us} for c in self.collectives]
         return d
+
+
+def add_moe(colls: list, tokens: float, h: int, e: float, model: ModelSpec, system: str,
+            pl: Placement, count: float, repeat: float = 1) -> float:
+    """Record ``count`` MoE dispatches and as many combines over the EP group ``pl`` (``Coll``
+    counts are ``count * repeat``: per step with ``repeat`` micro-batches); seconds they take
+    (``count`` of each). ``nbytes``: what one rank sends in one dispatch (de-duplicated rows)."""
+    if pl.size <= 1 or count <= 0 or tokens <= 0:
+        return 0.0
+    d, c, sent = moe_us(tokens, h, e, model.top_k, model.experts, system, pl)
+    colls.append(Coll("ep", "moe_dispatch", sent, pl.size, pl.describe(), count * repeat, d))
+    colls.append(Coll("ep", "moe_combine", sent, pl.size, pl.describe(), count * repeat, c))
+    return count * (d + c) * 1e-6
 
 
 def stage_embedding(model: ModelSpec, pp: int) -> float:
@@ -274,7 +289,9 @@ def train_step(model: str | ModelSpec, system: str, gpus: int, layout: Layout,
     cp_s = (add("cp", "all_gather", kv, grp.cp, passes * ls) +
             add("cp", "reduce_scatter", kv, grp.cp, ls))
     # EP (per micro-batch)
-    ep_s = add("ep", "all_to_all", T / L.tp * model.top_k * h * e, grp.ep, 2 * passes * moe_ls)
+    # EP (per micro-batch): one dispatch and one combine per pass (backward: the combine's
+    # gradient is a dispatch and the dispatch's a combine), timed by tilecomm.sim.moe
+    ep_s = add_moe(colls, T / L.tp, h, e, model, system, grp.ep, passes * moe_ls, m)
     # PP (per micro-batch)
     pp_s = 0.0
     if L.pp > 1:
