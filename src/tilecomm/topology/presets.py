@@ -213,7 +213,8 @@ def cpu_shm() -> SystemSpec:
 
 
 PRESETS = {
-    "dgx-a100": dgx_a100, "dgx-a800": dgx_a800, "dgx-h100": dgx_h100, "dgx-h800": dgx_h800, "hgx-h200": hgx_h200, "dgx-b200": dgx_b200,
+    "dgx-a100": dgx_a100, "dgx-a800": dgx_a800, "dgx-h100": dgx_h100, "dgx-h800": dgx_h800,
+    "hgx-h200": hgx_h200, "dgx-b200": dgx_b200,
     "gb200-nvl72": gb200_nvl72, "pcie-8gpu": pcie_8gpu, "cpu-shm": cpu_shm,
 }
 
