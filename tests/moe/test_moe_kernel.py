@@ -151,8 +151,10 @@ def _bad_call(comm, what):
         elif what == "k":
             idx, w = idx[:, :1].contiguous(), w[:, :1].contiguous()
     try:
-        ep.dispatch(x, idx, w)
+        d = ep.dispatch(x, idx, w)
         got = None
+        if what == "y":                   # rank 1 hands combine a y of the wrong shape
+            ep.combine(d.x if comm.rank == 0 else d.x[:, :3], d)
     except Exception as e:              # noqa: BLE001 -- the test inspects it
         got = (type(e).__name__, str(e))
     # the layer (and the engine's epochs) stay usable after a refused call
@@ -162,7 +164,8 @@ def _bad_call(comm, what):
 
 
 @pytest.mark.parametrize("what,exc,text", [("range", "ValueError", "token 2"),
-                                           ("k", "CommMismatch", "K (topk columns)")])
+                                           ("k", "CommMismatch", "K (topk columns)"),
+                                           ("y", "ValueError", "y has the wrong shape")])
 def test_bad_input_raises_on_every_rank(group, what, exc, text):
     res = group(2).run(_bad_call, what)
     for rank, (got, ok) in enumerate(res):
