@@ -47,11 +47,11 @@ def normal_rows(d, rank: int, dtype) -> torch.Tensor:
 
 
 def roundtrip(comm, tokens, seed=0, dtype=torch.bfloat16, integer=False, fp8=False,
-              layouts=("normal", "grouped", "low_latency"), m=None, e=E):
+              layouts=("normal", "grouped", "low_latency"), m=None, e=E, h=H):
     """Dispatch then combine in each layout; returns plain tensors for the test to compare."""
-    ep = ExpertParallel(comm, num_experts=e, hidden=H, dtype=dtype)
+    ep = ExpertParallel(comm, num_experts=e, hidden=h, dtype=dtype)
     x, idx, w = inputs(comm.rank, tokens[comm.rank], dtype=dtype, seed=seed, integer=integer,
-                       e=e)
+                       e=e, h=h)
     out = {}
     for lay in layouts:
         if lay == "low_latency":
@@ -95,11 +95,12 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def check(results, tokens, *, seed=0, dtype=torch.bfloat16, integer=False, fp8=False,
-          host_of=None, e=E, m=None):
+          host_of=None, e=E, m=None, h=H):
     """Compare ``roundtrip`` results of every rank with the reference, bit for bit."""
     from tilecomm.moe import reference as R
     w = len(tokens)
-    ins = [inputs(r, tokens[r], dtype=dtype, seed=seed, integer=integer, e=e) for r in range(w)]
+    ins = [inputs(r, tokens[r], dtype=dtype, seed=seed, integer=integer, e=e, h=h)
+           for r in range(w)]
     ref = R.dispatch([i[0] for i in ins], [i[1] for i in ins], [i[2] for i in ins], e, fp8=fp8)
     for r in range(w):
         got = results[r].get("normal")

@@ -1,0 +1,188 @@
+"""Triton kernels of MoE dispatch/combine (:mod:`tilecomm.moe.kernel`, normal mode).
+
+Written on the device API (:mod:`tilecomm.device.lang`); importing this module imports triton.
+The host (``tilecomm.moe.kernel.KernelEngine``) runs the handshake first, so every rank knows
+the whole matrix ``counts[s][r]`` (rows source ``s`` sends to rank ``r``) and lays out the
+symmetric receive buffers the same way.
+
+``moe_dispatch_push``, grid ``(P, W)``; program ``(pid, j)`` serves destination
+``dst = rank + j`` (mod W) and hears from ``src = rank - j``:
+
+    put      rows pid, pid + P, ... of the tokens ``tok[first : first + n]`` chosen for dst:
+             the x row (words) to dst's ``recv_x`` row ``doff + i``, the token's metadata row
+             (int32 words: token index, topk_idx, topk_weights, fp8 scales) to ``recv_meta``
+    signal   dst's slot ``pid * W + rank`` = epoch                   (release, sys)
+    wait     own slot ``pid * W + src`` >= epoch                     (acquire, sys, bounded)
+
+``moe_combine_push``: the same grid and signals; program ``(pid, j)`` copies blocks ``pid,
+pid + P, ...`` of the contiguous rows ``y[lo : lo + n]`` this rank holds for source ``dst``'s
+tokens into dst's ``recv`` at row ``off`` (dst's rows are ordered by destination rank).
+
+``moe_combine_sum`` (local, after the push): ``out[t] = round(sum over r in rank order of
+recv[pos[r, t]])`` in float32, skipping ``pos = -1``; one rounding to the output dtype.
+
+Slots: ``pid * W + p`` is only ever written by rank ``p``; a program only waits for the
+program of the same id on a peer, which signals before it waits, so the interpreter (programs
+one after another) cannot deadlock. Every program signals and waits, also with nothing to
+send: a call completes on a rank only once every peer has pushed everything for it. The
+``j == 0`` programs copy to this rank itself and need no signal (the host reads after the
+kernel).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from tilecomm.device import lang
+
+SITE_DISPATCH = tl.constexpr(1)
+SITE_COMBINE = tl.constexpr(2)
+
+#: runtime integers never specialized (an epoch of 1 or 16 would otherwise compile new
+#: variants mid-run; see common.RUNTIME_INTS)
+_INTS = ("rank", "timeout_ns", "epoch", "row_words", "meta_words", "tokens", "hidden")
+
+
+@triton.jit
+def _copy_row(dst, src, n, BLOCK: tl.constexpr):
+    """``dst[i] = src[i]`` for ``i < n``: full blocks unmasked (vectorizable), the partial
+    last one masked."""
+    ar = tl.arange(0, BLOCK)
+    for start in range(0, n, BLOCK):
+        offs = start + ar
+        if start + BLOCK <= n:
+            tl.store(dst + offs, tl.load(src + offs))
+        else:
+            m = offs < n
+            tl.store(dst + offs, tl.load(src + offs, mask=m), mask=m)
+
+
+@triton.jit(do_not_specialize=_INTS)
+def moe_dispatch_push(x, meta, tok, plan, recv_x, recv_meta, pad, bases, rank, err,
+                      timeout_ns, epoch, row_words, meta_words, WORLD: tl.constexpr,
+                      BX: tl.constexpr, BM: tl.constexpr, ALIGNED: tl.constexpr):
+    """``x [T, row_words]`` words, ``meta [T, meta_words]`` int32 (meta_words a multiple of 4),
+    ``tok`` int64 (this rank's chosen tokens, destination by destination, increasing),
+    ``plan`` int64 ``[3, W]``: per destination the first entry of ``tok``, the count and the
+    first row at the destination. ``recv_x`` / ``recv_meta``: symmetric (this call's half).
+    ``ALIGNED``: ``row_words`` is a multiple of 16 bytes of words and every pointer is
+    16-byte aligned (128-bit row copies)."""
+    WV: tl.constexpr = 128 // x.dtype.element_ty.primitive_bitwidth
+    pid = tl.program_id(0)
+    j = tl.program_id(1)
+    nprog = tl.num_programs(0)
+    dst = (rank + j) % WORLD
+    src = (rank + WORLD - j) % WORLD
+    first = tl.load(plan + dst)
+    n = tl.load(plan + WORLD + dst)
+    doff = tl.load(plan + 2 * WORLD + dst)
+    rw = tl.cast(row_words, tl.int64)
+    if ALIGNED:
+        rw = tl.multiple_of(rw, WV)
+    mw = tl.multiple_of(tl.cast(meta_words, tl.int64), 4)
+    rx = lang.peer_ptr(recv_x, dst, bases, rank)
+    rm = lang.peer_ptr(recv_meta, dst, bases, rank)
+    for i in range(pid, n, nprog):
+        t = tl.load(tok + first + i)
+        row = doff + i
+        _copy_row(rx + row * rw, x + t * rw, rw, BX)
+        _copy_row(rm + row * mw, meta + t * mw, mw, BM)
+    if j != 0:
+        lang.signal_set(pad, pid * WORLD + rank, epoch, dst, bases, rank)
+        lang.wait_ge(pad, pid * WORLD + src, epoch, src, err, rank, timeout_ns, SITE_DISPATCH)
+
+
+@triton.jit(do_not_specialize=_INTS)
+def moe_combine_push(y, plan, recv, pad, bases, rank, err, timeout_ns, epoch, row_words,
+                     WORLD: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
+    """``y [R, row_words]`` words (this rank's rows, by source rank then token); ``plan``
+    int64 ``[3, W]``: per source rank the first row of its rows in ``y``, their count and the
+    first row they take in that rank's ``recv`` (symmetric, this call's half)."""
+    WV: tl.constexpr = 128 // y.dtype.element_ty.primitive_bitwidth
+    pid = tl.program_id(0)
+    j = tl.program_id(1)
+    nprog = tl.num_programs(0)
+    dst = (rank + j) % WORLD
+    src = (rank + WORLD - j) % WORLD
+    lo = tl.load(plan + dst)
+    n = tl.load(plan + WORLD + dst)
+    off = tl.load(plan + 2 * WORLD + dst)
+    rw = tl.cast(row_words, tl.int64)
+    if ALIGNED:
+        rw = tl.multiple_of(rw, WV)
+    total = n * rw
+    s = y + lo * rw
+    d = lang.peer_ptr(recv, dst, bases, rank) + off * rw
+    ar = tl.arange(0, BLOCK)
+    nblk = tl.cdiv(total, BLOCK).to(tl.int32)
+    for b in range(pid, nblk, nprog):
+        offs = tl.cast(b, tl.int64) * BLOCK + ar
+        if tl.cast(b, tl.int64) * BLOCK + BLOCK <= total:
+            tl.store(d + offs, tl.load(s + offs))
+        else:
+            m = offs < total
+            tl.store(d + offs, tl.load(s + offs, mask=m), mask=m)
+    if j != 0:
+        lang.signal_set(pad, pid * WORLD + rank, epoch, dst, bases, rank)
+        lang.wait_ge(pad, pid * WORLD + src, epoch, src, err, rank, timeout_ns, SITE_COMBINE)
+
+
+@triton.jit(do_not_specialize=_INTS)
+def moe_combine_sum(recv, pos, out, tokens, hidden, WORLD: tl.constexpr, BT: tl.constexpr,
+                    BH: tl.constexpr):
+    """``out [T, H]`` <- per token the float32 sum, destination rank by destination rank, of
+    ``recv[pos[r, t]]`` (``pos [W, T]`` int32, -1: rank r holds no row of token t), rounded
+    once. A token without rows is +0. Grid ``(cdiv(T, BT), cdiv(H, BH))``."""
+    rows = tl.program_id(0) * BT + tl.arange(0, BT)
+    cols = tl.program_id(1) * BH + tl.arange(0, BH)
+    rm = rows < tokens
+    cm = cols < hidden
+    h64 = tl.cast(hidden, tl.int64)
+    acc = tl.zeros((BT, BH), dtype=tl.float32)
+    for r in tl.static_range(WORLD):
+        p = tl.load(pos + r * tokens + rows, mask=rm, other=-1)
+        has = p >= 0
+        m = has[:, None] & cm[None, :]
+        v = tl.load(recv + tl.cast(p, tl.int64)[:, None] * h64 + cols[None, :], mask=m,
+                    other=0.0).to(tl.float32)
+        acc = tl.where(has[:, None], acc + v, acc)   # no +0 for a missing row (-0 stays)
+    tl.store(out + tl.cast(rows, tl.int64)[:, None] * h64 + cols[None, :],
+             acc.to(out.dtype.element_ty), mask=rm[:, None] & cm[None, :])
+
+
+#: programs per destination and block sizes on a GPU (not tuned: nothing has run on a GPU);
+#: the interpreter uses one program per destination (its programs run one after another)
+GPU_PROGRAMS = 8
+BLOCK_GPU = 1024
+SUM_BLOCKS_GPU = (4, 1024)
+
+
+def _dispatch_sig(word: str) -> dict:
+    return {"x": f"*{word}", "meta": "*i32", "tok": "*i64", "plan": "*i64",
+            "recv_x": f"*{word}", "recv_meta": "*i32", "pad": "*i64", "bases": "*i64",
+            "rank": "i32", "err": "*i64", "timeout_ns": "i64", "epoch": "i64",
+            "row_words": "i32", "meta_words": "i32"}
+
+
+def _compile_entries():
+    out = []
+    for word in ("i64", "i32", "i16", "u8"):
+        for aligned in (0, 1):
+            out.append((moe_dispatch_push, _dispatch_sig(word),
+                        {"WORLD": 8, "BX": BLOCK_GPU, "BM": 64, "ALIGNED": aligned}))
+            out.append((moe_combine_push,
+                        {"y": f"*{word}", "plan": "*i64", "recv": f"*{word}", "pad": "*i64",
+                         "bases": "*i64", "rank": "i32", "err": "*i64", "timeout_ns": "i64",
+                         "epoch": "i64", "row_words": "i32"},
+                        {"WORLD": 8, "BLOCK": BLOCK_GPU, "ALIGNED": aligned}))
+    bt, bh = SUM_BLOCKS_GPU
+    for dt in ("bf16", "fp16", "fp32"):
+        out.append((moe_combine_sum, {"recv": f"*{dt}", "pos": "*i32", "out": f"*{dt}",
+                                      "tokens": "i32", "hidden": "i32"},
+                    {"WORLD": 8, "BT": bt, "BH": bh}))
+    return out
+
+
+#: kernels for the sm_90 compile check (tilecomm.device.compile_check)
+COMPILE = _compile_entries()

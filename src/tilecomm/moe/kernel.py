@@ -1,0 +1,286 @@
+"""MoE dispatch/combine on the Triton kernels of
+:mod:`tilecomm.backends.triton.kernels.moe`, on a :class:`~tilecomm.device.DeviceHeap`.
+
+CUDA tensors run them on the GPU (CUDA IPC heap, one host); CPU tensors run them in the Triton
+interpreter on the shared-memory heap when the communicator runs CPU collectives on kernels
+(``comm.use_cpu_kernels("triton")`` / TILECOMM_CPU_KERNELS=triton): slow, for testing the GPU
+code without a GPU. Same interface and the same bits as :class:`.cpu.CpuEngine`.
+
+Per call, on every rank (normal mode, like DeepEP's: the counts are agreed on the host first):
+
+dispatch
+    the handshake (:func:`checks.agree`: bad arguments raise on every rank before any buffer
+    is touched; every rank gets ``counts[s][r]``); the tokens this rank sends to each
+    destination (one ``nonzero`` of the destination mask) and one int32 metadata row per token
+    (token index, ``topk_idx``, ``topk_weights``, fp8 scales, as raw words); one launch of
+    ``moe_dispatch_push``: each row is *pushed* into the destination's symmetric receive
+    buffer at ``offsets[s][r] + i`` (rows ordered by source rank, then token), then the
+    destination is signalled; every rank waits (bounded) for every peer's signal;
+    ``heap.check`` (a timeout raises ``CommTimeout``); the host copies the rows out.
+combine
+    the handshake; one launch of ``moe_combine_push``: the rows this rank holds for source
+    ``s`` (contiguous in ``y``) go to ``s``'s symmetric combine buffer, destination by
+    destination in rank order, then signal and wait as above; ``heap.check``; then
+    ``moe_combine_sum`` adds, per token, the rows of the destinations in rank order in float32
+    and rounds once (the order of :func:`.cpu.accumulate` on one host).
+
+Buffers: two halves (``epoch % 2``) of a symmetric buffer per operation, so the host's
+copy-out of call ``c`` (queued after the kernel on CUDA) is never overwritten by a peer's
+call ``c + 1``; a peer can only start call ``c + 2`` after this rank entered its handshake,
+i.e. after this rank's ``heap.check`` of call ``c + 1`` synchronized with everything queued
+before. The half size is fixed until the buffer grows; growth is decided from the agreed
+counts (the same on every rank) and happens after a heap barrier (no peer still reads or
+writes the old buffer). Signals: one pad per operation, slot ``pid * W + p`` set to the
+epoch by rank ``p`` only; epochs only grow, so pads are never reset.
+
+Limits: one host (the heap maps the peers' memory); the combine sums in rank order (the one
+host order of :func:`routing.combine_groups`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import weakref
+
+import torch
+
+from ..errors import CommError
+from ..settings import settings
+from . import checks
+from .cpu import Moved
+from .routing import dest_mask
+
+_STATE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_ALIGN = 256
+_WORDS = ((8, torch.int64), (4, torch.int32), (2, torch.int16), (1, torch.uint8))
+
+
+def _up(n: int, a: int = _ALIGN) -> int:
+    return -(-n // a) * a
+
+
+def _kernels(device: torch.device):
+    if device.type == "cpu":        # the interpreter must be on before triton is imported
+        on = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+        if "triton" not in sys.modules:
+            os.environ["TRITON_INTERPRET"] = "1"
+        elif not on:
+            raise CommError("moe: the kernel engine runs its kernels on CPU tensors in the "
+                            "Triton interpreter, but triton was imported without "
+                            "TRITON_INTERPRET=1")
+    from ..backends.triton.kernels import moe
+    return moe
+
+
+def _word(nbytes: int) -> tuple[int, torch.dtype]:
+    """The widest machine word dividing a row of ``nbytes``."""
+    for size, dt in _WORDS:
+        if nbytes % size == 0:
+            return size, dt
+    raise AssertionError(nbytes)
+
+
+def _words(t: torch.Tensor, rows: int, row_bytes: int, word: torch.dtype) -> torch.Tensor:
+    """``t`` (contiguous, ``rows`` rows of ``row_bytes``) as ``[max(rows, 1), words]`` words
+    (a one-row dummy when empty: the kernels get a valid pointer)."""
+    size = torch.empty((), dtype=word).element_size()
+    if rows == 0:
+        return torch.zeros((1, max(1, row_bytes // size)), dtype=word, device=t.device)
+    return t.contiguous().view(torch.uint8).reshape(rows, row_bytes).view(word)
+
+
+def _aligned(*ts: torch.Tensor) -> bool:
+    return all(t.data_ptr() % 16 == 0 for t in ts)
+
+
+class _State:
+    """One rank's heap, buffers, pads and epochs for one device type (collective creation);
+    shared by every ExpertParallel layer of the communicator."""
+
+    def __init__(self, comm, device: torch.device):
+        from ..device import DeviceHeap
+
+        if comm.topology.num_hosts > 1:
+            raise CommError("moe: the kernel engine maps the peers' memory, so all ranks must "
+                            "be on one host")
+        self.k = _kernels(device)
+        self.heap = DeviceHeap.create(comm, device=device, nbytes=settings().device_heap_bytes)
+        self.interpret = device.type == "cpu"
+        self.programs = 1 if self.interpret else self.k.GPU_PROGRAMS
+        w = comm.world_size
+        self.pads = {op: self.heap.signal_pad(self.programs * w) for op in checks.OPS}
+        self.epochs = {op: 0 for op in checks.OPS}
+        self._bufs: dict[str, tuple[torch.Tensor, int]] = {}
+
+    def next_epoch(self, op: str) -> int:
+        self.epochs[op] += 1
+        return self.epochs[op]
+
+    def half(self, name: str, nbytes: int, epoch: int) -> torch.Tensor:
+        """Half ``epoch % 2`` (uint8, at least ``nbytes``) of the two-half symmetric buffer
+        ``name``; the half size stays fixed until the buffer grows (collective, after a heap
+        barrier: a peer may still use the old one). Every rank asks for the same sizes."""
+        need = 2 * _up(max(nbytes, 1))
+        cur = self._bufs.get(name)
+        if cur is None or cur[1] < need:
+            self.heap.barrier()
+            if cur is not None:
+                self._bufs.pop(name)
+                free = getattr(self.heap, "free", None)
+                if free is not None:
+                    free(cur[0])
+                del cur
+            self._bufs[name] = (self.heap.alloc(need, torch.uint8), need)
+        buf, size = self._bufs[name]
+        half = size // 2 // _ALIGN * _ALIGN
+        lo = (epoch % 2) * half
+        return buf[lo:lo + half]
+
+
+def _state(comm, device: torch.device) -> _State:
+    per = _STATE.setdefault(comm, {})
+    st = per.get(device.type)
+    if st is None:
+        st = per[device.type] = _State(comm, device)
+    return st
+
+
+class KernelEngine:
+    """The Triton kernel engine of :class:`~tilecomm.moe.ExpertParallel` (see the module
+    docstring); the interface of :class:`.cpu.CpuEngine`."""
+
+    def __init__(self, comm, device: torch.device):
+        self.comm = comm
+        self.device = torch.device(device)
+        self.st = _state(comm, self.device)
+
+    # ---- dispatch ---------------------------------------------------------------------------
+    def dispatch(self, ep, mine: list[int], detail: str, x, scales, idx, wts) -> Moved:
+        comm, st = self.comm, self.st
+        me, w = comm.rank, comm.world_size
+        call = checks.agree(comm, "dispatch", mine, detail)      # raises on every rank
+        counts = call.counts()
+        tokens = call.tokens()
+        h, k = ep.hidden, mine[checks.F_K]
+        fp8 = scales is not None
+        xdt = x.dtype
+        dev = x.device
+        row_bytes = h * x.element_size()
+        nb = scales.shape[1] if fp8 else 0
+        mw = _up(2 + 3 * k + nb, 4)                 # int32 words: token, idx, weights, scales
+        t = x.shape[0]
+        rows_at = [sum(counts[s][r] for s in range(w)) for r in range(w)]
+        off_at = [sum(counts[q][r] for q in range(me)) for r in range(w)]   # offsets[me][r]
+        # this rank's tokens per destination, destination by destination (token order)
+        if t:
+            mask = dest_mask(idx, ep.el, w)
+            tok = mask.t().nonzero(as_tuple=True)[1]
+            if tok.numel() != sum(counts[me]):   # the layer counted differently: never expected
+                raise RuntimeError(f"moe dispatch: rank {me} announced {sum(counts[me])} rows "
+                                   f"but its topk_idx selects {tok.numel()}")
+            cols = [torch.arange(t, dtype=torch.int64, device=dev).unsqueeze(1)
+                    .view(torch.int32), idx.view(torch.int32), wts.view(torch.int32)]
+            if fp8:
+                cols.append(scales.contiguous().view(torch.int32))
+            pad = mw - (2 + 3 * k + nb)
+            if pad:
+                cols.append(torch.zeros((t, pad), dtype=torch.int32, device=dev))
+            meta = torch.cat(cols, dim=1)
+        else:
+            tok = torch.zeros(1, dtype=torch.int64, device=dev)
+            meta = torch.zeros((1, mw), dtype=torch.int32, device=dev)
+        firsts, acc = [], 0
+        for r in range(w):
+            firsts.append(acc)
+            acc += counts[me][r]
+        plan = torch.tensor([firsts, counts[me], off_at], dtype=torch.int64, device=dev)
+        wsize, word = _word(row_bytes)
+        rw = row_bytes // wsize
+        xw = _words(x, t, row_bytes, word)
+        epoch = st.next_epoch("dispatch")
+        most = max(rows_at)
+        xb = _up(most * row_bytes)
+        half = st.half("dispatch", xb + most * mw * 4, epoch)
+        recv_x = half[:max(xb, wsize)].view(word)
+        recv_meta = half[xb:xb + max(most * mw * 4, 4)].view(torch.int32)
+        aligned = int(row_bytes % 16 == 0 and _aligned(xw, meta, recv_x, recv_meta))
+        heap = st.heap
+        st.k.moe_dispatch_push[(st.programs, w)](
+            xw, meta, tok, plan, recv_x, recv_meta, st.pads["dispatch"], heap.bases, me,
+            heap.errors, heap.timeout_ns, epoch, rw, mw, WORLD=w,
+            BX=self._block(rw), BM=self._block(mw, 64), ALIGNED=aligned)
+        heap.check(f"moe dispatch (epoch {epoch})")
+        # read this rank's rows out of the receive half (a peer's call c + 2 may reuse it)
+        n = rows_at[me]
+        out_x = recv_x[:n * rw].view(xdt).reshape(n, h).clone()
+        m = recv_meta[:n * mw].reshape(n, mw).clone()      # the slices below: views of it
+        src_tok = m[:, 0:2].contiguous().view(torch.int64).reshape(n)
+        out_i = m[:, 2:2 + 2 * k].contiguous().view(torch.int64).reshape(n, k)
+        out_w = m[:, 2 + 2 * k:2 + 3 * k].contiguous().view(torch.float32).reshape(n, k)
+        out_s = m[:, 2 + 3 * k:2 + 3 * k + nb].contiguous().view(torch.float32) \
+            .reshape(n, nb) if fp8 else None
+        src_rank = torch.repeat_interleave(
+            torch.arange(w, dtype=torch.int64),
+            torch.tensor([counts[s][me] for s in range(w)], dtype=torch.int64)).to(dev)
+        return Moved(out_x, out_s, out_i, out_w, src_rank, src_tok, call, counts)
+
+    def _block(self, words: int, cap: int | None = None) -> int:
+        """Words per block of a row copy: the row's next power of two, at most the GPU block
+        (the interpreter: small rows, one block)."""
+        cap = cap or self.st.k.BLOCK_GPU
+        b = 1
+        while b < words and b < cap:
+            b *= 2
+        return max(b, 16) if not self.st.interpret else b
+
+    # ---- combine ----------------------------------------------------------------------------
+    def combine(self, h: int, dtype: torch.dtype, mine: list[int], detail: str,
+                rows: torch.Tensor, layout) -> torch.Tensor:
+        """``rows [layout.rows, h]`` ``dtype`` -> ``[T, h]`` ``dtype`` (see the module doc)."""
+        comm, st = self.comm, self.st
+        me, w = comm.rank, comm.world_size
+        checks.agree(comm, "combine", mine, detail)             # raises on every rank
+        counts = layout.counts
+        dev = rows.device
+        isz = torch.empty((), dtype=dtype).element_size()
+        row_bytes = h * isz
+        wsize, word = _word(row_bytes)
+        rw = row_bytes // wsize
+        # destination side: the rows of source s are y[lo_s : lo_s + n_s]; they land in s's
+        # buffer after the rows of the destinations below this rank
+        lo = layout.offsets_at(me)
+        plan = torch.tensor([lo, [counts[s][me] for s in range(w)],
+                             [sum(counts[s][q] for q in range(me)) for s in range(w)]],
+                            dtype=torch.int64, device=dev)
+        yw = _words(rows, layout.rows, row_bytes, word)
+        epoch = st.next_epoch("combine")
+        most = max(sum(counts[s]) for s in range(w))
+        half = st.half("combine", most * row_bytes, epoch)
+        recv = half[:max(most * row_bytes, wsize)]
+        aligned = int(row_bytes % 16 == 0 and _aligned(yw, recv))
+        heap = st.heap
+        st.k.moe_combine_push[(st.programs, w)](
+            yw, plan, recv.view(word), st.pads["combine"], heap.bases, me, heap.errors,
+            heap.timeout_ns, epoch, rw, WORLD=w, BLOCK=self._block(rw * 4), ALIGNED=aligned)
+        heap.check(f"moe combine (epoch {epoch})")
+        t = layout.tokens[me]
+        out = torch.empty((t, h), dtype=dtype, device=dev)
+        if t == 0:
+            return out
+        # where each destination's row of each token sits in this rank's buffer (-1: none)
+        pos = torch.full((w, t), -1, dtype=torch.int32, device=dev)
+        at = 0
+        for r in range(w):
+            n = counts[me][r]
+            if n:
+                pos[r, layout.send_tokens[r].to(dev)] = torch.arange(
+                    at, at + n, dtype=torch.int32, device=dev)
+            at += n
+        if st.interpret:
+            bt, bh = 8, 32
+        else:
+            bt, bh = st.k.SUM_BLOCKS_GPU
+        grid = (-(-t // bt), -(-h // bh))
+        st.k.moe_combine_sum[grid](recv.view(dtype), pos, out, t, h, WORLD=w, BT=bt, BH=bh)
+        return out

@@ -1,0 +1,203 @@
+"""MoE dispatch/combine on the Triton kernel engine (tilecomm.moe.kernel) in the Triton
+interpreter, one process per rank (``comm.use_cpu_kernels("triton")``, as
+TILECOMM_CPU_KERNELS=triton): every layout bit for bit against the token-by-token reference
+and against the CPU engine on the same inputs, and the error promises. Tiny rows: the
+interpreter is slow. The sm_90 code generation of the kernels is checked in a subprocess
+(moe_ptx.py) without the interpreter."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import tilecomm
+from tilecomm.moe import ExpertParallel
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import moe_scenarios as S  # noqa: E402
+
+
+def _kernels_on(comm):
+    os.environ["TRITON_INTERPRET"] = "1"      # before triton is imported on this rank
+    comm.use_cpu_kernels("triton")
+
+
+@pytest.fixture(scope="module")
+def group():
+    groups = {}
+
+    def get(w):
+        g = groups.get(w)
+        if g is None or not all(p.is_alive() for p in g.procs):
+            if g is not None:
+                g.stop()
+            g = groups[w] = tilecomm.RankGroup(w, timeout=60, heap_bytes=8 << 20,
+                                               scratch_bytes=64 << 10).start()
+            g.run(_kernels_on)
+        return g
+
+    yield get
+    for g in groups.values():
+        g.stop()
+
+
+def _engine_kind(comm):
+    return comm.cpu_kernels
+
+
+@pytest.mark.parametrize("tokens,dtype,h,e", [
+    ([5, 3], torch.bfloat16, 32, 8),           # random bf16: exact bits
+    ([4, 0, 6], torch.float32, 16, 6),         # random float32, a rank with no tokens
+], ids=["w2-bf16", "w3-f32-empty-rank"])
+def test_roundtrip_every_layout_matches_reference(group, tokens, dtype, h, e):
+    # normal, grouped and low-latency in a row: six calls, both halves of each buffer
+    g = group(len(tokens))
+    assert g.run(_engine_kind) == ["triton"] * len(tokens)
+    res = g.run(S.roundtrip, tokens, 1, dtype, False, False,
+                ("normal", "grouped", "low_latency"), None, e, h)
+    S.check(res, tokens, seed=1, dtype=dtype, e=e, h=h)
+
+
+def _same_as_cpu_engine(comm, tokens, dtype, h, e, fp8):
+    """The kernel engine and the CPU engine on the same inputs: every output's bits."""
+    from tilecomm.moe.cpu import CpuEngine
+    x, idx, w = S.inputs(comm.rank, tokens[comm.rank], h=h, e=e, dtype=dtype, seed=7)
+    outs = []
+    for cpu in (False, True):
+        ep = ExpertParallel(comm, num_experts=e, hidden=h, dtype=dtype)
+        if cpu:                               # the same layer, the CPU engine in its place
+            ep._engines["kernel"] = CpuEngine(comm)
+        d = ep.dispatch(x, idx, w, fp8=fp8)
+        y = S.normal_rows(d, comm.rank, dtype)
+        out = ep.combine(y, d)
+        outs.append([d.x, d.src_rank, d.src_token, d.topk_idx, d.topk_weights,
+                     d.tokens_per_expert, out] + ([d.scales] if fp8 else []))
+    return [torch.equal(S.bits(a), S.bits(b)) for a, b in zip(*outs)]
+
+
+@pytest.mark.parametrize("w,dtype,h,fp8", [(3, torch.bfloat16, 16, False),
+                                           (2, torch.bfloat16, 128, True)],
+                         ids=["w3-bf16", "w2-fp8"])
+def test_same_bits_as_the_cpu_engine(group, w, dtype, h, fp8):
+    tokens = [6, 5, 7][:w]
+    for same in group(w).run(_same_as_cpu_engine, tokens, dtype, h, 6 if w == 3 else 4, fp8):
+        assert all(same), same
+
+
+def test_fp8_rows_and_scales_every_layout(group):
+    tokens = [4, 3]
+    res = group(2).run(S.roundtrip, tokens, 2, torch.bfloat16, False, True,
+                       ("normal", "low_latency"), None, 4, 128)
+    S.check(res, tokens, seed=2, fp8=True, e=4, h=128)
+
+
+def _back_to_back(comm):
+    """Two dispatches before either combine (halves: the first result survives the second
+    call), then a larger call (the buffers grow) and a smaller one, low-latency included."""
+    h, e = 16, 4
+    ep = ExpertParallel(comm, num_experts=e, hidden=h, dtype=torch.float32)
+    ins = [S.inputs(comm.rank, t, h=h, e=e, dtype=torch.float32, seed=s)
+           for s, t in enumerate([3, 4, 9, 2])]
+    d0 = ep.dispatch(*ins[0])
+    keep = d0.x.clone()
+    d1 = ep.dispatch(*ins[1])
+    out1 = ep.combine(S.normal_rows(d1, comm.rank, torch.float32), d1)
+    out0 = ep.combine(S.normal_rows(d0, comm.rank, torch.float32), d0)
+    intact = torch.equal(S.bits(keep), S.bits(d0.x))
+    d2 = ep.dispatch(*ins[2])                       # more rows: the receive buffer grows
+    out2 = ep.combine(S.normal_rows(d2, comm.rank, torch.float32), d2)
+    ll = S.roundtrip(comm, [2, 2], seed=3, dtype=torch.float32,
+                     layouts=("low_latency", "low_latency"), m=3, e=e, h=h)
+    return intact, [out0, out1, out2], ll
+
+
+def test_back_to_back_calls_growth_and_low_latency(group):
+    res = group(2).run(_back_to_back)
+    assert all(r[0] for r in res)
+    from tilecomm.moe import reference as R
+    for s, t in enumerate([3, 4, 9]):
+        ins = [S.inputs(r, [t, t][r], h=16, e=4, dtype=torch.float32, seed=s) for r in range(2)]
+        ref = R.dispatch([i[0] for i in ins], [i[1] for i in ins], [i[2] for i in ins], 4)
+        ys = [R.weighted(lambda i, j, r=r, d=ref[r]: S.expert_output(
+            d["x"][i:i + 1], d["topk_idx"][i, j:j + 1], r)[0], ref[r], torch.float32)
+            for r in range(2)]
+        want = R.combine(ys, ref, [t, t], torch.float32)
+        for r in range(2):
+            assert torch.equal(S.bits(res[r][1][s]), S.bits(want[r])), (s, r)
+    S.check([r[2] for r in res], [2, 2], seed=3, dtype=torch.float32, m=3, e=4, h=16)
+
+
+def test_gradients_through_the_kernel_engine(group):
+    tokens = [5, 3]
+    res = group(2).run(S.grad_roundtrip, tokens, 4, "normal")
+    S.check_grads(res, tokens, 4)
+
+
+def _bad_call(comm, what):
+    ep = ExpertParallel(comm, num_experts=4, hidden=8, dtype=torch.float32)
+    x = torch.ones((3, 8))
+    idx = torch.tensor([[0, 1], [2, -1], [3, 0]])
+    w = torch.ones((3, 2))
+    if comm.rank == 1:
+        if what == "range":
+            idx[2, 1] = 4
+        elif what == "k":
+            idx, w = idx[:, :1].contiguous(), w[:, :1].contiguous()
+    try:
+        d = ep.dispatch(x, idx, w)
+        got = None
+        if what == "y":                   # rank 1 hands combine a y of the wrong shape
+            ep.combine(d.x if comm.rank == 0 else d.x[:, :3], d)
+    except Exception as e:              # noqa: BLE001 -- the test inspects it
+        got = (type(e).__name__, str(e))
+    # the layer (and the engine's epochs) stay usable after a refused call
+    d = ep.dispatch(torch.ones((1, 8)), torch.tensor([[comm.rank * 2, -1]]), torch.ones((1, 2)))
+    ok = ep.combine(d.x, d).tolist()
+    return got, ok
+
+
+@pytest.mark.parametrize("what,exc,text", [("range", "ValueError", "token 2"),
+                                           ("k", "CommMismatch", "K (topk columns)"),
+                                           ("y", "ValueError", "y has the wrong shape")])
+def test_bad_input_raises_on_every_rank(group, what, exc, text):
+    res = group(2).run(_bad_call, what)
+    for rank, (got, ok) in enumerate(res):
+        assert got is not None and got[0] == exc, (rank, got)
+        assert text in got[1], (rank, got)
+        assert ok == [[1.0] * 8]
+
+
+def test_kernels_compile_for_sm90_with_release_acquire_and_vector_copies():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, str(HERE / "moe_ptx.py")], env=env,
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode == 3:
+        pytest.skip(r.stderr.strip())
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads([x for x in r.stdout.splitlines() if x.startswith("RESULT ")][-1][7:])
+    for name in ("dispatch", "combine"):
+        k = res[name]
+        assert k["ordering"] == [], k     # the release after bar.sync, bar.sync after acquire
+        assert k["release_sys"] >= 1, k   # signal_set: atom.release.sys
+        assert k["acquire_sys"] >= 1, k   # wait_ge: ld.acquire.sys or fence.acquire.sys
+        # the row copies of the full blocks: 128-bit loads and stores
+        assert k["ld128"] >= 1 and k["st128"] >= 1, k
+    assert res["sum"]["ordering"] == [] and res["sum"]["release_sys"] == 0, res["sum"]
+
+
+def test_gpu_check_script_runs_in_the_interpreter():
+    # scripts/gpu_check_moe.py is what a lent GPU runs; --interpret: the same code on CPU ranks
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("TRITON_INTERPRET", "TILECOMM_CPU_KERNELS")}
+    r = subprocess.run([sys.executable, str(HERE.parent.parent / "scripts" / "gpu_check_moe.py"),
+                        "--interpret"], env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads([x for x in r.stdout.splitlines() if x.startswith("RESULT ")][-1][7:])
+    assert set(res) == {"w2", "w3"} and all(v["ok"] for v in res.values()), res
