@@ -67,7 +67,7 @@ def _config(interpret: bool) -> dict:
         return dict(interpret=True, worlds=[[2, "cpu"]], check_sizes=[8, 148],
                     full_sizes=[148], mix_mems=True, cover=True, time_sizes=[1024], iters=2,
                     rounds=2, warmup=1, device_timeout=5.0, latency_iters=3, seq_len=6,
-                    copy_bytes=8 << 20, budget=45.0, plan_sizes=[148], bits_sizes=[600],
+                    copy_bytes=8 << 20, budget=600.0, plan_sizes=[148], bits_sizes=[600],
                     overlap_check_shapes=[[5, 24, 20]], overlap_dtypes=["float32", "bfloat16"],
                     overlap_time_shapes=[[8, 16, 16]], overlap_time_dtype="float32",
                     overlap_iters=1, overlap_rounds=2)

@@ -112,6 +112,12 @@ def widths(coll: str, algo: str, dname: str, world: int = 8, n: int = 8192) -> d
     return out
 
 
+def widths_many(dname: str, *pairs: str) -> dict:
+    """:func:`widths` of several ``coll/algo`` pairs in one process (each subprocess pays
+    ~3 s of imports): ``{"coll/algo": widths(coll, algo, dname)}``."""
+    return {p: widths(*p.split("/"), dname) for p in pairs}
+
+
 @triton.jit
 def one_barrier(pad, bases, rank, err, timeout_ns, epoch, WORLD: tl.constexpr):
     lang.barrier(pad, 0, epoch, bases, rank, err, timeout_ns, WORLD)

@@ -11,6 +11,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(ROOT, "scripts", "gpu_check.py")
 
@@ -54,13 +56,14 @@ def _expected_table():
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def _run(out, *extra, timeout=60):
+def _run(out, *extra, timeout=300):
     r = subprocess.run([sys.executable, SCRIPT, "--interpret", "--out", str(out), *extra],
                        env=_env(), capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     with open(os.path.join(out, "gpu_check.json")) as f:
         return r, json.load(f)
 
 
+@pytest.mark.timeout(400)      # ~35 s here; no wall-clock budget may skip a case (CI is slower)
 def test_dry_run_passes_and_reports_the_case_table(tmp_path):
     ids, registered, schedules = _expected_table()
     r, res = _run(tmp_path)
@@ -184,9 +187,10 @@ print(json.dumps(dict(code=code, verdict=res["verdict"],
 """
 
 
+@pytest.mark.timeout(400)
 def test_gpu_check_fails_when_a_kernel_is_wrong(tmp_path):
     r = _py(DRIVER.format(scripts=os.path.join(ROOT, "scripts"), out=str(tmp_path)),
-            timeout=90)
+            timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["verdict"] == "FAIL" and got["code"] == 1, got
@@ -235,12 +239,13 @@ print(json.dumps(dict(code=code, verdict=res["verdict"],
 """
 
 
+@pytest.mark.timeout(400)
 def test_gpu_check_bits_rows_catch_a_kernel_that_sums_in_another_order(tmp_path):
     """Integer data hides the reduction order; the bits rows (random floats, fused vs plan
     kernel vs rank-order reference) must not. At 3 ranks, a one_shot that sums in ring order
     passes every integer row and fails the bits rows, so the verdict is FAIL."""
     r = _py(ORDER_DRIVER.format(scripts=os.path.join(ROOT, "scripts"), out=str(tmp_path)),
-            timeout=240)
+            timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["verdict"] == "FAIL" and got["code"] == 1, got

@@ -80,24 +80,27 @@ def test_peer_reads_are_128_bit(dtype):
     # path had no 128-bit load at all (scalar ld.global.b16 / .b32: peer_ptr lost the
     # alignment, and the runtime-n mask kept every block scalar).
     W = 8
-    one = _codegen("widths", "all_reduce", "one_shot", dtype)["one_shot_all_reduce_kernel"]
+    got = _codegen("widths_many", dtype, "all_reduce/one_shot", "all_reduce/two_shot",
+                   "all_gather/direct", "reduce_scatter/direct", "all_to_all/pairwise",
+                   "broadcast/direct")
+    one = got["all_reduce/one_shot"]["one_shot_all_reduce_kernel"]
     v = one["vectors"]
     assert v >= 1 and not one["ordering"]
     assert _ld128(one) >= W * v + v, one            # W peers' stages + the local staging read
-    two = _codegen("widths", "all_reduce", "two_shot", dtype)["two_shot_all_reduce_kernel"]
+    two = got["all_reduce/two_shot"]["two_shot_all_reduce_kernel"]
     # W sources of the owned chunk, W peers' reduced chunks, W chunks staged
     assert _ld128(two) >= 3 * W * two["vectors"], two
     assert _st128(two) >= 2 * W * two["vectors"], two     # chunk starts are 16-byte aligned
-    ag = _codegen("widths", "all_gather", "direct", dtype)["all_gather_direct_kernel"]
+    ag = got["all_gather/direct"]["all_gather_direct_kernel"]
     assert _ld128(ag) >= W * ag["vectors"] + ag["vectors"], ag
     assert _st128(ag) >= W * ag["vectors"], ag     # n % (16 B) == 0: out + j*n is aligned
-    rs = _codegen("widths", "reduce_scatter", "direct", dtype)["reduce_scatter_direct_kernel"]
+    rs = got["reduce_scatter/direct"]["reduce_scatter_direct_kernel"]
     assert _ld128(rs) >= W * rs["vectors"], rs     # m % (16 B) == 0: src_q + r*m is aligned
     # all_to_all moves int64 words: the put into the peer's staging row (peer stores), the
     # local copy and the read of the own staging row are 128-bit (ld/st.global.v2.b64)
-    a2a = _codegen("widths", "all_to_all", "pairwise", dtype)["pairwise_all_to_all"]
+    a2a = got["all_to_all/pairwise"]["pairwise_all_to_all"]
     assert _ld128(a2a) >= 3 * a2a["vectors"] and _st128(a2a) >= 3 * a2a["vectors"], a2a
-    bc = _codegen("widths", "broadcast", "direct", dtype)["direct_broadcast"]
+    bc = got["broadcast/direct"]["direct_broadcast"]
     assert _ld128(bc) >= 2 * bc["vectors"] and _st128(bc) >= 2 * bc["vectors"], bc
 
 

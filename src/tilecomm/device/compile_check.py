@@ -12,7 +12,7 @@ Python::
 
 Command line (compiles every ``COMPILE`` entry of the given modules / files)::
 
-    python -m tilecomm.device.compile_check examples/device/*.py
+    python -m tilecomm.device.compile_check [--jobs N] examples/device/*.py
 
 A module lists its kernels as ``COMPILE = [(kernel, signature, constexprs), ...]``;
 signature types are Triton's: ``*fp32``, ``*i64`` (pointers), ``i32``, ``i64``, ``fp32``
@@ -309,31 +309,55 @@ def load_module(spec: str):
     return importlib.import_module(spec)
 
 
-def check_modules(specs: list[str], arch: int = 90, out=print) -> list[tuple[str, str]]:
-    """Compile every ``COMPILE`` entry of every module; returns ``(kernel, error)`` failures."""
-    failures = []
+def _compile_entry(spec: str, i: int, arch: int) -> tuple[str, str | None]:
+    """Compile entry ``i`` of ``spec``'s ``COMPILE`` list: ``(report line, error or None)``."""
+    kernel, sig, consts = load_module(spec).COMPILE[i]
+    name = f"{spec}:{kernel.__name__}"
+    t = time.perf_counter()
+    try:
+        k = compile_for(kernel, sig, consts, arch=arch)
+    except Exception as e:  # noqa: BLE001 - reported
+        return f"FAIL {name}: {type(e).__name__}: {str(e)[:2000]}", f"{type(e).__name__}: {e}"
+    bad = ordering_problems(k.asm["ptx"]) + arithmetic_problems(k.asm["ptx"])
+    if bad:
+        why = "; ".join(bad[:5])
+        return f"FAIL {name} {consts}: memory ordering: {why}", "memory ordering: " + why
+    return (f"ok   {name} sm_{arch}: {len(k.asm['ptx'])} B ptx, "
+            f"{len(k.asm.get('cubin', b''))} B cubin ({time.perf_counter() - t:.1f} s)"), None
+
+
+def check_modules(specs: list[str], arch: int = 90, out=print,
+                  jobs: int = 1) -> list[tuple[str, str]]:
+    """Compile every ``COMPILE`` entry of every module; returns ``(kernel, error)`` failures.
+
+    ``jobs > 1`` compiles entries in that many worker processes (compiling is CPU-bound:
+    LLVM and ptxas), reporting in completion order."""
+    failures, work = [], []
     for spec in specs:
-        mod = load_module(spec)
-        entries = getattr(mod, "COMPILE", None)
+        entries = getattr(load_module(spec), "COMPILE", None)
         if not entries:
             failures.append((spec, "module has no COMPILE list"))
             continue
-        for kernel, sig, consts in entries:
-            name = f"{spec}:{kernel.__name__}"
-            t = time.perf_counter()
-            try:
-                k = compile_for(kernel, sig, consts, arch=arch)
-            except Exception as e:  # noqa: BLE001 - reported
-                failures.append((name, f"{type(e).__name__}: {e}"))
-                out(f"FAIL {name}: {type(e).__name__}: {str(e)[:2000]}")
-                continue
-            bad = ordering_problems(k.asm["ptx"]) + arithmetic_problems(k.asm["ptx"])
-            if bad:
-                failures.append((name, "memory ordering: " + "; ".join(bad[:5])))
-                out(f"FAIL {name} {consts}: memory ordering: {'; '.join(bad[:5])}")
-                continue
-            out(f"ok   {name} sm_{arch}: {len(k.asm['ptx'])} B ptx, "
-                f"{len(k.asm.get('cubin', b''))} B cubin ({time.perf_counter() - t:.1f} s)")
+        work += [(spec, i) for i in range(len(entries))]
+
+    def record(spec, i, line, err):
+        out(line)
+        if err is not None:
+            kernel = load_module(spec).COMPILE[i][0]
+            failures.append((f"{spec}:{kernel.__name__}", err))
+
+    if jobs <= 1 or len(work) <= 1:
+        for spec, i in work:
+            record(spec, i, *_compile_entry(spec, i, arch))
+        return failures
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    # spawn: workers start clean (no state inherited from a parent that may hold threads)
+    with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+        futs = {pool.submit(_compile_entry, spec, i, arch): (spec, i) for spec, i in work}
+        for f in cf.as_completed(futs):
+            record(*futs[f], *f.result())
     return failures
 
 
@@ -344,6 +368,8 @@ def main(argv=None) -> int:
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("modules", nargs="+", help="module names or .py files with a COMPILE list")
     p.add_argument("--arch", type=int, default=90, help="CUDA compute capability (90: H100/H200)")
+    p.add_argument("-j", "--jobs", type=int, default=1,
+                   help="compile in this many worker processes (default 1)")
     a = p.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         if "triton" in sys.modules:
@@ -354,7 +380,7 @@ def main(argv=None) -> int:
     if why is not None:
         print(f"cannot compile for CUDA: {why}", file=sys.stderr)
         return 3
-    failures = check_modules(a.modules, a.arch)
+    failures = check_modules(a.modules, a.arch, jobs=a.jobs)
     print(f"{'FAILED' if failures else 'all compiled'}: {len(failures)} failure(s)")
     return 1 if failures else 0
 
