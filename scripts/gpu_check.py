@@ -1117,7 +1117,7 @@ def main(argv=None) -> int:
                    help="CPU dry run: Triton interpreter, 2 CPU ranks, small sizes")
     p.add_argument("--worlds", default=None, help="comma-separated world sizes (2,4,8)")
     p.add_argument("--budget", type=float, default=None,
-                   help="seconds for all worlds together (default 240 GPU, 45 interpret)")
+                   help="seconds for all worlds together (default 240 GPU, 600 interpret)")
     p.add_argument("--out", default=None, help="output folder (default $OUT or ./gpu_check_out)")
     p.add_argument("--kernels", default=None,
                    help="comma-separated collective/algo to run (default: every registered one)")
