@@ -90,10 +90,43 @@ def rank_main(comm, dev, cases, iters):
             ep.combine(d.x, d)
         torch.cuda.synchronize()
         t2 = time.perf_counter()
-        rows_sent = int(d.layout.rows)
-        timing = dict(tokens=t, hidden=h, experts=e, topk=k, rows_received=rows_sent,
-                      dispatch_ms=round((t1 - t0) / iters * 1e3, 3),
-                      combine_ms=round((t2 - t1) / iters * 1e3, 3))
+        rows_got = int(d.layout.rows)
+        # the memory bound of the same bytes on this GPU: one device copy of the received rows
+        buf = torch.empty_like(d.x)
+        buf.copy_(d.x)
+        torch.cuda.synchronize()
+        t3 = time.perf_counter()
+        for _ in range(iters):
+            buf.copy_(d.x)
+        torch.cuda.synchronize()
+        t4 = time.perf_counter()
+        # low-latency mode at a decode batch (128 tokens per rank)
+        xl, il, wl = S.inputs(comm.rank, 128, h=h, k=k, e=e, seed=98, drop=0.0)
+        xl, il, wl = xl.to(dev), il.to(dev), wl.to(dev)
+        for _ in range(2):
+            dl = ep.dispatch(xl, il, wl, mode="low_latency", max_tokens_per_rank=128)
+            ep.combine(dl.x, dl)
+        torch.cuda.synchronize()
+        comm.barrier()
+        t5 = time.perf_counter()
+        for _ in range(iters):
+            dl = ep.dispatch(xl, il, wl, mode="low_latency", max_tokens_per_rank=128)
+        torch.cuda.synchronize()
+        t6 = time.perf_counter()
+        for _ in range(iters):
+            ep.combine(dl.x, dl)
+        torch.cuda.synchronize()
+        t7 = time.perf_counter()
+        ms = [(b - a) / iters * 1e3 for a, b in ((t0, t1), (t1, t2), (t3, t4), (t5, t6),
+                                                 (t6, t7))]
+        nbytes = rows_got * h * 2                 # DeepEP's count: received rows x row bytes
+        timing = dict(tokens=t, hidden=h, experts=e, topk=k, rows_received=rows_got,
+                      dispatch_ms=round(ms[0], 3), combine_ms=round(ms[1], 3),
+                      copy_same_bytes_ms=round(ms[2], 4),
+                      dispatch_GBps=round(nbytes / ms[0] / 1e6, 1),
+                      combine_GBps=round(nbytes / ms[1] / 1e6, 1),
+                      ll128_dispatch_us=round(ms[3] * 1e3, 1),
+                      ll128_combine_us=round(ms[4] * 1e3, 1))
     return rows, timing
 
 
