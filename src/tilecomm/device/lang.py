@@ -62,18 +62,25 @@ and on earlier programs of its own launch, never on a later one.
 from __future__ import annotations
 
 import os
+import time
 
 import triton
 import triton.language as tl
 
 from . import errors as _e
-
-if not all(hasattr(tl, n) for n in ("atomic_load", "atomic_poll")):  # pragma: no cover
-    raise ImportError(f"tilecomm.device needs tl.atomic_load and tl.atomic_poll, which triton "
-                      f"{triton.__version__} lacks; install triton >= 3.9")
+from ..settings import settings as _settings
 
 #: True when kernels run in the Triton interpreter (TRITON_INTERPRET=1 at import).
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+#: True when this Triton has the primitives the native path uses (``tl.atomic_load``,
+#: ``tl.atomic_poll``: Triton 3.9+). Feature detection, never a version string.
+NATIVE_AVAILABLE = all(hasattr(tl, n) for n in ("atomic_load", "atomic_poll"))
+
+#: True when this process uses the compatibility path (see "Compatibility path" above):
+#: chosen once, at import, because this Triton lacks the native primitives or because
+#: TILECOMM_DEVICE_COMPAT=1 forces it (CI tests it under 3.9 that way).
+COMPAT = (not NATIVE_AVAILABLE) or _settings().device_compat
 
 #: Length of one poll slice. On the GPU a slice is a spin on the global timer, short enough
 #: that a signal that jumped past the awaited epoch (so equality never matched) costs little;
@@ -91,6 +98,82 @@ HEAP_ALIGN = tl.constexpr(256)
 #: ``op`` of put_signal
 SIGNAL_SET = tl.constexpr(0)
 SIGNAL_ADD = tl.constexpr(1)
+
+
+# --- the two paths: the only place lang.py touches Triton's atomic loads and polls -------------
+# Both define _load_acquire / _load_relaxed / _poll with the same meaning; the functions below
+# call only these. Chosen once, at import (COMPAT).
+
+if not COMPAT:
+    @triton.jit
+    def _load_acquire(p, mask=None):
+        """``*p`` (a pointer or block of pointers), acquire, system scope."""
+        return tl.atomic_load(p, mask=mask, sem="acquire", scope="sys")
+
+    @triton.jit
+    def _load_relaxed(p):
+        """``*p`` (a scalar pointer to this device's memory), relaxed, gpu scope."""
+        return tl.atomic_load(p, sem="relaxed", scope="gpu")
+
+    @triton.jit
+    def _poll(p, target, slice_ns):
+        """Return once ``*p == target`` (relaxed, system scope) or after about ``slice_ns``."""
+        tl.atomic_poll(p, target, sem="relaxed", scope="sys", timeout_ns=slice_ns)
+
+    @triton.jit
+    def _before_release():
+        """Nothing: Triton 3.9 puts a CTA barrier before every scalar atomic itself."""
+        pass
+
+else:
+    if INTERPRETED:
+        def _clock_ns():
+            # the interpreter runs kernels as Python and has no inline assembly: its CPU clock
+            # (the one its tl.atomic_poll uses in Triton 3.9) stands in for the global timer
+            return time.perf_counter_ns()
+
+        @triton.jit
+        def _now_ns():
+            return tl.cast(_clock_ns(), tl.int64)
+    else:
+        @triton.jit
+        def _now_ns():
+            # the GPU global timer (ns); not pure: every call reads it anew
+            return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [],
+                                             dtype=tl.int64, is_pure=False, pack=1)
+
+    @triton.jit
+    def _load_acquire(p, mask=None):
+        """``*p``, acquire, system scope: an atomic add of 0 that returns the value (Triton
+        lowers the scalar one to ``ld.acquire.sys``, a block of them to
+        ``atom.acquire.sys.add`` of 0 per lane)."""
+        zero = tl.cast(0, p.dtype.element_ty)
+        return tl.atomic_add(p, zero, mask=mask, sem="acquire", scope="sys")
+
+    @triton.jit
+    def _load_relaxed(p):
+        """``*p`` (this device's memory), relaxed, gpu scope: an atomic add of 0 (a relaxed
+        ``ld``); as a scalar atomic, its value is the same in every thread."""
+        return tl.atomic_add(p, tl.cast(0, p.dtype.element_ty), sem="relaxed", scope="gpu")
+
+    @triton.jit
+    def _poll(p, target, slice_ns):
+        """Spin until ``*p >= target`` or about ``slice_ns`` passed on the global timer.
+
+        Volatile loads (``ld.volatile``: relaxed, system scope in the PTX memory model; no
+        CTA barrier, so the threads may leave the loop at different iterations, as in
+        ``tl.atomic_poll``); the caller re-reads the slot with an acquire load."""
+        t0 = _now_ns()
+        v = tl.load(p, volatile=True)
+        while (v < target) & (_now_ns() - t0 < slice_ns):
+            v = tl.load(p, volatile=True)
+
+    @triton.jit
+    def _before_release():
+        """A CTA barrier (``bar.sync``), so a scalar release atomic, issued by one thread,
+        publishes every thread's earlier stores: Triton 3.6 puts none before a scalar atomic
+        whose result is unused."""
+        tl.debug_barrier()
 
 
 @triton.jit
@@ -138,6 +221,7 @@ def signal_set(pad, slot, value, peer, bases, rank):
     the old value. Everything this program stored before is visible to a peer that acquires
     the new value. ``peer == rank`` signals this rank's own pad."""
     p = peer_ptr(pad, peer, bases, rank) + slot
+    _before_release()
     return tl.atomic_xchg(p, tl.cast(value, pad.dtype.element_ty), sem="release", scope="sys")
 
 
@@ -146,13 +230,14 @@ def signal_add(pad, slot, value, peer, bases, rank):
     """Add ``value`` to ``peer``'s signal ``pad[slot]`` (release, system scope); returns the old
     value. Use it for counters several ranks bump (e.g. "arrivals >= world - 1")."""
     p = peer_ptr(pad, peer, bases, rank) + slot
+    _before_release()
     return tl.atomic_add(p, tl.cast(value, pad.dtype.element_ty), sem="release", scope="sys")
 
 
 @triton.jit
 def read_signal(pad, slot):
     """This rank's ``pad[slot]`` (acquire, system scope), without waiting."""
-    return tl.atomic_load(pad + slot, sem="acquire", scope="sys")
+    return _load_acquire(pad + slot)
 
 
 @triton.jit
@@ -174,17 +259,17 @@ def _record(err, code, rank, peer, epoch, slot, observed, site):
 def _wait(pad, slot, epoch, peer, err, rank, timeout_ns, code, site):
     p = pad + slot
     target = tl.cast(epoch, pad.dtype.element_ty)
-    v = tl.atomic_load(p, sem="acquire", scope="sys")
+    v = _load_acquire(p)
     if v < target:
         slices = tl.cast(timeout_ns, tl.int64) // SLICE_NS + 1
         i = tl.cast(0, tl.int64)
-        failed = tl.atomic_load(err, sem="relaxed", scope="gpu")
+        failed = _load_relaxed(err)
         while (v < target) & (i < slices) & (failed == 0):
             # returns early when the slot equals target; a slot that jumped past it is caught
             # by the >= test on the acquire load below, one slice later at most
-            tl.atomic_poll(p, target, sem="relaxed", scope="sys", timeout_ns=SLICE_NS)
-            v = tl.atomic_load(p, sem="acquire", scope="sys")
-            failed = tl.atomic_load(err, sem="relaxed", scope="gpu")
+            _poll(p, target, SLICE_NS)
+            v = _load_acquire(p)
+            failed = _load_relaxed(err)
             i += 1
         if v < target:
             _record(err, code, rank, peer, epoch, slot, v, site)
@@ -251,21 +336,20 @@ def barrier(pad, slot0, epoch, bases, rank, err, timeout_ns, WORLD: tl.constexpr
                    sem="release", scope="sys")
     # wait: all members' slots of this rank's pad at once
     own = pad + slot0 + lane
-    v = tl.atomic_load(own, mask=peers, sem="acquire", scope="sys")
+    v = _load_acquire(own, peers)
     late = peers & (v < target)
     n_late = tl.sum(late.to(tl.int32), 0)
     if n_late > 0:
         slices = tl.cast(timeout_ns, tl.int64) // SLICE_NS + 1
         i = tl.cast(0, tl.int64)
-        failed = tl.atomic_load(err, sem="relaxed", scope="gpu")
+        failed = _load_relaxed(err)
         while (n_late > 0) & (i < slices) & (failed == 0):
             first = tl.min(tl.where(late, lane, WP2), 0)
             # returns early when that slot equals target; one that jumped past it is caught by
             # the >= test on the acquire load below, one slice later at most
-            tl.atomic_poll(pad + slot0 + first, target, sem="relaxed", scope="sys",
-                           timeout_ns=SLICE_NS)
-            failed = tl.atomic_load(err, sem="relaxed", scope="gpu")
-            v = tl.atomic_load(own, mask=peers, sem="acquire", scope="sys")
+            _poll(pad + slot0 + first, target, SLICE_NS)
+            failed = _load_relaxed(err)
+            v = _load_acquire(own, peers)
             late = peers & (v < target)
             n_late = tl.sum(late.to(tl.int32), 0)
             i += 1
