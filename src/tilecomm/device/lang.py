@@ -82,6 +82,11 @@ NATIVE_AVAILABLE = all(hasattr(tl, n) for n in ("atomic_load", "atomic_poll"))
 #: TILECOMM_DEVICE_COMPAT=1 forces it (CI tests it under 3.9 that way).
 COMPAT = (not NATIVE_AVAILABLE) or _settings().device_compat
 
+if INTERPRETED:
+    # NOTE [interpreter scalar index, Triton 3.6]: range() over kernel scalars with NumPy 2.4
+    from .interpreter import index_scalars_like_triton39
+    index_scalars_like_triton39()
+
 #: Length of one poll slice. On the GPU a slice is a spin on the global timer, short enough
 #: that a signal that jumped past the awaited epoch (so equality never matched) costs little;
 #: in the interpreter each loop iteration costs ~0.2 ms of Python anyway.
