@@ -292,8 +292,9 @@ def sync_counts(ptx: str) -> dict[str, int]:
     ``release``: release atomics (``atom``/``red`` with ``.release`` or ``.acq_rel``) plus
     standalone release fences (``fence.sc``, ``fence.acq_rel``, ``fence.release``,
     ``membar``), each costs a fence at its scope; ``acquire``: ``fence.acquire`` (the
-    acquire half of an acquire load, as Triton lowers it); ``strong_loads``: ``ld.relaxed`` /
-    ``ld.acquire`` loads (signal polls)."""
+    acquire half of an acquire load, as Triton 3.9 lowers ``tl.atomic_load``), or an acquire
+    ``ld`` / ``atom`` (how lang's compatibility path acquires); ``strong_loads``:
+    ``ld.relaxed`` / ``ld.acquire`` loads (signal polls; ``ld.volatile`` spins not counted)."""
     c = {"release": 0, "acquire": 0, "strong_loads": 0}
     for m in _SYNC_OP.finditer(ptx):
         op = m.group(1)
@@ -303,9 +304,12 @@ def sync_counts(ptx: str) -> dict[str, int]:
             c["release"] += 1
         elif op.startswith("fence.acquire"):
             c["acquire"] += 1
+        elif op.startswith("atom.") and ".acquire" in op:
+            c["acquire"] += 1                  # lang's compat path: per-lane acquire add of 0
         elif op.startswith("ld.") and (".relaxed" in op or ".acquire" in op) and \
                 ".global" in op:
             c["strong_loads"] += 1
+            c["acquire"] += ".acquire" in op   # lang's compat path: ld.acquire, no fence
     return c
 
 

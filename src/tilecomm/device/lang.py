@@ -1,8 +1,10 @@
 """Device-side communication primitives: Triton ``@jit`` functions over a symmetric heap.
 
 Import this module only where Triton kernels run; set ``TRITON_INTERPRET=1`` *before* the
-first import to run them on the CPU (the shared-memory heap). Plain Triton only (no inline
-assembly), so every function runs under the interpreter and compiles for sm_90.
+first import to run them on the CPU (the shared-memory heap). Every function runs under the
+interpreter and compiles for sm_90, with Triton 3.9 (native path) and with Triton 3.6 (the
+compatibility path below; its only inline assembly is the global-timer read, which the
+interpreter replaces with the CPU clock).
 
 Vocabulary
 ----------
@@ -33,8 +35,9 @@ Memory model
 signalling (including ``put`` into the peer's memory) is visible to the peer's program once its
 wait returns True. Why:
 
-* release/acquire, not relaxed + fences: Triton lowers them to ``atom.release.sys`` /
-  ``ld.relaxed.sys`` + ``fence.acquire.sys`` on sm_90, and it puts a CTA barrier
+* release/acquire, not relaxed + fences: Triton 3.9 lowers them to ``atom.release.sys`` /
+  ``ld.relaxed.sys`` + ``fence.acquire.sys`` on sm_90 (the compatibility path below: the same
+  release atomics, ``ld.acquire.sys`` / ``atom.acquire.sys``), and it puts a CTA barrier
   (``bar.sync``) before a scalar atomic and after broadcasting a scalar load, so the release
   covers the stores of *all* threads of the program, and all threads see what the acquire saw.
 * ``scope="sys"``: peers are other processes, possibly on other GPUs (NVLink / PCIe peer
@@ -45,11 +48,44 @@ wait returns True. Why:
 On the CPU (interpreter) x86-64 is TSO and the atomics are locked instructions, which is
 stronger than the above.
 
+Compatibility path (Triton without ``tl.atomic_load`` / ``tl.atomic_poll``: 3.6 checked)
+---------------------------------------------------------------------------------------
+Chosen once at import (:data:`COMPAT`): by feature detection (``hasattr(tl, "atomic_poll")``
+and ``"atomic_load"``), never a version string, or forced with ``TILECOMM_DEVICE_COMPAT=1``
+(:mod:`tilecomm.settings`; CI runs tests/device/test_device_compat.py that way under 3.9).
+Same public functions, same promises; only three private helpers differ
+(``_load_acquire``, ``_load_relaxed``, ``_poll``), plus ``_before_release``:
+
+* acquire load = ``tl.atomic_add(p, 0, sem="acquire", scope="sys")``. For a scalar Triton
+  (3.6 and 3.9) folds the add of 0 into a plain acquire load, ``ld.global.sys.acquire.b64``
+  by one thread, broadcast through shared memory with a ``bar.sync`` (3.9's native path:
+  ``ld.relaxed.sys`` + ``fence.acquire.sys``, same broadcast). For ``barrier``'s vector of
+  slots it stays a per-lane ``atom.global.sys.acquire.add.u64`` of 0 (an RMW that writes the
+  value it read; signals only grow, so it never loses a peer's update), followed by the same
+  ``bar.sync`` before any data access. compile_check's ordering check treats an acquire
+  ``ld``/``atom`` like a ``fence.acquire``.
+* relaxed load of the error word = ``tl.atomic_add(err, 0, sem="relaxed", scope="gpu")``
+  (``ld.global.gpu.relaxed``, broadcast): the same value in every thread, so the wait loops
+  stay uniform across the CTA (their bodies hold ``bar.sync``).
+* release: ``signal_set`` / ``signal_add`` are the same release atomics, but Triton 3.6 puts
+  no ``bar.sync`` before a scalar atomic whose result is unused (3.9 does), so the compat path
+  issues one (``tl.debug_barrier``) right before the atomic: the release again covers every
+  thread's stores. (Under 3.9 with the switch on there are two in a row; harmless.)
+* bounded poll (``_poll``): all threads spin on ``tl.load(p, volatile=True)``
+  (``ld.volatile.global``, which the PTX memory model treats as relaxed at system scope),
+  until the slot is ``>= epoch`` or ``SLICE_NS`` passed on the GPU global timer
+  (``mov.u64 %globaltimer``, inline asm, not pure) -- the loop 3.9's ``tl.atomic_poll``
+  compiles to (there: ``ld.relaxed.sys``, exit on ``==``). No barrier inside, so threads may
+  leave it at different iterations; the acquire load after it re-synchronizes them.
+  Interpreter: no inline assembly, so the timer is Python's ``time.perf_counter_ns()``, the
+  clock 3.9's interpreted ``tl.atomic_poll`` uses. The wait's time bound is unchanged.
+
 Bounded waits
 -------------
-A wait polls with ``tl.atomic_poll`` (which sleeps on the GPU global timer, or the CPU clock in
-the interpreter) in slices of ``SLICE_NS`` for at most ``timeout_ns`` in total, then re-checks
-``>=`` with an acquire load: the total wait is at least ``timeout_ns`` and never endless.
+A wait polls with ``tl.atomic_poll`` (compat path: a volatile-load spin; either way timed by
+the GPU global timer, or the CPU clock in the interpreter) in slices of ``SLICE_NS`` for
+``timeout_ns // SLICE_NS + 1`` slices, re-checking ``>=`` with an acquire load after each:
+the total wait is at least ``timeout_ns`` and never endless.
 A wait first looks at ``err``: once a wait of the launch has given up, later waits of this
 rank's launch return False at once (no chain of timeouts).
 
@@ -321,7 +357,7 @@ def barrier(pad, slot0, epoch, bases, rank, err, timeout_ns, WORLD: tl.constexpr
       and remote round trip).
     * **wait**: one vector acquire load of all members' slots in this rank's pad per round;
       while some member is short it sleeps on the first late one (``tl.atomic_poll`` on that
-      slot, ``SLICE_NS`` per slice, bounded by ``timeout_ns`` as :func:`wait_ge`) and loads
+      slot, or the compat path's spin, ``SLICE_NS`` per slice, bounded by ``timeout_ns`` as :func:`wait_ge`) and loads
       them all again; then a ``bar.sync`` so every thread's later loads follow the acquire.
     * A barrier that gives up records one failure (``BARRIER_TIMEOUT``): the lowest late
       member as the peer, its slot and the value it held.
