@@ -29,7 +29,7 @@ from .test_device_api import _silent_peer
 
 
 def _interpret_compat(comm):
-    assert "tilecomm.device.lang" not in sys.modules, "kernels were imported without the interpreter"
+    assert "tilecomm.device.lang" not in sys.modules, "kernels imported without the interpreter"
     from tilecomm.settings import settings
 
     os.environ["TRITON_INTERPRET"] = "1"

@@ -357,8 +357,9 @@ def barrier(pad, slot0, epoch, bases, rank, err, timeout_ns, WORLD: tl.constexpr
       and remote round trip).
     * **wait**: one vector acquire load of all members' slots in this rank's pad per round;
       while some member is short it sleeps on the first late one (``tl.atomic_poll`` on that
-      slot, or the compat path's spin, ``SLICE_NS`` per slice, bounded by ``timeout_ns`` as :func:`wait_ge`) and loads
-      them all again; then a ``bar.sync`` so every thread's later loads follow the acquire.
+      slot, or the compat path's spin, ``SLICE_NS`` per slice, bounded by ``timeout_ns`` as
+      :func:`wait_ge`) and loads them all again; then a ``bar.sync`` so every thread's
+      later loads follow the acquire.
     * A barrier that gives up records one failure (``BARRIER_TIMEOUT``): the lowest late
       member as the peer, its slot and the value it held.
     """
