@@ -47,6 +47,12 @@ class Settings:
     #: up; the host then raises CommTimeout. Measured with the GPU global timer (the
     #: interpreter: the CPU clock), so a dead peer costs about this long, never a hang.
     device_timeout: float = 10.0
+    #: TILECOMM_DEVICE_COMPAT: 1 makes tilecomm.device.lang use its compatibility path even
+    #: where Triton has tl.atomic_load and tl.atomic_poll (3.9+): acquire loads as atomic adds
+    #: of 0, bounded polls as spins on the GPU global timer (the interpreter: the CPU clock).
+    #: 0 (default): the native primitives where Triton has them; an older Triton (3.6 checked)
+    #: always takes the compatibility path. Read once, when lang is first imported.
+    device_compat: bool = False
     #: TILECOMM_DEVICE_HEAP_BYTES: bytes of CUDA symmetric heap per rank for the GPU collective
     #: kernels (staging, scratch, signal pads) and comm.alloc(..., device="cuda").
     device_heap_bytes: int = 256 << 20

@@ -205,6 +205,9 @@ def global_accesses(ptx: str) -> "dict[tuple[str, int], int]":
 
 _INSTR = re.compile(r"^\s*(?:@!?%p\d+\s+)?([a-z][\w.]*)")
 _LABEL = re.compile(r"^\s*\$?[\w.$]+:")
+#: debug-line labels (``$L__tmp3:``): no branch targets them, so they split no block (Triton
+#: 3.6 emits them around inlined calls, e.g. between lang's bar.sync and its release atomic)
+_DEBUG_LABEL = re.compile(r"^\s*\$L__tmp\d+:")
 
 
 def ordering_problems(ptx: str) -> list[str]:
@@ -217,7 +220,8 @@ def ordering_problems(ptx: str) -> list[str]:
       stores part of what the release publishes (PTX cumulativity). Loads in between (the
       peers' heap bases) are fine.
     * Every ``fence.acquire`` (the acquire half of a wait: one thread's scalar acquire load,
-      or the lanes of ``lang.barrier``'s vector load) must be followed by a ``bar.sync``
+      or the lanes of ``lang.barrier``'s vector load), and every acquire ``ld`` / ``atom``
+      (how lang's compatibility path acquires), must be followed by a ``bar.sync``
       *in its own block*, before any global load or store and before the block ends (a
       label, branch or ``ret``): the other threads' data loads must be ordered after the
       acquiring threads' fence, and a block that leaves the fence unsynchronized could reach
@@ -235,6 +239,8 @@ def ordering_problems(ptx: str) -> list[str]:
                    f"bar.sync between")
 
     for i, line in enumerate(ptx.splitlines(), 1):
+        if _DEBUG_LABEL.match(line):
+            continue
         if _LABEL.match(line) and not line.lstrip().startswith("//"):
             if pending_acquire is not None:
                 unsynced(i, "end of block")
@@ -253,6 +259,12 @@ def ordering_problems(ptx: str) -> list[str]:
             bar_ok = False
         elif op.startswith("fence.acquire") or op.startswith("fence.acq_rel"):
             pending_acquire = i
+        elif op.startswith(("ld.", "atom.")) and ".acquire" in op:
+            # lang's compatibility path: the acquire is the load (ld.acquire) or a per-lane
+            # atom.acquire add of 0 itself, not a fence after a relaxed load
+            pending_acquire = i
+            if op.startswith("atom."):
+                bar_ok = False
         elif op.startswith(("st.global", "atom.", "red.", "ld.global", "bra", "ret")):
             if pending_acquire is not None and not op.startswith(("atom.", "red.")):
                 unsynced(i, op)
@@ -280,8 +292,9 @@ def sync_counts(ptx: str) -> dict[str, int]:
     ``release``: release atomics (``atom``/``red`` with ``.release`` or ``.acq_rel``) plus
     standalone release fences (``fence.sc``, ``fence.acq_rel``, ``fence.release``,
     ``membar``), each costs a fence at its scope; ``acquire``: ``fence.acquire`` (the
-    acquire half of an acquire load, as Triton lowers it); ``strong_loads``: ``ld.relaxed`` /
-    ``ld.acquire`` loads (signal polls)."""
+    acquire half of an acquire load, as Triton 3.9 lowers ``tl.atomic_load``), or an acquire
+    ``ld`` / ``atom`` (how lang's compatibility path acquires); ``strong_loads``:
+    ``ld.relaxed`` / ``ld.acquire`` loads (signal polls; ``ld.volatile`` spins not counted)."""
     c = {"release": 0, "acquire": 0, "strong_loads": 0}
     for m in _SYNC_OP.finditer(ptx):
         op = m.group(1)
@@ -291,9 +304,12 @@ def sync_counts(ptx: str) -> dict[str, int]:
             c["release"] += 1
         elif op.startswith("fence.acquire"):
             c["acquire"] += 1
+        elif op.startswith("atom.") and ".acquire" in op:
+            c["acquire"] += 1                  # lang's compat path: per-lane acquire add of 0
         elif op.startswith("ld.") and (".relaxed" in op or ".acquire" in op) and \
                 ".global" in op:
             c["strong_loads"] += 1
+            c["acquire"] += ".acquire" in op   # lang's compat path: ld.acquire, no fence
     return c
 
 

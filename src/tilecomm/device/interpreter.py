@@ -8,6 +8,13 @@ NOTE [interpreter bf16 rounding]
     the executor's) in the last bit. :func:`round_bf16_like_gpu` replaces that one conversion
     with torch's round-to-nearest-even; the Triton backend installs it in every rank process
     that runs kernels in the interpreter (``TILECOMM_CPU_KERNELS=triton``), and only there.
+
+NOTE [interpreter scalar index, Triton 3.6]
+    The Triton 3.6 interpreter holds a scalar as a one-element 1-D numpy array and converts it
+    to a Python int (``range(first, n, step)`` over kernel scalars, as ``copy_blocks`` does) with
+    ``int(array)``, which NumPy 2.4 refuses ("only 0-dimensional arrays can be converted").
+    Triton 3.9 squeezes the array first. :func:`index_scalars_like_triton39` installs that
+    conversion; ``tilecomm.device.lang`` calls it when it is imported under the interpreter.
 """
 
 from __future__ import annotations
@@ -39,4 +46,34 @@ def round_bf16_like_gpu() -> bool:
 
     builder.cast_impl = cast_impl
     builder._tilecomm_rne = True
+    return True
+
+
+def index_scalars_like_triton39() -> bool:
+    """Make the interpreter's ``tensor.__index__`` squeeze a one-element array before ``int``
+    (see NOTE [interpreter scalar index, Triton 3.6]). Installed only where NumPy refuses
+    ``int`` of a 1-D array (Triton 3.9 already squeezes: same result there). Idempotent;
+    returns whether the conversion is installed."""
+    import numpy as np
+
+    try:
+        int(np.zeros(1, dtype=np.int64))
+        return False                              # this NumPy converts 1-element arrays
+    except TypeError:
+        pass
+    try:
+        from triton.runtime import interpreter as itp
+        orig = itp._patch_lang_tensor
+    except (ImportError, AttributeError):         # pragma: no cover - another triton layout
+        return False
+    if getattr(orig, "_tilecomm_index", False):
+        return True
+
+    def _patch_lang_tensor(tensor, scope):
+        orig(tensor, scope)
+        scope.set_attr(tensor, "__index__",
+                       lambda self: int(np.asarray(self.handle.data).squeeze()))
+
+    _patch_lang_tensor._tilecomm_index = True
+    itp._patch_lang_tensor = _patch_lang_tensor
     return True

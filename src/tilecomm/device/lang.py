@@ -1,8 +1,10 @@
 """Device-side communication primitives: Triton ``@jit`` functions over a symmetric heap.
 
 Import this module only where Triton kernels run; set ``TRITON_INTERPRET=1`` *before* the
-first import to run them on the CPU (the shared-memory heap). Plain Triton only (no inline
-assembly), so every function runs under the interpreter and compiles for sm_90.
+first import to run them on the CPU (the shared-memory heap). Every function runs under the
+interpreter and compiles for sm_90, with Triton 3.9 (native path) and with Triton 3.6 (the
+compatibility path below; its only inline assembly is the global-timer read, which the
+interpreter replaces with the CPU clock).
 
 Vocabulary
 ----------
@@ -33,8 +35,9 @@ Memory model
 signalling (including ``put`` into the peer's memory) is visible to the peer's program once its
 wait returns True. Why:
 
-* release/acquire, not relaxed + fences: Triton lowers them to ``atom.release.sys`` /
-  ``ld.relaxed.sys`` + ``fence.acquire.sys`` on sm_90, and it puts a CTA barrier
+* release/acquire, not relaxed + fences: Triton 3.9 lowers them to ``atom.release.sys`` /
+  ``ld.relaxed.sys`` + ``fence.acquire.sys`` on sm_90 (the compatibility path below: the same
+  release atomics, ``ld.acquire.sys`` / ``atom.acquire.sys``), and it puts a CTA barrier
   (``bar.sync``) before a scalar atomic and after broadcasting a scalar load, so the release
   covers the stores of *all* threads of the program, and all threads see what the acquire saw.
 * ``scope="sys"``: peers are other processes, possibly on other GPUs (NVLink / PCIe peer
@@ -45,11 +48,44 @@ wait returns True. Why:
 On the CPU (interpreter) x86-64 is TSO and the atomics are locked instructions, which is
 stronger than the above.
 
+Compatibility path (Triton without ``tl.atomic_load`` / ``tl.atomic_poll``: 3.6 checked)
+---------------------------------------------------------------------------------------
+Chosen once at import (:data:`COMPAT`): by feature detection (``hasattr(tl, "atomic_poll")``
+and ``"atomic_load"``), never a version string, or forced with ``TILECOMM_DEVICE_COMPAT=1``
+(:mod:`tilecomm.settings`; CI runs tests/device/test_device_compat.py that way under 3.9).
+Same public functions, same promises; only three private helpers differ
+(``_load_acquire``, ``_load_relaxed``, ``_poll``), plus ``_before_release``:
+
+* acquire load = ``tl.atomic_add(p, 0, sem="acquire", scope="sys")``. For a scalar Triton
+  (3.6 and 3.9) folds the add of 0 into a plain acquire load, ``ld.global.sys.acquire.b64``
+  by one thread, broadcast through shared memory with a ``bar.sync`` (3.9's native path:
+  ``ld.relaxed.sys`` + ``fence.acquire.sys``, same broadcast). For ``barrier``'s vector of
+  slots it stays a per-lane ``atom.global.sys.acquire.add.u64`` of 0 (an RMW that writes the
+  value it read; signals only grow, so it never loses a peer's update), followed by the same
+  ``bar.sync`` before any data access. compile_check's ordering check treats an acquire
+  ``ld``/``atom`` like a ``fence.acquire``.
+* relaxed load of the error word = ``tl.atomic_add(err, 0, sem="relaxed", scope="gpu")``
+  (``ld.global.gpu.relaxed``, broadcast): the same value in every thread, so the wait loops
+  stay uniform across the CTA (their bodies hold ``bar.sync``).
+* release: ``signal_set`` / ``signal_add`` are the same release atomics, but Triton 3.6 puts
+  no ``bar.sync`` before a scalar atomic whose result is unused (3.9 does), so the compat path
+  issues one (``tl.debug_barrier``) right before the atomic: the release again covers every
+  thread's stores. (Under 3.9 with the switch on there are two in a row; harmless.)
+* bounded poll (``_poll``): all threads spin on ``tl.load(p, volatile=True)``
+  (``ld.volatile.global``, which the PTX memory model treats as relaxed at system scope),
+  until the slot is ``>= epoch`` or ``SLICE_NS`` passed on the GPU global timer
+  (``mov.u64 %globaltimer``, inline asm, not pure) -- the loop 3.9's ``tl.atomic_poll``
+  compiles to (there: ``ld.relaxed.sys``, exit on ``==``). No barrier inside, so threads may
+  leave it at different iterations; the acquire load after it re-synchronizes them.
+  Interpreter: no inline assembly, so the timer is Python's ``time.perf_counter_ns()``, the
+  clock 3.9's interpreted ``tl.atomic_poll`` uses. The wait's time bound is unchanged.
+
 Bounded waits
 -------------
-A wait polls with ``tl.atomic_poll`` (which sleeps on the GPU global timer, or the CPU clock in
-the interpreter) in slices of ``SLICE_NS`` for at most ``timeout_ns`` in total, then re-checks
-``>=`` with an acquire load: the total wait is at least ``timeout_ns`` and never endless.
+A wait polls with ``tl.atomic_poll`` (compat path: a volatile-load spin; either way timed by
+the GPU global timer, or the CPU clock in the interpreter) in slices of ``SLICE_NS`` for
+``timeout_ns // SLICE_NS + 1`` slices, re-checking ``>=`` with an acquire load after each:
+the total wait is at least ``timeout_ns`` and never endless.
 A wait first looks at ``err``: once a wait of the launch has given up, later waits of this
 rank's launch return False at once (no chain of timeouts).
 
@@ -62,18 +98,30 @@ and on earlier programs of its own launch, never on a later one.
 from __future__ import annotations
 
 import os
+import time
 
 import triton
 import triton.language as tl
 
 from . import errors as _e
-
-if not all(hasattr(tl, n) for n in ("atomic_load", "atomic_poll")):  # pragma: no cover
-    raise ImportError(f"tilecomm.device needs tl.atomic_load and tl.atomic_poll, which triton "
-                      f"{triton.__version__} lacks; install triton >= 3.9")
+from ..settings import settings as _settings
 
 #: True when kernels run in the Triton interpreter (TRITON_INTERPRET=1 at import).
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+
+#: True when this Triton has the primitives the native path uses (``tl.atomic_load``,
+#: ``tl.atomic_poll``: Triton 3.9+). Feature detection, never a version string.
+NATIVE_AVAILABLE = all(hasattr(tl, n) for n in ("atomic_load", "atomic_poll"))
+
+#: True when this process uses the compatibility path (see "Compatibility path" above):
+#: chosen once, at import, because this Triton lacks the native primitives or because
+#: TILECOMM_DEVICE_COMPAT=1 forces it (CI tests it under 3.9 that way).
+COMPAT = (not NATIVE_AVAILABLE) or _settings().device_compat
+
+if INTERPRETED:
+    # NOTE [interpreter scalar index, Triton 3.6]: range() over kernel scalars with NumPy 2.4
+    from .interpreter import index_scalars_like_triton39
+    index_scalars_like_triton39()
 
 #: Length of one poll slice. On the GPU a slice is a spin on the global timer, short enough
 #: that a signal that jumped past the awaited epoch (so equality never matched) costs little;
@@ -91,6 +139,82 @@ HEAP_ALIGN = tl.constexpr(256)
 #: ``op`` of put_signal
 SIGNAL_SET = tl.constexpr(0)
 SIGNAL_ADD = tl.constexpr(1)
+
+
+# --- the two paths: the only place lang.py touches Triton's atomic loads and polls -------------
+# Both define _load_acquire / _load_relaxed / _poll with the same meaning; the functions below
+# call only these. Chosen once, at import (COMPAT).
+
+if not COMPAT:
+    @triton.jit
+    def _load_acquire(p, mask=None):
+        """``*p`` (a pointer or block of pointers), acquire, system scope."""
+        return tl.atomic_load(p, mask=mask, sem="acquire", scope="sys")
+
+    @triton.jit
+    def _load_relaxed(p):
+        """``*p`` (a scalar pointer to this device's memory), relaxed, gpu scope."""
+        return tl.atomic_load(p, sem="relaxed", scope="gpu")
+
+    @triton.jit
+    def _poll(p, target, slice_ns):
+        """Return once ``*p == target`` (relaxed, system scope) or after about ``slice_ns``."""
+        tl.atomic_poll(p, target, sem="relaxed", scope="sys", timeout_ns=slice_ns)
+
+    @triton.jit
+    def _before_release():
+        """Nothing: Triton 3.9 puts a CTA barrier before every scalar atomic itself."""
+        pass
+
+else:
+    if INTERPRETED:
+        def _clock_ns():
+            # the interpreter runs kernels as Python and has no inline assembly: its CPU clock
+            # (the one its tl.atomic_poll uses in Triton 3.9) stands in for the global timer
+            return time.perf_counter_ns()
+
+        @triton.jit
+        def _now_ns():
+            return tl.cast(_clock_ns(), tl.int64)
+    else:
+        @triton.jit
+        def _now_ns():
+            # the GPU global timer (ns); not pure: every call reads it anew
+            return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [],
+                                             dtype=tl.int64, is_pure=False, pack=1)
+
+    @triton.jit
+    def _load_acquire(p, mask=None):
+        """``*p``, acquire, system scope: an atomic add of 0 that returns the value (Triton
+        lowers the scalar one to ``ld.acquire.sys``, a block of them to
+        ``atom.acquire.sys.add`` of 0 per lane)."""
+        zero = tl.cast(0, p.dtype.element_ty)
+        return tl.atomic_add(p, zero, mask=mask, sem="acquire", scope="sys")
+
+    @triton.jit
+    def _load_relaxed(p):
+        """``*p`` (this device's memory), relaxed, gpu scope: an atomic add of 0 (a relaxed
+        ``ld``); as a scalar atomic, its value is the same in every thread."""
+        return tl.atomic_add(p, tl.cast(0, p.dtype.element_ty), sem="relaxed", scope="gpu")
+
+    @triton.jit
+    def _poll(p, target, slice_ns):
+        """Spin until ``*p >= target`` or about ``slice_ns`` passed on the global timer.
+
+        Volatile loads (``ld.volatile``: relaxed, system scope in the PTX memory model; no
+        CTA barrier, so the threads may leave the loop at different iterations, as in
+        ``tl.atomic_poll``); the caller re-reads the slot with an acquire load."""
+        t0 = _now_ns()
+        v = tl.load(p, volatile=True)
+        while (v < target) & (_now_ns() - t0 < slice_ns):
+            v = tl.load(p, volatile=True)
+
+    @triton.jit
+    def _before_release():
+        """A CTA barrier (``bar.sync``), so a scalar release atomic, issued by one thread,
+        publishes every thread's earlier stores: Triton 3.6 puts none before a scalar atomic
+        whose result is unused."""
+        tl.debug_barrier()
 
 
 @triton.jit
@@ -138,6 +262,7 @@ def signal_set(pad, slot, value, peer, bases, rank):
     the old value. Everything this program stored before is visible to a peer that acquires
     the new value. ``peer == rank`` signals this rank's own pad."""
     p = peer_ptr(pad, peer, bases, rank) + slot
+    _before_release()
     return tl.atomic_xchg(p, tl.cast(value, pad.dtype.element_ty), sem="release", scope="sys")
 
 
@@ -146,13 +271,14 @@ def signal_add(pad, slot, value, peer, bases, rank):
     """Add ``value`` to ``peer``'s signal ``pad[slot]`` (release, system scope); returns the old
     value. Use it for counters several ranks bump (e.g. "arrivals >= world - 1")."""
     p = peer_ptr(pad, peer, bases, rank) + slot
+    _before_release()
     return tl.atomic_add(p, tl.cast(value, pad.dtype.element_ty), sem="release", scope="sys")
 
 
 @triton.jit
 def read_signal(pad, slot):
     """This rank's ``pad[slot]`` (acquire, system scope), without waiting."""
-    return tl.atomic_load(pad + slot, sem="acquire", scope="sys")
+    return _load_acquire(pad + slot)
 
 
 @triton.jit
@@ -174,17 +300,17 @@ def _record(err, code, rank, peer, epoch, slot, observed, site):
 def _wait(pad, slot, epoch, peer, err, rank, timeout_ns, code, site):
     p = pad + slot
     target = tl.cast(epoch, pad.dtype.element_ty)
-    v = tl.atomic_load(p, sem="acquire", scope="sys")
+    v = _load_acquire(p)
     if v < target:
         slices = tl.cast(timeout_ns, tl.int64) // SLICE_NS + 1
         i = tl.cast(0, tl.int64)
-        failed = tl.atomic_load(err, sem="relaxed", scope="gpu")
+        failed = _load_relaxed(err)
         while (v < target) & (i < slices) & (failed == 0):
             # returns early when the slot equals target; a slot that jumped past it is caught
             # by the >= test on the acquire load below, one slice later at most
-            tl.atomic_poll(p, target, sem="relaxed", scope="sys", timeout_ns=SLICE_NS)
-            v = tl.atomic_load(p, sem="acquire", scope="sys")
-            failed = tl.atomic_load(err, sem="relaxed", scope="gpu")
+            _poll(p, target, SLICE_NS)
+            v = _load_acquire(p)
+            failed = _load_relaxed(err)
             i += 1
         if v < target:
             _record(err, code, rank, peer, epoch, slot, v, site)
@@ -231,8 +357,9 @@ def barrier(pad, slot0, epoch, bases, rank, err, timeout_ns, WORLD: tl.constexpr
       and remote round trip).
     * **wait**: one vector acquire load of all members' slots in this rank's pad per round;
       while some member is short it sleeps on the first late one (``tl.atomic_poll`` on that
-      slot, ``SLICE_NS`` per slice, bounded by ``timeout_ns`` as :func:`wait_ge`) and loads
-      them all again; then a ``bar.sync`` so every thread's later loads follow the acquire.
+      slot, or the compat path's spin, ``SLICE_NS`` per slice, bounded by ``timeout_ns`` as
+      :func:`wait_ge`) and loads them all again; then a ``bar.sync`` so every thread's
+      later loads follow the acquire.
     * A barrier that gives up records one failure (``BARRIER_TIMEOUT``): the lowest late
       member as the peer, its slot and the value it held.
     """
@@ -251,21 +378,20 @@ def barrier(pad, slot0, epoch, bases, rank, err, timeout_ns, WORLD: tl.constexpr
                    sem="release", scope="sys")
     # wait: all members' slots of this rank's pad at once
     own = pad + slot0 + lane
-    v = tl.atomic_load(own, mask=peers, sem="acquire", scope="sys")
+    v = _load_acquire(own, peers)
     late = peers & (v < target)
     n_late = tl.sum(late.to(tl.int32), 0)
     if n_late > 0:
         slices = tl.cast(timeout_ns, tl.int64) // SLICE_NS + 1
         i = tl.cast(0, tl.int64)
-        failed = tl.atomic_load(err, sem="relaxed", scope="gpu")
+        failed = _load_relaxed(err)
         while (n_late > 0) & (i < slices) & (failed == 0):
             first = tl.min(tl.where(late, lane, WP2), 0)
             # returns early when that slot equals target; one that jumped past it is caught by
             # the >= test on the acquire load below, one slice later at most
-            tl.atomic_poll(pad + slot0 + first, target, sem="relaxed", scope="sys",
-                           timeout_ns=SLICE_NS)
-            failed = tl.atomic_load(err, sem="relaxed", scope="gpu")
-            v = tl.atomic_load(own, mask=peers, sem="acquire", scope="sys")
+            _poll(pad + slot0 + first, target, SLICE_NS)
+            failed = _load_relaxed(err)
+            v = _load_acquire(own, peers)
             late = peers & (v < target)
             n_late = tl.sum(late.to(tl.int32), 0)
             i += 1

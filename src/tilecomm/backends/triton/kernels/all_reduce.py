@@ -51,12 +51,20 @@ from .common import (COMMON_SIG, OP_SUM, acc_f32, collective_jit, copy_blocks, l
 
 
 @triton.jit
-def chunk_start(c, n, WORLD: tl.constexpr, ALIGN: tl.constexpr):
+def chunk_start(c, n, WORLD: tl.constexpr, ALIGN: tl.constexpr, HINT: tl.constexpr = False):
     """Start of two_shot's chunk ``c`` of ``[0, n)`` (``c = WORLD``: ``n``): ``c * n // WORLD``
     rounded down to a multiple of ``ALIGN`` elements (16 bytes), so every chunk starts
-    16-byte aligned and 128-bit accesses work on it; the last chunk takes the rest."""
+    16-byte aligned and 128-bit accesses work on it; the last chunk takes the rest.
+
+    ``HINT`` (only for ``c < WORLD``): tell the compiler the start is a multiple of ``ALIGN``.
+    The hint is given here, on the value computed in this body: Triton 3.6 drops a
+    ``tl.multiple_of`` put on the result of a call (3.9 keeps it), and every access of the
+    chunk went scalar."""
     up = (c // WORLD) * (ALIGN - 1)                  # c == WORLD: round up, then clip to n
-    return tl.minimum((c * n // WORLD + up) // ALIGN * ALIGN, n)
+    start = tl.minimum((c * n // WORLD + up) // ALIGN * ALIGN, n)
+    if HINT:
+        start = tl.multiple_of(start, ALIGN)
+    return start
 
 
 @collective_jit
@@ -89,12 +97,12 @@ def two_shot_all_reduce_kernel(x, out, src, half, red, pad, n, bases, rank, err,
     step = G * BLOCK
     if STAGE:
         for c in tl.static_range(WORLD):
-            c0 = tl.multiple_of(chunk_start(c, n, WORLD, ALIGN), ALIGN)
+            c0 = chunk_start(c, n, WORLD, ALIGN, True)
             clen = chunk_start(c + 1, n, WORLD, ALIGN) - c0
             copy_blocks(src + c0, x + c0, clen, pid * BLOCK, step, BLOCK)
     ok = lang.barrier(pad, pid * WORLD, epoch, bases, rank, err, timeout_ns, WORLD, site=1)
     if ok:
-        r0 = tl.multiple_of(chunk_start(rank, n, WORLD, ALIGN), ALIGN)
+        r0 = chunk_start(rank, n, WORLD, ALIGN, True)
         rlen = chunk_start(rank + 1, n, WORLD, ALIGN) - r0
         reduce_blocks(red + r0, src + r0, rlen, pid * BLOCK, step, bases, rank, WORLD, BLOCK,
                        OP, ACC_F32)
@@ -102,7 +110,7 @@ def two_shot_all_reduce_kernel(x, out, src, half, red, pad, n, bases, rank, err,
                           site=2)
     if ok:
         for c in tl.static_range(WORLD):
-            c0 = tl.multiple_of(chunk_start(c, n, WORLD, ALIGN), ALIGN)
+            c0 = chunk_start(c, n, WORLD, ALIGN, True)
             clen = chunk_start(c + 1, n, WORLD, ALIGN) - c0
             copy_blocks(out + c0, lang.peer_ptr(red, c, bases, rank) + c0, clen, pid * BLOCK,
                         step, BLOCK)
