@@ -791,7 +791,12 @@ def preflight(interpret: bool) -> dict:
     if interpret:
         return dict(verdict="ok", summary="no GPU (interpret mode)", warnings=[], problems=[])
     pf = dict(ptxas=_ptxas(), nvidia_smi=_smi(), mps=_mps())
-    rc, out, err = _run([sys.executable, "-c", _PROBE], timeout=180)
+    # from a file: Triton before 3.9 refuses @jit functions defined in `python -c` code
+    with tempfile.TemporaryDirectory() as tmp:
+        probe_py = os.path.join(tmp, "gpu_check_probe.py")
+        with open(probe_py, "w") as f:
+            f.write(_PROBE)
+        rc, out, err = _run([sys.executable, probe_py], timeout=180)
     try:
         pf["probe"] = json.loads(out.strip().splitlines()[-1])
     except (ValueError, IndexError):

@@ -50,3 +50,22 @@ def test_the_result_check_can_fail():
 def test_bad_moe_arguments_are_a_clear_error(capsys):
     assert main(["bench", "moe", "-n", "3", *SMALL]) == 2
     assert "multiple of" in capsys.readouterr().err
+
+
+def test_fp8_expected_result_has_the_combine_signed_zeros():
+    """A token whose fp8 block rounds a tiny negative to -0 comes back from combine as +0
+    (the float32 accumulator starts at +0); the bench's expected result must say so, or a
+    correct run counts wrong tokens (it did at hidden 7168: about 8% of the tokens)."""
+    import torch
+
+    from tilecomm.moe import routing
+
+    cfg = bench_moe.MoEBenchConfig(tokens=2, hidden=128, topk=1, experts=2, fp8=True)
+    x = torch.zeros((2, 128), dtype=torch.bfloat16)
+    x[:, 0] = 1.0
+    x[:, 1] = -1e-6                     # far below the block's fp8 resolution: -0
+    idx = torch.tensor([[0], [1]])
+    want = bench_moe._expected(cfg, x, idx, torch.ones((2, 1)), 1, 2)
+    assert routing.dest_mask(idx, 1, 2).sum() == 2
+    assert (want[:, 1].view(torch.int16) == 0).all()          # +0, not -0 (0x8000)
+    assert want[0, 0] == 1.0

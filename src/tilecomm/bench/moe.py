@@ -87,7 +87,9 @@ def _expected(cfg: MoEBenchConfig, x, idx, w, el, world) -> torch.Tensor:
         f = torch.where(idx >= 0, w, 0).sum(1, keepdim=True)
     else:
         f = routing.dest_mask(idx, el, world).sum(1, keepdim=True).to(torch.float32)
-    return (xs.to(torch.float32) * f).to(x.dtype)
+    # + 0.0: combine accumulates from a +0 float32 accumulator, so a row that is -0 (an fp8
+    # block rounds tiny negatives to -0) comes back as +0
+    return (xs.to(torch.float32) * f + 0.0).to(x.dtype)
 
 
 def _wrong(cfg, got, want) -> int:

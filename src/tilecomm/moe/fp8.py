@@ -3,8 +3,11 @@
 ``quantize`` runs on the source before any row moves (the same torch ops whatever engine moves
 the rows, so every engine gives the same bytes); the rows and their scales travel together and
 ``dequantize`` restores a bfloat16/float32 approximation on the receiver. The scale of a block
-is ``amax(|x|) / 448`` (448: e4m3's largest finite value), so the largest entry of every block
-maps to +-448 and nothing saturates; an all-zero block gets scale 1.
+is ``amax(|x|) * (1/448)`` (448: e4m3's largest finite value; ``1/448`` rounded to float32), so
+the largest entry of every block maps to +-448 and nothing saturates; an all-zero block gets
+scale 1. A multiplication, not ``amax / 448``: CUDA divides a tensor by a scalar as a multiply
+by the reciprocal, the CPU divides, so the division gave other scale bits on the GPU than on
+the CPU (seen on an H200); a product of two float32 values rounds the same on both.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ import torch
 DTYPE = torch.float8_e4m3fn
 BLOCK = 128
 FP8_MAX = 448.0
+#: 1/448 as a float32 value (exact in float32 arithmetic on every device)
+_INV_MAX = float(torch.tensor(1.0 / FP8_MAX, dtype=torch.float32))
 
 
 def scale_blocks(hidden: int) -> int:
@@ -28,7 +33,7 @@ def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     t, h = x.shape
     xf = x.to(torch.float32).reshape(t, scale_blocks(h), BLOCK)
     amax = xf.abs().amax(dim=-1)
-    scales = torch.where(amax > 0, amax / FP8_MAX, torch.ones((), dtype=torch.float32))
+    scales = torch.where(amax > 0, amax * _INV_MAX, torch.ones((), dtype=torch.float32))
     q = (xf / scales.unsqueeze(-1)).to(DTYPE)
     return q.reshape(t, h), scales
 
