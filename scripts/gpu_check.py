@@ -1058,7 +1058,9 @@ def run_check(cfg: dict, out_dir: str, rank_setup=None, log=print) -> tuple[dict
                   peer_copy_GBps=probe.get("peer_copy_GBps"))
     budget = cfg["budget"]
     biggest = max(cfg["check_sizes"] + cfg["time_sizes"])
-    cfg.setdefault("device_heap_bytes", max(256 << 20, 8 * biggest + (64 << 20)))
+    # every kernel keeps its own scratch (two halves, grown to its largest call): 256 MiB ran
+    # out at 16 MiB calls on an H200 once the table had run, so a GiB or more per rank
+    cfg.setdefault("device_heap_bytes", max(1 << 30, 32 * biggest + (256 << 20)))
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
         cfg["overlap_store"] = os.path.join(tmp, "torch_symm_store")   # PyTorch baseline
         for i, (w, device) in enumerate(worlds):

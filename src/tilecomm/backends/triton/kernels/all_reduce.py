@@ -46,8 +46,8 @@ import triton.language as tl
 from tilecomm.device import lang
 
 from ..registry import ALL_DTYPES, REDUCE_OPS, check_int32, kernel
-from .common import (COMMON_SIG, OP_SUM, acc_f32, collective_jit, copy_blocks, load_epoch,
-                     op_code, parity_half, reduce_blocks, signature)
+from .common import (COMMON_SIG, OP_AVG, OP_SUM, acc_f32, collective_jit, copy_blocks,
+                     load_epoch, op_code, parity_half, reduce_blocks, signature)
 
 
 @triton.jit
@@ -175,6 +175,7 @@ def _compile_entries():
     for dt in (torch.float32, torch.int32, torch.bfloat16):
         for op in range(1, 5):
             out += one(dt, op=op)
+    out += one(torch.float64, op=OP_AVG)        # fp64 avg divides with div.rn.f64
     out += one(torch.float32, world=3, stage=0)
     return out
 

@@ -124,11 +124,16 @@ def combine(acc, v, OP: tl.constexpr):
 def finish(acc, OP: tl.constexpr, WORLD: tl.constexpr):
     """Apply avg's division by the world size, correctly rounded (``div_rn``: Triton's ``/``
     on fp32 compiles to ``div.approx.f32`` on sm_90, which would not give the executor's and
-    the reference's IEEE quotient)."""
+    the reference's IEEE quotient). fp64 divides with ``/``: PTX's ``div.rn.f64`` is already
+    correctly rounded, and Triton before 3.9 takes only fp32 in ``div_rn`` (the H200 run on
+    Triton 3.6 failed to compile float64 avg)."""
     if OP == 1:
         if not acc.dtype.is_floating():     # (the Communicator refuses integer avg)
             acc = acc.to(tl.float32)
-        acc = tl.div_rn(acc, tl.full(acc.shape, WORLD, acc.dtype))
+        if acc.dtype.is_fp64():
+            acc = acc / WORLD
+        else:
+            acc = tl.div_rn(acc, tl.full(acc.shape, WORLD, acc.dtype))
     return acc
 
 
