@@ -130,6 +130,14 @@ class _Rank:
         t = self.host.all_gather(self.torch.tensor(ints, dtype=self.torch.int64))
         return t.view(self.w, -1).tolist()
 
+    def gather_text(self, text: str | None, nbytes: int = 320) -> list[str]:
+        """Every rank's ``text`` (its first ``nbytes`` UTF-8 bytes; "" for None)."""
+        raw = (text or "").encode()[:nbytes].ljust(nbytes, b"\0")
+        words = self.torch.frombuffer(bytearray(raw), dtype=self.torch.int64).tolist()
+        rows = self.gather(words)
+        return [self.torch.tensor(r, dtype=self.torch.int64).numpy().tobytes()
+                .rstrip(b"\0").decode(errors="replace") for r in rows]
+
     def agree(self, flag: bool) -> bool:
         """Rank 0's decision, on every rank."""
         return bool(self.gather([int(flag)])[0][0])
@@ -239,9 +247,15 @@ class _Rank:
         status = self.gather([int(err is None), int(raised)])
         ok = all(s[0] for s in status)
         if not ok:
+            if err is None:              # say what the failing rank saw (the first of them)
+                texts = self.gather_text(None)
+                q = next(q for q, s in enumerate(status) if not s[0])
+                err = f"failed on rank {q}: {texts[q]}"
+            else:
+                self.gather_text(err)
             self.realign()
         return dict(rec, ok=ok, ranks_failed=[q for q, s in enumerate(status) if not s[0]],
-                    error=err or (None if ok else "failed on another rank"),
+                    error=err,
                     seconds=round(time.perf_counter() - t0, 4))
 
     def _rec(self, case):

@@ -251,3 +251,47 @@ def test_gpu_check_bits_rows_catch_a_kernel_that_sums_in_another_order(tmp_path)
     assert got["verdict"] == "FAIL" and got["code"] == 1, got
     assert got["bits"] and not all(got["bits"]), got
     assert got["ints"] and all(ok is not False for ok in got["ints"]), got
+
+
+ONE_RANK_DRIVER = """
+import dataclasses, os, sys, json
+os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, {scripts!r})
+import gpu_check
+
+
+def break_rank_1(comm):
+    # all_reduce/one_shot reduces with max on rank 1 only (the same kernel, signals and
+    # calls on both ranks): rank 1 counts wrong elements, rank 0 sees none of its own
+    from tilecomm.backends.triton import registry
+    from tilecomm.types import ReduceOp
+    registry.load()
+    key = ("all_reduce", "one_shot")
+    spec = registry.KERNELS[key]
+
+    def launch(ctx, call, spec=spec, rank=comm.rank):
+        spec.launch(ctx, dataclasses.replace(call, op=ReduceOp.MAX) if rank == 1 else call)
+    registry.KERNELS[key] = dataclasses.replace(spec, launch=launch)
+
+
+cfg = gpu_check._config(True)
+cfg["kernels"] = ["all_reduce/one_shot"]
+res, code = gpu_check.run_check(cfg, {out!r}, rank_setup=break_rank_1, log=lambda s: None)
+rows = [c for c in res["correctness"] if c.get("kernel") == "all_reduce/one_shot"
+        and c.get("engine") == "fused" and c.get("redop") == "sum"]
+print(json.dumps(dict(code=code, errors=[c.get("error") for c in rows if c.get("ok") is False],
+                      ranks=[c.get("ranks_failed") for c in rows if c.get("ok") is False])))
+"""
+
+
+@pytest.mark.timeout(400)
+def test_a_failure_on_one_rank_is_reported_with_that_ranks_error(tmp_path):
+    """Rank 0 reports what rank 1 saw (the H200 run said only "failed on another rank")."""
+    r = _py(ONE_RANK_DRIVER.format(scripts=os.path.join(ROOT, "scripts"), out=str(tmp_path)),
+            timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["code"] == 1 and got["errors"], got
+    assert all(r == [1] for r in got["ranks"]), got
+    assert all(e.startswith("failed on rank 1: ") and "wrong elements" in e
+               for e in got["errors"]), got
