@@ -75,18 +75,9 @@ def _cuda_backend(comm) -> "Backend":
 
 
 def _triton_backend(comm, device: str) -> "Backend":
-    import os
-    import sys
-
-    from ..errors import CommError
-
     if device == "cpu":
-        if "triton" not in sys.modules:
-            os.environ["TRITON_INTERPRET"] = "1"
-        elif os.environ.get("TRITON_INTERPRET", "0").lower() not in ("1", "true", "yes", "on"):
-            raise CommError("TILECOMM_CPU_KERNELS=triton runs the kernels in the Triton "
-                            "interpreter, but triton was imported without TRITON_INTERPRET=1; "
-                            "set it before importing triton")
+        from ..device.heap import require_interpreter
+        require_interpreter("TILECOMM_CPU_KERNELS=triton (the collectives' kernels)")
     from .triton import TritonBackend
 
     return TritonBackend(comm, device)

@@ -35,6 +35,22 @@ def interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
 
 
+def require_interpreter(what: str) -> None:
+    """Before kernels run on CPU tensors: turn the Triton interpreter on if triton is not
+    imported yet (it reads TRITON_INTERPRET once, at import), else raise
+    :class:`~tilecomm.CommError` if it was imported without it. ``what`` names the caller
+    in the message ("the fused ops", ...)."""
+    import sys
+
+    if "triton" not in sys.modules:
+        os.environ["TRITON_INTERPRET"] = "1"
+    elif not interpreted():
+        from ..errors import CommError
+        raise CommError(f"{what} run kernels on CPU tensors in the Triton interpreter, but "
+                        f"triton was imported without TRITON_INTERPRET=1; set it before "
+                        f"importing triton")
+
+
 class DeviceHeap(abc.ABC):
     """Symmetric memory for device kernels (see the module docstring)."""
 

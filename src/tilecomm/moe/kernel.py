@@ -39,8 +39,6 @@ host order of :func:`routing.combine_groups`).
 
 from __future__ import annotations
 
-import os
-import sys
 import weakref
 
 import torch
@@ -62,13 +60,8 @@ def _up(n: int, a: int = _ALIGN) -> int:
 
 def _kernels(device: torch.device):
     if device.type == "cpu":        # the interpreter must be on before triton is imported
-        on = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
-        if "triton" not in sys.modules:
-            os.environ["TRITON_INTERPRET"] = "1"
-        elif not on:
-            raise CommError("moe: the kernel engine runs its kernels on CPU tensors in the "
-                            "Triton interpreter, but triton was imported without "
-                            "TRITON_INTERPRET=1")
+        from ..device.heap import require_interpreter
+        require_interpreter("the MoE kernel engine")
     from ..backends.triton.kernels import moe
     return moe
 
@@ -161,7 +154,6 @@ class KernelEngine:
         me, w = comm.rank, comm.world_size
         call = checks.agree(comm, "dispatch", mine, detail)      # raises on every rank
         counts = call.counts()
-        tokens = call.tokens()
         h, k = ep.hidden, mine[checks.F_K]
         fp8 = scales is not None
         xdt = x.dtype

@@ -17,13 +17,10 @@ and the epoch). Buffers and pads are symmetric, grown collectively when a call n
 
 from __future__ import annotations
 
-import os
-import sys
 import weakref
 
 import torch
 
-from ..errors import CommError
 from ..settings import settings
 from . import checks
 
@@ -37,12 +34,8 @@ def _device_ok(d: torch.device) -> bool:
 
 def _kernels(device: torch.device):
     if device.type == "cpu":        # the interpreter must be on before triton is imported
-        on = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
-        if "triton" not in sys.modules:
-            os.environ["TRITON_INTERPRET"] = "1"
-        elif not on:
-            raise CommError("the fused ops run their kernels on CPU tensors in the Triton "
-                            "interpreter, but triton was imported without TRITON_INTERPRET=1")
+        from ..device.heap import require_interpreter
+        require_interpreter("the fused ops")
     from ..backends.triton.kernels import overlap_gemm
     return overlap_gemm
 
