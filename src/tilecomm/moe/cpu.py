@@ -66,7 +66,6 @@ class CpuEngine:
     # ---- dispatch ---------------------------------------------------------------------------
     def dispatch(self, ep, mine: list[int], detail: str, x, scales, idx, wts) -> Moved:
         comm, ws = self.comm, self.ws
-        me, w = comm.rank, comm.world_size
         parity = ws.next_parity()
         h, k = ep.hidden, mine[checks.F_K]
         row_bytes = h * (1 if scales is not None else ep.itemsize)
@@ -121,17 +120,10 @@ class CpuEngine:
                 ss = ws.region(parity, offs[3], (ts, nb), torch.float32, rank=s, comm=comm) \
                     if nb else None
             tok = dest_mask(si, ep.el, w)[:, me].nonzero(as_tuple=True)[0]
-            if tok.numel() != n:           # the source counted differently: never expected
-                raise RuntimeError(f"moe dispatch: rank {s} announced {n} rows for rank {me} "
-                                   f"but its topk_idx selects {tok.numel()}")
-            sl = slice(at, at + n)
-            torch.index_select(sx, 0, tok, out=out_x[sl])
-            torch.index_select(si, 0, tok, out=out_i[sl])
-            torch.index_select(sw, 0, tok, out=out_w[sl])
-            if ss is not None:
-                torch.index_select(ss, 0, tok, out=out_s[sl])
-            src_rank[sl] = s
-            src_tok[sl] = tok
+            take_rows((out_x, out_i, out_w, out_s), slice(at, at + n), tok, (sx, si, sw, ss),
+                      s, me)
+            src_rank[at:at + n] = s
+            src_tok[at:at + n] = tok
             at += n
         return Moved(out_x, out_s, out_i, out_w, src_rank, src_tok, call, counts)
 
@@ -165,6 +157,19 @@ class CpuEngine:
                 src = ws.region(parity, lo * h * isz, (n, h), dtype, rank=r, comm=comm)
             parts.append((layout.send_tokens[r], src))
         return accumulate(layout.tokens[me], h, dtype, parts)
+
+
+def take_rows(outs, sl: slice, tok: torch.Tensor, srcs, src: int, me: int) -> None:
+    """``outs[i][sl] = srcs[i][tok]`` for (x, topk_idx, weights, scales or None): the rows of
+    source ``src`` that chose one of rank ``me``'s experts. ``tok`` must hold as many tokens
+    as ``src`` announced (``sl``'s length)."""
+    n = sl.stop - sl.start
+    if tok.numel() != n:           # the source counted differently: never expected
+        raise RuntimeError(f"moe dispatch: rank {src} announced {n} rows for rank {me} but its "
+                           f"topk_idx selects {tok.numel()}")
+    for out, part in zip(outs, srcs):
+        if part is not None:
+            torch.index_select(part, 0, tok, out=out[sl])
 
 
 #: tokens per piece of :func:`accumulate`: a piece's float32 accumulator stays in the cache

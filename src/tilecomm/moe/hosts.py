@@ -29,7 +29,7 @@ import torch
 from ..errors import CommTimeout
 from ..ops.workspace import Workspace, round_up
 from . import checks
-from .cpu import Moved, _parts
+from .cpu import Moved, _parts, take_rows
 from .routing import dest_mask
 
 _TOKEN_BYTES = 8
@@ -215,17 +215,10 @@ class HostsEngine:
                 stok = ftok[tok]
             if n == 0:
                 continue
-            if tok.numel() != n:
-                raise RuntimeError(f"moe dispatch: rank {s} announced {n} rows for rank {me} "
-                                   f"but its topk_idx selects {tok.numel()}")
-            sl = slice(at, at + n)
-            torch.index_select(sx, 0, tok, out=out_x[sl])
-            torch.index_select(si, 0, tok, out=out_i[sl])
-            torch.index_select(sw, 0, tok, out=out_w[sl])
-            if ss is not None:
-                torch.index_select(ss, 0, tok, out=out_s[sl])
-            src_rank[sl] = s
-            src_tok[sl] = stok
+            take_rows((out_x, out_i, out_w, out_s), slice(at, at + n), tok, (sx, si, sw, ss),
+                      s, me)
+            src_rank[at:at + n] = s
+            src_tok[at:at + n] = stok
             at += n
         return Moved(out_x, out_s, out_i, out_w, src_rank, src_tok, call, counts,
                      extra={"partner_of": partner_of})
