@@ -126,15 +126,21 @@ def _bench_hosts(args) -> list[int] | None:
 
 def run_bench_moe(args) -> int:
     from .bench.moe import MoEBenchConfig, run as run_moe, table as moe_table
-    from .bench.report import write_json
 
     cfg = MoEBenchConfig(world_size=args.nranks, hosts=_bench_hosts(args), tokens=args.tokens,
                          hidden=args.hidden, topk=args.topk, experts=args.experts,
                          mode=args.mode, fp8=args.fp8, rounds=args.rounds,
                          dtype=args.dtype or "bfloat16", bound=not args.no_bound)
-    row = run_moe(cfg)
+    return _report_one_row(args, run_moe(cfg), moe_table)
+
+
+def _report_one_row(args, row: dict, render) -> int:
+    """Print a one-row bench (``render(row)``: a rich table), write it to ``--json``; exit
+    status 1 when it counted wrong results."""
+    from .bench.report import write_json
+
     console = _console()
-    console.print(moe_table(row))
+    console.print(render(row))
     if args.json:
         write_json([row], args.json)
         console.print(f"wrote 1 row to {args.json}")
@@ -143,7 +149,6 @@ def run_bench_moe(args) -> int:
 
 def run_bench_kv(args) -> int:
     from .bench.kv import KVBenchConfig, run as run_kv
-    from .bench.report import write_json
 
     hosts = _bench_hosts(args)
     cfg = KVBenchConfig(world_size=args.nranks, hosts=hosts, layers=args.layers,
@@ -152,14 +157,8 @@ def run_bench_kv(args) -> int:
                         requests=args.requests, rounds=args.rounds,
                         naive_rounds=max(1, min(3, args.rounds)), fragmented=args.fragmented,
                         layerwise=not args.whole_request, dtype=args.dtype or "bfloat16")
-    row = run_kv(cfg)
-    console = _console()
     from .bench.kv import table as kv_table
-    console.print(kv_table(row))
-    if args.json:
-        write_json([row], args.json)
-        console.print(f"wrote 1 row to {args.json}")
-    return 1 if row["wrong"] else 0
+    return _report_one_row(args, run_kv(cfg), kv_table)
 
 
 def run_bench(args) -> int:
