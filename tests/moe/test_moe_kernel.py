@@ -201,3 +201,31 @@ def test_gpu_check_script_runs_in_the_interpreter():
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = json.loads([x for x in r.stdout.splitlines() if x.startswith("RESULT ")][-1][7:])
     assert set(res) == {"w2", "w3"} and all(v["ok"] for v in res.values()), res
+
+
+def _silent_peer(comm):
+    """Rank 1 passes the handshake but never pushes (its dispatch kernel is a no-op): rank 0's
+    bounded device wait must give up and name the op, the peer and the epoch."""
+    from tilecomm import CommTimeout
+    _kernels_on(comm)
+    ep = ExpertParallel(comm, num_experts=4, hidden=16, dtype=torch.float32)
+    x, idx, w = S.inputs(comm.rank, 4, h=16, k=2, e=4, dtype=torch.float32, drop=0.0)
+    eng = ep._engine(x.device)
+    eng.st.heap.timeout = 1.0                              # seconds a device wait polls
+    if comm.rank == 1:
+        class _Mute:                                       # launches nothing
+            def __getitem__(self, grid):
+                return lambda *a, **kw: None
+        real = eng.st.k
+        eng.st.k = type("K", (), {"moe_dispatch_push": _Mute(), "BLOCK_GPU": real.BLOCK_GPU})()
+    try:
+        ep.dispatch(x, idx, w)
+    except CommTimeout as e:
+        return str(e)
+    return None
+
+
+def test_a_peer_that_never_pushes_is_a_bounded_commtimeout_naming_it():
+    msgs = tilecomm.launch(_silent_peer, 2, timeout=60)
+    assert msgs[1] is None                                 # the mute rank waits on nobody
+    assert msgs[0] and "moe dispatch (epoch 1)" in msgs[0] and "for rank 1" in msgs[0], msgs
