@@ -127,6 +127,17 @@ class CpuEngine:
             at += n
         return Moved(out_x, out_s, out_i, out_w, src_rank, src_tok, call, counts)
 
+    def _publish_rows(self, parity: int, rows: torch.Tensor, layout, dtype) -> None:
+        """Put ``rows`` in this rank's half at their row offsets, except the block of this
+        rank's own tokens: only peers read the half, each its own block, and this rank sums
+        its own block from ``rows`` (half the bytes at 2 ranks)."""
+        me = self.comm.rank
+        a = layout.offsets_at(me)[me]
+        b = a + layout.counts[me][me]
+        region = self.ws.region(parity, 0, rows.shape, dtype)
+        region[:a].copy_(rows[:a])
+        region[b:].copy_(rows[b:])
+
     # ---- combine ----------------------------------------------------------------------------
     def combine(self, h: int, dtype: torch.dtype, mine: list[int], detail: str,
                 rows: torch.Tensor, layout) -> torch.Tensor:
@@ -138,12 +149,12 @@ class CpuEngine:
         ok = mine[checks.F_PROBLEM] == 0
         need = round_up(rows.numel() * isz) if ok else 0
         if ok and ws.fits(need):
-            ws.region(parity, 0, rows.shape, dtype).copy_(rows)
+            self._publish_rows(parity, rows, layout, dtype)
             mine[checks.F_READY] = 1
         call = checks.agree(comm, "combine", mine, detail)
         if not call.ready():
             ws.grow(comm, max(round_up(layout.rows_of(r) * h * isz) for r in range(w)))
-            ws.region(parity, 0, rows.shape, dtype).copy_(rows)
+            self._publish_rows(parity, rows, layout, dtype)
             comm.barrier()
         parts = []
         for r in range(w):                   # one host: combine_groups is plain rank order
