@@ -36,26 +36,14 @@ import triton.language as tl
 
 from tilecomm.device import lang
 
+from .common import copy_blocks, copy_blocks64
+
 SITE_DISPATCH = tl.constexpr(1)
 SITE_COMBINE = tl.constexpr(2)
 
 #: runtime integers never specialized (an epoch of 1 or 16 would otherwise compile new
 #: variants mid-run; see common.RUNTIME_INTS)
 _INTS = ("rank", "timeout_ns", "epoch", "row_words", "meta_words", "tokens", "hidden")
-
-
-@triton.jit
-def _copy_row(dst, src, n, BLOCK: tl.constexpr):
-    """``dst[i] = src[i]`` for ``i < n``: full blocks unmasked (vectorizable), the partial
-    last one masked."""
-    ar = tl.arange(0, BLOCK)
-    for start in range(0, n, BLOCK):
-        offs = start + ar
-        if start + BLOCK <= n:
-            tl.store(dst + offs, tl.load(src + offs))
-        else:
-            m = offs < n
-            tl.store(dst + offs, tl.load(src + offs, mask=m), mask=m)
 
 
 @triton.jit(do_not_specialize=_INTS)
@@ -86,8 +74,8 @@ def moe_dispatch_push(x, meta, tok, plan, recv_x, recv_meta, pad, bases, rank, e
     for i in range(pid, n, nprog):
         t = tl.load(tok + first + i)
         row = doff + i
-        _copy_row(rx + row * rw, x + t * rw, rw, BX)
-        _copy_row(rm + row * mw, meta + t * mw, mw, BM)
+        copy_blocks(rx + row * rw, x + t * rw, rw, 0, BX, BX)       # one row, block by block
+        copy_blocks(rm + row * mw, meta + t * mw, mw, 0, BM, BM)
     if j != 0:
         lang.signal_set(pad, pid * WORLD + rank, epoch, dst, bases, rank)
         lang.wait_ge(pad, pid * WORLD + src, epoch, src, err, rank, timeout_ns, SITE_DISPATCH)
@@ -111,18 +99,8 @@ def moe_combine_push(y, plan, recv, pad, bases, rank, err, timeout_ns, epoch, ro
     rw = tl.cast(row_words, tl.int64)
     if ALIGNED:
         rw = tl.multiple_of(rw, WV)
-    total = n * rw
-    s = y + lo * rw
     d = lang.peer_ptr(recv, dst, bases, rank) + off * rw
-    ar = tl.arange(0, BLOCK)
-    nblk = tl.cdiv(total, BLOCK).to(tl.int32)
-    for b in range(pid, nblk, nprog):
-        offs = tl.cast(b, tl.int64) * BLOCK + ar
-        if tl.cast(b, tl.int64) * BLOCK + BLOCK <= total:
-            tl.store(d + offs, tl.load(s + offs))
-        else:
-            m = offs < total
-            tl.store(d + offs, tl.load(s + offs, mask=m), mask=m)
+    copy_blocks64(d, y + lo * rw, n * rw, pid, nprog, BLOCK)
     if j != 0:
         lang.signal_set(pad, pid * WORLD + rank, epoch, dst, bases, rank)
         lang.wait_ge(pad, pid * WORLD + src, epoch, src, err, rank, timeout_ns, SITE_COMBINE)
