@@ -153,6 +153,32 @@ class DeviceHeap(abc.ABC):
         self.close()
 
 
+class SymmetricBuffers:
+    """Named symmetric uint8 buffers on ``heap`` that grow collectively: every rank asks for
+    the same names and sizes in the same order (kernel engines derive them from agreed call
+    descriptors). A buffer is replaced by a larger one only after a heap barrier (a peer may
+    still read or write the old one); it never shrinks."""
+
+    def __init__(self, heap: DeviceHeap, align: int = 256):
+        self.heap, self.align = heap, align
+        self._bufs: dict[str, torch.Tensor] = {}
+
+    def get(self, name: str, nbytes: int) -> torch.Tensor:
+        """Buffer ``name``: at least ``nbytes`` (rounded up to ``align``) uint8."""
+        cur = self._bufs.get(name)
+        if cur is not None and cur.numel() >= nbytes:
+            return cur
+        size = max(-(-nbytes // self.align) * self.align, self.align)
+        self.heap.barrier()            # peers may still use the old buffer
+        if cur is not None:
+            del self._bufs[name]
+            free = getattr(self.heap, "free", None)
+            if free is not None:
+                free(cur)
+        t = self._bufs[name] = self.heap.alloc(size, torch.uint8)
+        return t
+
+
 class ShmDeviceHeap(DeviceHeap):
     """Device heap on a CPU communicator's shared-memory heap (kernels: TRITON_INTERPRET=1)."""
 

@@ -93,6 +93,7 @@ class _State:
 
     def __init__(self, comm, device: torch.device):
         from ..device import DeviceHeap
+        from ..device.heap import SymmetricBuffers
 
         if comm.topology.num_hosts > 1:
             raise CommError("moe: the kernel engine maps the peers' memory, so all ranks must "
@@ -104,7 +105,7 @@ class _State:
         w = comm.world_size
         self.pads = {op: self.heap.signal_pad(self.programs * w) for op in checks.OPS}
         self.epochs = {op: 0 for op in checks.OPS}
-        self._bufs: dict[str, tuple[torch.Tensor, int]] = {}
+        self._bufs = SymmetricBuffers(self.heap, _ALIGN)
 
     def next_epoch(self, op: str) -> int:
         self.epochs[op] += 1
@@ -114,19 +115,8 @@ class _State:
         """Half ``epoch % 2`` (uint8, at least ``nbytes``) of the two-half symmetric buffer
         ``name``; the half size stays fixed until the buffer grows (collective, after a heap
         barrier: a peer may still use the old one). Every rank asks for the same sizes."""
-        need = 2 * _up(max(nbytes, 1))
-        cur = self._bufs.get(name)
-        if cur is None or cur[1] < need:
-            self.heap.barrier()
-            if cur is not None:
-                self._bufs.pop(name)
-                free = getattr(self.heap, "free", None)
-                if free is not None:
-                    free(cur[0])
-                del cur
-            self._bufs[name] = (self.heap.alloc(need, torch.uint8), need)
-        buf, size = self._bufs[name]
-        half = size // 2 // _ALIGN * _ALIGN
+        buf = self._bufs.get(name, 2 * _up(max(nbytes, 1)))
+        half = buf.numel() // 2 // _ALIGN * _ALIGN
         lo = (epoch % 2) * half
         return buf[lo:lo + half]
 

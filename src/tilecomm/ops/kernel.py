@@ -45,6 +45,7 @@ class _Engine:
 
     def __init__(self, comm, device: torch.device):
         from ..device import DeviceHeap
+        from ..device.heap import SymmetricBuffers
 
         self.k = _kernels(device)
         # the tensors' own GPU; as large as the GPU collectives' heap (TILECOMM_DEVICE_HEAP_BYTES:
@@ -57,7 +58,7 @@ class _Engine:
         else:
             self.programs = torch.cuda.get_device_properties(self.heap.device) \
                 .multi_processor_count
-        self._bufs: dict[str, tuple[torch.Tensor, int]] = {}
+        self._bufs = SymmetricBuffers(self.heap, _ALIGN)
         self._epochs = {"ag": 0, "rs": 0}
 
     def side_stream(self):
@@ -72,19 +73,7 @@ class _Engine:
 
     def symmetric(self, name: str, nbytes: int) -> torch.Tensor:
         """A symmetric uint8 buffer of at least ``nbytes`` (collective when it grows)."""
-        cur = self._bufs.get(name)
-        if cur is not None and cur[1] >= nbytes:
-            return cur[0]
-        size = max(-(-nbytes // _ALIGN) * _ALIGN, _ALIGN)
-        self.heap.barrier()            # peers may still read the old buffer
-        if cur is not None:
-            self._bufs.pop(name)
-            free = getattr(self.heap, "free", None)
-            if free is not None:
-                free(cur[0])
-        t = self.heap.alloc(size, torch.uint8)
-        self._bufs[name] = (t, size)
-        return t
+        return self._bufs.get(name, nbytes)
 
     def halves(self, name: str, elems: int, dtype: torch.dtype, epoch: int) -> torch.Tensor:
         """Half ``epoch % 2`` of a two-half symmetric buffer of ``elems`` ``dtype`` each."""
