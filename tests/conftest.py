@@ -90,3 +90,31 @@ def trace_dir(tmp_path, monkeypatch):
     settings.cache_clear()
     yield d
     settings.cache_clear()
+
+
+def kernels_on(comm):
+    """Rank setup: CPU collectives on the Triton kernels, in the interpreter (set before
+    triton is imported on the rank)."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    comm.use_cpu_kernels("triton")
+
+
+@pytest.fixture(scope="module")
+def kernel_group():
+    """``kernel_group(w)``: a RankGroup of ``w`` ranks running kernels in the interpreter,
+    kept for the module's tests (restarted if a rank died)."""
+    groups: dict[int, tilecomm.RankGroup] = {}
+
+    def get(w):
+        g = groups.get(w)
+        if g is None or not all(p.is_alive() for p in g.procs):
+            if g is not None:
+                g.stop()
+            g = groups[w] = tilecomm.RankGroup(w, timeout=60, heap_bytes=8 << 20,
+                                               scratch_bytes=64 << 10).start()
+            g.run(kernels_on)
+        return g
+
+    yield get
+    for g in groups.values():
+        g.stop()

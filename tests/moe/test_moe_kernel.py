@@ -24,30 +24,6 @@ sys.path.insert(0, str(HERE))
 import moe_scenarios as S  # noqa: E402
 
 
-def _kernels_on(comm):
-    os.environ["TRITON_INTERPRET"] = "1"      # before triton is imported on this rank
-    comm.use_cpu_kernels("triton")
-
-
-@pytest.fixture(scope="module")
-def group():
-    groups = {}
-
-    def get(w):
-        g = groups.get(w)
-        if g is None or not all(p.is_alive() for p in g.procs):
-            if g is not None:
-                g.stop()
-            g = groups[w] = tilecomm.RankGroup(w, timeout=60, heap_bytes=8 << 20,
-                                               scratch_bytes=64 << 10).start()
-            g.run(_kernels_on)
-        return g
-
-    yield get
-    for g in groups.values():
-        g.stop()
-
-
 def _engine_kind(comm):
     return comm.cpu_kernels
 
@@ -56,9 +32,9 @@ def _engine_kind(comm):
     ([5, 3], torch.bfloat16, 32, 8),           # random bf16: exact bits
     ([4, 0, 6], torch.float32, 16, 6),         # random float32, a rank with no tokens
 ], ids=["w2-bf16", "w3-f32-empty-rank"])
-def test_roundtrip_every_layout_matches_reference(group, tokens, dtype, h, e):
+def test_roundtrip_every_layout_matches_reference(kernel_group, tokens, dtype, h, e):
     # normal, grouped and low-latency in a row: six calls, both halves of each buffer
-    g = group(len(tokens))
+    g = kernel_group(len(tokens))
     assert g.run(_engine_kind) == ["triton"] * len(tokens)
     res = g.run(S.roundtrip, tokens, 1, dtype, False, False,
                 ("normal", "grouped", "low_latency"), None, e, h)
@@ -85,15 +61,16 @@ def _same_as_cpu_engine(comm, tokens, dtype, h, e, fp8):
 @pytest.mark.parametrize("w,dtype,h,fp8", [(3, torch.bfloat16, 16, False),
                                            (2, torch.bfloat16, 128, True)],
                          ids=["w3-bf16", "w2-fp8"])
-def test_same_bits_as_the_cpu_engine(group, w, dtype, h, fp8):
+def test_same_bits_as_the_cpu_engine(kernel_group, w, dtype, h, fp8):
     tokens = [6, 5, 7][:w]
-    for same in group(w).run(_same_as_cpu_engine, tokens, dtype, h, 6 if w == 3 else 4, fp8):
+    e = 6 if w == 3 else 4
+    for same in kernel_group(w).run(_same_as_cpu_engine, tokens, dtype, h, e, fp8):
         assert all(same), same
 
 
-def test_fp8_rows_and_scales_every_layout(group):
+def test_fp8_rows_and_scales_every_layout(kernel_group):
     tokens = [4, 3]
-    res = group(2).run(S.roundtrip, tokens, 2, torch.bfloat16, False, True,
+    res = kernel_group(2).run(S.roundtrip, tokens, 2, torch.bfloat16, False, True,
                        ("normal", "low_latency"), None, 4, 128)
     S.check(res, tokens, seed=2, fp8=True, e=4, h=128)
 
@@ -118,8 +95,8 @@ def _back_to_back(comm):
     return intact, [out0, out1, out2], ll
 
 
-def test_back_to_back_calls_growth_and_low_latency(group):
-    res = group(2).run(_back_to_back)
+def test_back_to_back_calls_growth_and_low_latency(kernel_group):
+    res = kernel_group(2).run(_back_to_back)
     assert all(r[0] for r in res)
     from tilecomm.moe import reference as R
     for s, t in enumerate([3, 4, 9]):
@@ -134,9 +111,9 @@ def test_back_to_back_calls_growth_and_low_latency(group):
     S.check([r[2] for r in res], [2, 2], seed=3, dtype=torch.float32, m=3, e=4, h=16)
 
 
-def test_gradients_through_the_kernel_engine(group):
+def test_gradients_through_the_kernel_engine(kernel_group):
     tokens = [5, 3]
-    res = group(2).run(S.grad_roundtrip, tokens, 4, "normal")
+    res = kernel_group(2).run(S.grad_roundtrip, tokens, 4, "normal")
     S.check_grads(res, tokens, 4)
 
 
@@ -166,8 +143,8 @@ def _bad_call(comm, what):
 @pytest.mark.parametrize("what,exc,text", [("range", "ValueError", "token 2"),
                                            ("k", "CommMismatch", "K (topk columns)"),
                                            ("y", "ValueError", "y has the wrong shape")])
-def test_bad_input_raises_on_every_rank(group, what, exc, text):
-    res = group(2).run(_bad_call, what)
+def test_bad_input_raises_on_every_rank(kernel_group, what, exc, text):
+    res = kernel_group(2).run(_bad_call, what)
     for rank, (got, ok) in enumerate(res):
         assert got is not None and got[0] == exc, (rank, got)
         assert text in got[1], (rank, got)
@@ -207,7 +184,8 @@ def _silent_peer(comm):
     """Rank 1 passes the handshake but never pushes (its dispatch kernel is a no-op): rank 0's
     bounded device wait must give up and name the op, the peer and the epoch."""
     from tilecomm import CommTimeout
-    _kernels_on(comm)
+    os.environ["TRITON_INTERPRET"] = "1"      # a fresh launch, not kernel_group's ranks
+    comm.use_cpu_kernels("triton")
     ep = ExpertParallel(comm, num_experts=4, hidden=16, dtype=torch.float32)
     x, idx, w = S.inputs(comm.rank, 4, h=16, k=2, e=4, dtype=torch.float32, drop=0.0)
     eng = ep._engine(x.device)

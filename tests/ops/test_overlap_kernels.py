@@ -16,32 +16,10 @@ import sys
 import pytest
 import torch
 
-import tilecomm
 import cases
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOL = {torch.float32: 1e-4, torch.bfloat16: 0.1, torch.float16: 1e-2}
-
-
-def _kernels_on(comm):
-    os.environ["TRITON_INTERPRET"] = "1"      # before triton is imported on this rank
-    comm.use_cpu_kernels("triton")
-
-
-@pytest.fixture(scope="module")
-def group():
-    groups = {}
-
-    def get(w):
-        if w not in groups:
-            g = groups[w] = tilecomm.RankGroup(w, timeout=60, heap_bytes=8 << 20,
-                                               scratch_bytes=64 << 10).start()
-            g.run(_kernels_on)
-        return groups[w]
-
-    yield get
-    for g in groups.values():
-        g.stop()
 
 
 def _many(comm, dtype):
@@ -58,8 +36,8 @@ def _many(comm, dtype):
 
 @pytest.mark.parametrize("w,dtype", [(2, torch.float32), (3, torch.float32),
                                      (2, torch.bfloat16), (3, torch.float16)], ids=str)
-def test_kernels_match_the_references(group, w, dtype):
-    for ag, rs in group(w).run(_many, dtype):
+def test_kernels_match_the_references(kernel_group, w, dtype):
+    for ag, rs in kernel_group(w).run(_many, dtype):
         assert all(d <= TOL[dtype] for _, d, _ in ag), ag
         assert [g for _, _, g in ag if g is not None] == [True]     # the gathered A: exact
         assert all(d <= TOL[dtype] for _, d in rs), rs
@@ -79,21 +57,21 @@ def _stream_many(comm, dtype):
 
 
 @pytest.mark.parametrize("w,dtype", [(2, torch.float32), (3, torch.bfloat16)], ids=str)
-def test_copy_engine_variant_matches_the_references(group, w, dtype):
-    for res in group(w).run(_stream_many, dtype):
+def test_copy_engine_variant_matches_the_references(kernel_group, w, dtype):
+    for res in kernel_group(w).run(_stream_many, dtype):
         assert all(d <= TOL[dtype] for _, d, _ in res), res
         assert [g for _, _, g in res if g is not None] == [True]
 
 
-def test_kernel_reduction_is_in_rank_order(group):
-    for same, reorder_changes in group(3).run(cases.order_sensitive_rs, 19, 40):
+def test_kernel_reduction_is_in_rank_order(kernel_group):
+    for same, reorder_changes in kernel_group(3).run(cases.order_sensitive_rs, 19, 40):
         assert same
         assert reorder_changes > 0
 
 
 @pytest.mark.parametrize("case", ["K", "dtype", "rows", "copy"])
-def test_kernel_path_errors_on_every_rank(group, case):
-    for got, after in group(2).run(cases.bad_call, case):
+def test_kernel_path_errors_on_every_rank(kernel_group, case):
+    for got, after in kernel_group(2).run(cases.bad_call, case):
         assert got is not None and got[0] in ("ValueError", "CommMismatch"), got
         assert after <= 1e-4
 
