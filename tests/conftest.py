@@ -92,13 +92,6 @@ def trace_dir(tmp_path, monkeypatch):
     settings.cache_clear()
 
 
-def kernels_on(comm):
-    """Rank setup: CPU collectives on the Triton kernels, in the interpreter (set before
-    triton is imported on the rank)."""
-    os.environ["TRITON_INTERPRET"] = "1"
-    comm.use_cpu_kernels("triton")
-
-
 @pytest.fixture(scope="module")
 def kernel_group():
     """``kernel_group(w)``: a RankGroup of ``w`` ranks running kernels in the interpreter,
@@ -112,6 +105,7 @@ def kernel_group():
                 g.stop()
             g = groups[w] = tilecomm.RankGroup(w, timeout=60, heap_bytes=8 << 20,
                                                scratch_bytes=64 << 10).start()
+            from kernel_setup import kernels_on      # tests/ is on sys.path (conftest)
             g.run(kernels_on)
         return g
 
