@@ -60,6 +60,10 @@ class Settings:
     #: schedule executor) or "triton" (the GPU kernels in the Triton interpreter on the
     #: shared-memory heap, one process per rank: slow, for testing the GPU path without a GPU).
     cpu_kernels: str = "executor"
+    #: TILECOMM_NATIVE: 1 (default) runs the CPU executor's plans through its compiled runner
+    #: (backends/cpu/_native.c, built at install time) when it was built; 0 runs them in
+    #: Python (numpy/torch calls between flag waits). Both give the same bits and errors.
+    native: bool = True
     #: TILECOMM_GPU_ONE_SHOT_MAX: largest all_reduce (bytes) for which auto picks the one_shot
     #: kernel on GPU tensors (else two_shot).
     gpu_one_shot_max: int = 256 << 10

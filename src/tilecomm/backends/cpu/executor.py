@@ -41,6 +41,8 @@ from ..base import CollectiveCall, check_split_sizes
 from .channel import (ACT_COLLECTIVE, COLL_IDS, COLL_NAMES, D_ALGO, D_COLL, D_COUNT, D_DTYPE, D_EXTRA, D_MSGLEN,
                       D_OP, D_PIECE, D_PLACE, D_ROOT, D_SEQ, ERROR_ID, NUM_PLACES, Channel,
                       algo_id)
+from . import native as native_runner
+from .native import RUN_ABORTED, RUN_DONE, RUN_MISMATCH, RUN_PLACES, RUN_WAIT, NativeProgram
 from .plan import (PLACE_LOCAL, PLACE_SCRATCH, Addresser, Runner, make_layout, phase_template,
                    stage_template)
 
@@ -51,23 +53,28 @@ class _Template:
     """Everything about a call that does not depend on the caller's memory (cached by call
     signature and places, for any size)."""
 
-    __slots__ = ("prog", "layout", "places", "fields", "pre", "post", "phases")
+    __slots__ = ("prog", "layout", "places", "fields", "pre", "post", "phases", "native")
 
     def __init__(self, prog, layout, places, fields, pre, post):
         self.prog, self.layout, self.places, self.fields = prog, layout, places, fields
         self.pre, self.post = pre, post     # ops: staging + leading local phases; copy-back
         self.phases: dict = {}              # peers' places -> ops per remaining phase
+        #: the native program for the places the peers announced last time (None: not
+        #: built yet, or the native runner is off)
+        self.native: NativeProgram | None = None
 
 
 class _Ready:
-    """A small call's callables over the caller's memory (cached by buffer addresses)."""
+    """A small call's callables over the caller's memory (cached by buffer addresses), or
+    its native program with the base addresses of that memory."""
 
-    __slots__ = ("tpl", "pre", "post", "phases", "peer_places")
+    __slots__ = ("tpl", "pre", "post", "phases", "peer_places", "native", "bases")
 
-    def __init__(self, tpl, pre, post):
+    def __init__(self, tpl, pre, post, native=None, bases=None):
         self.tpl, self.pre, self.post = tpl, pre, post
         self.phases = None
         self.peer_places = None
+        self.native, self.bases = native, bases
 
 
 def _bounded_put(cache: dict, key, value) -> None:
@@ -94,36 +101,55 @@ class Executor:
         self._row_shape: tuple = ()         # the current call's (for _explain_mismatch)
         self._templates: dict = {}
         self._ready: dict = {}
+        #: whether plans run through the native runner (TILECOMM_NATIVE, and it was built);
+        #: may be switched per call (tests run both paths on one communicator)
+        self.native = native_runner.enabled()
+        self._segs_addr = [int(seg.ctypes.data) for seg in self.segs]
         #: the process's tracer under TILECOMM_TRACE (handshake and phase events), or None
         self.trace = None
 
     # ---- entry points ---------------------------------------------------------------------
     def run(self, call: CollectiveCall) -> None:
-        with self._guard(call.collective) as seq:
-            with np.errstate(all="ignore"):   # overflow is the data's business, as in torch
-                self._run(call, seq)
+        # _guard written out: this is every collective's path, and a generator-based
+        # context manager costs about a microsecond per call
+        if self.ch.broken:
+            self._check_usable()
+        seq = self.seq
+        self.seq += 1
+        name = call.collective
+        published = self.ch.begin(ACT_COLLECTIVE, COLL_IDS.get(name, 0), seq)
+        try:
+            self._run(call, seq)
+        except BaseException as e:
+            self._failed(name, seq, e)
+            raise
+        finally:
+            if published and not self.ch.broken:   # a broken one shows where it stopped
+                self.ch.end()
+
+    def _failed(self, name: str, seq: int, e: BaseException) -> None:
+        """A timeout or an interruption leaves the ranks out of step, so the communicator is
+        marked unusable. Errors every rank raised at the same step (mismatches, rejected
+        calls) leave it consistent."""
+        if isinstance(e, CommTimeout):
+            self.ch.broken = f"{name} #{seq} failed: {e}"
+        elif not isinstance(e, CommError):
+            self.ch.broken = f"{name} #{seq} was interrupted on rank {self.rank}"
 
     @contextmanager
     def _guard(self, name: str):
-        """Take the next sequence number; a timeout or an interruption leaves the ranks out of
-        step, so the communicator is marked unusable. Errors every rank raised at the same
-        step (mismatches, rejected calls) leave it consistent."""
+        """Take the next sequence number for a call that is not a collective (see run)."""
         self._check_usable()
         seq = self.seq
         self.seq += 1
         published = self.ch.begin(ACT_COLLECTIVE, COLL_IDS.get(name, 0), seq)
         try:
             yield seq
-        except CommTimeout as e:
-            self.ch.broken = f"{name} #{seq} failed: {e}"
-            raise
-        except CommError:
-            raise
-        except BaseException:
-            self.ch.broken = f"{name} #{seq} was interrupted on rank {self.rank}"
+        except BaseException as e:
+            self._failed(name, seq, e)
             raise
         finally:
-            if published and not self.ch.broken:   # a broken one shows where it stopped
+            if published and not self.ch.broken:
                 self.ch.end()
 
     def reject(self, collective: str, message: str) -> None:
@@ -265,10 +291,10 @@ class Executor:
         return ops
 
     def _run(self, call: CollectiveCall, seq: int) -> None:
-        ch = self.ch
         self._row_shape = call.row_shape
         if call.collective == "all_to_all_v":
-            return self._run_variable(call, seq)
+            with np.errstate(all="ignore"):   # overflow is the data's business, as in torch
+                return self._run_variable(call, seq)
         key = None
         if call.cache_key is not None:
             key = (call.cache_key, seq & 1)
@@ -278,15 +304,37 @@ class Executor:
                    seq & 1, tuple((b, a.ctypes.data, a.nbytes) for b, a in call.buffers.items()),
                    call.row_shape)
         ready = self._ready.get(key) if key is not None else None
-        runner = None
-        if ready is None:
+        if ready is not None:
+            if self.native and self.trace is None:
+                if ready.native is None and ready.tpl.native is not None:
+                    # built after this call's first (Python) run
+                    ready.native = ready.tpl.native
+                    ready.bases = ready.native.bases(self._segs_addr, call.buffers)
+                if ready.native is not None:
+                    return self._run_native(call, seq, ready.native, ready.bases)
+            tpl = ready.tpl
+        else:
             tpl = self._template(call, seq)
+            if self.native and tpl.native is not None and self.trace is None:
+                bases = tpl.native.bases(self._segs_addr, call.buffers)
+                if key is not None:
+                    _bounded_put(self._ready, key, _Ready(tpl, None, None, tpl.native, bases))
+                return self._run_native(call, seq, tpl.native, bases)
+        with np.errstate(all="ignore"):   # overflow is the data's business, as in torch
+            self._run_python(call, seq, tpl, ready, key)
+
+    def _run_python(self, call: CollectiveCall, seq: int, tpl: _Template, ready, key) -> None:
+        """The call on the Python path (numpy/torch calls between the flag waits); its first
+        run of a template builds the native program the next runs take."""
+        ch = self.ch
+        runner = None
+        if ready is not None and ready.pre is None:   # made by the native path: no callables
+            ready = None
+        if ready is None:
             runner = Runner(self.segs, call.buffers, tpl.layout, call.op, self.world_size)
             if key is not None and tpl.layout.pieces == 1:
                 ready = _Ready(tpl, runner.calls(tpl.pre, 0), runner.calls(tpl.post, 0))
                 _bounded_put(self._ready, key, ready)
-        else:
-            tpl = ready.tpl
         fields = tpl.fields
         fields[D_SEQ] = seq
         ch.post_desc(seq, fields)
@@ -298,6 +346,36 @@ class Executor:
         descs = self._handshake(seq, call.collective, fields)
         self._pieces(call, seq, tpl, _peer_places(descs, tpl.prog), runner, ready,
                      first_ready=True)
+
+    def _run_native(self, call: CollectiveCall, seq: int, prog: NativeProgram, bases) -> None:
+        """The whole call through the native runner; waits that outlast its spin, and errors,
+        come back here (see native.py)."""
+        ch = self.ch
+        addr = bases[1]
+        res = prog.run(addr, seq, ch.step)
+        while True:
+            ch.step = prog.step
+            if res == RUN_DONE:
+                return
+            if res == RUN_WAIT:
+                ranks, detail, _ = prog.pending_wait()
+                ch.wait_progress(ranks, ch.step, (call.collective, seq, detail))
+                prog.skip_wait()
+                res = prog.run(addr, -1, 0)
+                continue
+            if res == RUN_ABORTED:
+                ch.check_aborts(range(self.world_size), (call.collective, seq, ""))
+            descs = [ch.slots[r][ch.desc_base(seq):ch.desc_base(seq) + D_PLACE + NUM_PLACES]
+                     .tolist() for r in range(self.world_size)]
+            if res == RUN_MISMATCH or res == RUN_ABORTED:
+                self._explain_mismatch(seq, call.collective, descs[self.rank])
+            assert res == RUN_PLACES, res
+            # the peers placed their buffers otherwise: finish on the Python path
+            tpl = prog.template
+            runner = Runner(self.segs, call.buffers, tpl.layout, call.op, self.world_size)
+            with np.errstate(all="ignore"):
+                return self._pieces(call, seq, tpl, _peer_places(descs, tpl.prog), runner,
+                                    None, first_ready=True)
 
     def _run_variable(self, call: CollectiveCall, seq: int) -> None:
         """all_to_all_v: chunk lengths come from the count matrix, known after the handshake."""
@@ -325,6 +403,12 @@ class Executor:
         ch, trace = self.ch, self.trace
         prog = tpl.prog
         pieces = tpl.layout.pieces
+        if self.native and trace is None and first_ready and (
+                tpl.native is None or tpl.native.peer_places != peer_places):
+            # the next call of this template runs natively (it expects these places)
+            tpl.native = NativeProgram(
+                tpl, self._phase_ops(tpl, seq, peer_places), peer_places, rank=self.rank,
+                world=self.world_size, op=call.op, desc_base=ch.desc_base(seq), spin=ch.spin)
         phases = None
         if ready is not None and ready.peer_places == peer_places:
             phases = ready.phases            # ready-made callables for the only piece

@@ -1,0 +1,390 @@
+/* Native runner of one rank's lowered plan over the shared-memory heap.
+ *
+ * The Python executor (executor.py) turns a call's template into a flat int64 *program*
+ * (native.py: NativeProgram); this file runs it: the descriptor post, the copies and
+ * reductions, the step flags and the bounded spin on the peers' flags, for every piece, in
+ * one call from Python. It does what the executor's Python loop does, in the same order,
+ * with the same flags, so ranks running either engine can meet in one collective.
+ *
+ * Anything slow or exceptional goes back to Python: a wait that has not finished within
+ * the program's spin budget returns RUN_WAIT (Python then waits with every promise of
+ * Channel.wait_slots: the timeout naming the collective, peer and sequence number, dead-peer
+ * detection, the flight recorder), and the run resumes where it stopped; a descriptor that
+ * differs, a peer that gave up, places other than expected return codes that Python turns
+ * into the usual errors or its own path.
+ *
+ * Arithmetic is the executor's (NOTE [reduction order] in plan.py): operands combine left
+ * to right; float16/bfloat16 accumulate in float32 and round once (nearest even); float32
+ * and float64 in their own type; avg divides by the world size in the reduction that
+ * completes the sum, before rounding (integers: through float64, truncated, as numpy's
+ * unsafe cast does); integer sums and products wrap. Built with -ffp-contract=off so no
+ * multiply-add is fused. Memory ordering: flags are stored with release and loaded with
+ * acquire semantics (plain moves on x86-64, but the compiler may not reorder around them).
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+#include <math.h>
+#include <sched.h>
+#include <time.h>
+
+/* program header (int64 words); keep in step with native.py */
+enum {
+    H_PIECES, H_PIECE, H_DTYPE, H_OP, H_SCALE, H_ITEMSIZE, H_WORLD, H_RANK, H_DESC,
+    H_DESC_CMP, H_NPLACES, H_SPIN, H_BUDGET_NS, H_LEN, H_NOGIL
+};
+/* state words (int64), shared with Python */
+enum { S_SEQ, S_STEP, S_K, S_PC, S_INFO, S_LEN };
+/* instructions: [opcode, when, ...] */
+enum { I_OP = 1, I_ADVANCE, I_WAIT, I_POSTDESC, I_HANDSHAKE };
+enum { W_ALWAYS, W_FIRST, W_NOT_FIRST, W_NOT_LAST };
+/* results */
+enum { RUN_DONE, RUN_WAIT, RUN_MISMATCH, RUN_ABORTED, RUN_PLACES };
+/* dtypes (native.py: DTYPE_CODES) and ops */
+enum { T_F32, T_F64, T_F16, T_BF16, T_I32, T_I64, T_U8, T_I8 };
+enum { O_SUM, O_PROD, O_MIN, O_MAX, O_AVG };
+/* control block slots (heap/base.py SegmentLayout) */
+enum { SLOT_PROGRESS = 0, SLOT_ABORT = 2 };
+#define D_SEQ 0
+
+#define BLOCK 512
+
+static inline int64_t load_acq(const int64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline void store_rel(int64_t *p, int64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* ---- 16-bit floats ------------------------------------------------------------------- */
+static inline float bits_f32(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t f32_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+static inline float bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u = f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;       /* NaN, as torch's scalar path */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  /* nearest even */
+}
+
+static inline float f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    if (e == 0) {                                   /* zero or subnormal: m * 2^-24, exact */
+        float v = (float)m * (1.0f / 16777216.0f);
+        return bits_f32(f32_bits(v) | sign);
+    }
+    if (e == 31) return bits_f32(sign | 0x7f800000u | (m << 13));
+    return bits_f32(sign | ((e + 112) << 23) | (m << 13));
+}
+static inline uint16_t f32_to_f16(float f) {
+    uint32_t u = f32_bits(f), ax = u & 0x7fffffffu;
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
+    if (ax >= 0x7f800000u) return sign | (ax > 0x7f800000u ? 0x7e00 : 0x7c00);
+    if (ax >= 0x477ff000u) return sign | 0x7c00;       /* 65520 and up round to infinity */
+    if (ax < 0x38800000u) {                           /* below 2^-14: a subnormal half */
+        float s = bits_f32(ax) * 16777216.0f;          /* exact: a power-of-two scale */
+        return sign | (uint16_t)nearbyintf(s);         /* nearest even; 1024 is 2^-14 */
+    }
+    uint32_t h = ax - ((uint32_t)(127 - 15) << 23);   /* rebias; round off 13 bits */
+    return sign | (uint16_t)((h + 0xfffu + ((h >> 13) & 1u)) >> 13);
+}
+
+/* ---- reductions ---------------------------------------------------------------------- */
+typedef struct {
+    int dtype, op, nsrc, first_reduce;
+    int64_t scale;          /* divide by this when > 0 (avg that completes) */
+} RedSpec;
+
+#define MINF(a, b) ((a) != (a) ? (a) : ((b) != (b) ? (b) : ((a) < (b) ? (a) : (b))))
+#define MAXF(a, b) ((a) != (a) ? (a) : ((b) != (b) ? (b) : ((a) > (b) ? (a) : (b))))
+#define MINI(a, b) ((a) < (b) ? (a) : (b))
+#define MAXI(a, b) ((a) > (b) ? (a) : (b))
+
+/* acc[i] = acc[i] (op) v[i] over one block, per accumulator type */
+#define COMBINE_LOOP(T, OPEXPR)                                                   \
+    for (int64_t i = 0; i < n; i++) { T a = acc[i], b = v[i]; acc[i] = (OPEXPR); }
+
+__attribute__((target_clones("avx2", "default")))
+static void combine_f32(float *restrict acc, const float *restrict v, int64_t n, int op) {
+    switch (op) {
+    case O_SUM: case O_AVG: COMBINE_LOOP(float, a + b) break;
+    case O_PROD: COMBINE_LOOP(float, a * b) break;
+    case O_MIN: COMBINE_LOOP(float, MINF(a, b)) break;
+    default: COMBINE_LOOP(float, MAXF(a, b)) break;
+    }
+}
+
+__attribute__((target_clones("avx2", "default")))
+static void combine_f64(double *restrict acc, const double *restrict v, int64_t n, int op) {
+    switch (op) {
+    case O_SUM: case O_AVG: COMBINE_LOOP(double, a + b) break;
+    case O_PROD: COMBINE_LOOP(double, a * b) break;
+    case O_MIN: COMBINE_LOOP(double, MINF(a, b)) break;
+    default: COMBINE_LOOP(double, MAXF(a, b)) break;
+    }
+}
+
+/* integers wrap on overflow (unsigned arithmetic; signed overflow would be undefined) */
+#define COMBINE_INT(NAME, T, U)                                                    \
+    __attribute__((target_clones("avx2", "default")))                             \
+    static void NAME(T *restrict acc, const T *restrict v, int64_t n, int op) {   \
+        switch (op) {                                                             \
+        case O_SUM: case O_AVG: COMBINE_LOOP(T, (T)((U)a + (U)b)) break;          \
+        case O_PROD: COMBINE_LOOP(T, (T)((U)a * (U)b)) break;                     \
+        case O_MIN: COMBINE_LOOP(T, MINI(a, b)) break;                            \
+        default: COMBINE_LOOP(T, MAXI(a, b)) break;                               \
+        }                                                                         \
+    }
+COMBINE_INT(combine_i32, int32_t, uint32_t)
+COMBINE_INT(combine_i64, int64_t, uint64_t)
+
+static void widen16(float *out, const uint16_t *in, int64_t n, int bf) {
+    if (bf) for (int64_t i = 0; i < n; i++) out[i] = bf16_to_f32(in[i]);
+    else for (int64_t i = 0; i < n; i++) out[i] = f16_to_f32(in[i]);
+}
+static void narrow16(uint16_t *out, const float *in, int64_t n, int bf) {
+    if (bf) for (int64_t i = 0; i < n; i++) out[i] = f32_to_bf16(in[i]);
+    else for (int64_t i = 0; i < n; i++) out[i] = f32_to_f16(in[i]);
+}
+
+/* dst = ops[0] (op) ops[1] ... over n elements, block by block: each block reads every
+ * operand before it writes dst, so dst may be one of the operands (an in-place reduction). */
+static void reduce(const RedSpec *s, char *dst, char *const *ops, int nops, int64_t n) {
+    union { float f[BLOCK]; double d[BLOCK]; int32_t i[BLOCK]; int64_t l[BLOCK]; } acc;
+    float wide[BLOCK];
+    for (int64_t i0 = 0; i0 < n; i0 += BLOCK) {
+        int64_t m = n - i0 < BLOCK ? n - i0 : BLOCK;
+        switch (s->dtype) {
+        case T_F32:
+            memcpy(acc.f, ops[0] + 4 * i0, 4 * m);
+            for (int j = 1; j < nops; j++) combine_f32(acc.f, (float *)(ops[j] + 4 * i0), m, s->op);
+            if (s->scale) { float w = (float)s->scale; for (int64_t i = 0; i < m; i++) acc.f[i] /= w; }
+            memcpy(dst + 4 * i0, acc.f, 4 * m);
+            break;
+        case T_F64:
+            memcpy(acc.d, ops[0] + 8 * i0, 8 * m);
+            for (int j = 1; j < nops; j++) combine_f64(acc.d, (double *)(ops[j] + 8 * i0), m, s->op);
+            if (s->scale) { double w = (double)s->scale; for (int64_t i = 0; i < m; i++) acc.d[i] /= w; }
+            memcpy(dst + 8 * i0, acc.d, 8 * m);
+            break;
+        case T_F16: case T_BF16: {
+            int bf = s->dtype == T_BF16;
+            widen16(acc.f, (uint16_t *)(ops[0] + 2 * i0), m, bf);
+            for (int j = 1; j < nops; j++) {
+                widen16(wide, (uint16_t *)(ops[j] + 2 * i0), m, bf);
+                combine_f32(acc.f, wide, m, s->op);
+            }
+            if (s->scale) { float w = (float)s->scale; for (int64_t i = 0; i < m; i++) acc.f[i] /= w; }
+            narrow16((uint16_t *)(dst + 2 * i0), acc.f, m, bf);
+            break;
+        }
+        case T_I32:
+            memcpy(acc.i, ops[0] + 4 * i0, 4 * m);
+            for (int j = 1; j < nops; j++) combine_i32(acc.i, (int32_t *)(ops[j] + 4 * i0), m, s->op);
+            if (s->scale) for (int64_t i = 0; i < m; i++) acc.i[i] = (int32_t)((double)acc.i[i] / (double)s->scale);
+            memcpy(dst + 4 * i0, acc.i, 4 * m);
+            break;
+        default: /* T_I64 */
+            memcpy(acc.l, ops[0] + 8 * i0, 8 * m);
+            for (int j = 1; j < nops; j++) combine_i64(acc.l, (int64_t *)(ops[j] + 8 * i0), m, s->op);
+            if (s->scale) for (int64_t i = 0; i < m; i++) acc.l[i] = (int64_t)((double)acc.l[i] / (double)s->scale);
+            memcpy(dst + 8 * i0, acc.l, 8 * m);
+            break;
+        }
+    }
+}
+
+/* ---- the runner ---------------------------------------------------------------------- */
+#define MAX_OPS 64
+
+typedef struct {
+    const int64_t *hdr, *code;
+    const int64_t *bases;     /* [world] segment addresses, then the caller's buffers */
+    int64_t *state;
+} Run;
+
+static inline int64_t *ctrl(const Run *r, int64_t rank) { return (int64_t *)(intptr_t)r->bases[rank]; }
+
+/* Spin until every listed rank's progress reaches ``target``; 0 on success, 1 when the
+ * program's budget ran out first (Python waits then, with timeouts and diagnostics). */
+static int wait_ranks(const Run *r, const int64_t *ranks, int64_t n, int64_t target) {
+    int64_t spin = r->hdr[H_SPIN], budget = r->hdr[H_BUDGET_NS], start = 0;
+    for (int64_t polls = 0;; polls++) {
+        int64_t j = 0;
+        for (; j < n; j++)
+            if (load_acq(ctrl(r, ranks[j]) + SLOT_PROGRESS) < target) break;
+        if (j == n) return 0;
+        if (polls < spin) { __builtin_ia32_pause(); continue; }
+        if (!start) start = now_ns();
+        else if (now_ns() - start > budget) return 1;
+        sched_yield();      /* ranks may outnumber cores */
+    }
+}
+
+/* one I_OP: [I_OP, when, flags, chunk, nsrc, dst(b, off, step), src(b, off, step) * nsrc] */
+static void do_op(const Run *r, const int64_t *c, int64_t k) {
+    const int64_t *hdr = r->hdr;
+    int64_t flags = c[2], chunk = c[3], nsrc = c[4], piece = hdr[H_PIECE];
+    int64_t n = piece ? chunk - k * piece : (k == 0 ? chunk : 0);
+    if (piece && n > piece) n = piece;
+    if (n <= 0) return;
+    int64_t isz = hdr[H_ITEMSIZE];
+    const int64_t *d = c + 5;
+    char *dst = (char *)(intptr_t)(r->bases[d[0]] + d[1] + k * d[2]);
+    char *ops[MAX_OPS + 1];
+    int nops = 0;
+    if (flags & 1) ops[nops++] = dst;
+    for (int64_t j = 0; j < nsrc && nops <= MAX_OPS; j++) {
+        const int64_t *s = c + 8 + 3 * j;
+        ops[nops++] = (char *)(intptr_t)(r->bases[s[0]] + s[1] + k * s[2]);
+    }
+    if (nops == 1) {            /* a copy */
+        if (dst != ops[0]) memcpy(dst, ops[0], n * isz);
+        return;
+    }
+    RedSpec spec = {(int)hdr[H_DTYPE], (int)hdr[H_OP], (int)nsrc, (int)(flags & 1),
+                    (flags & 2) ? hdr[H_SCALE] : 0};
+    reduce(&spec, dst, ops, nops, n);
+}
+
+static int64_t instr_len(const int64_t *c) {
+    switch (c[0]) {
+    case I_OP: return 8 + 3 * c[4];
+    case I_ADVANCE: return 2;
+    case I_WAIT: return 3 + c[2];
+    case I_POSTDESC: return 3 + c[2];
+    default: return 3 + c[2];          /* I_HANDSHAKE: [op, when, n, expected places...] */
+    }
+}
+
+/* The handshake's check: every rank's descriptor equals ours in fields [1, desc_cmp), its
+ * places equal the ones the program was built for, and no peer gave up. */
+static int handshake(const Run *r, const int64_t *c) {
+    const int64_t *hdr = r->hdr;
+    int64_t world = hdr[H_WORLD], me = hdr[H_RANK], base = hdr[H_DESC];
+    int64_t cmp = hdr[H_DESC_CMP], np = hdr[H_NPLACES];
+    const int64_t *mine = ctrl(r, me) + base;
+    int places_differ = 0;
+    for (int64_t q = 0; q < world; q++) {
+        const int64_t *d = ctrl(r, q) + base;
+        if (q != me && load_acq(ctrl(r, q) + SLOT_ABORT)) return RUN_ABORTED;
+        for (int64_t i = 1; i < cmp; i++)
+            if (d[i] != mine[i]) return RUN_MISMATCH;
+        for (int64_t i = 0; i < np; i++)
+            if (d[cmp + i] != c[3 + q * np + i]) places_differ = 1;
+    }
+    return places_differ ? RUN_PLACES : RUN_DONE;
+}
+
+static int run_program(Run *r) {
+    const int64_t *hdr = r->hdr, *code = r->code;
+    int64_t *st = r->state, pieces = hdr[H_PIECES], len = hdr[H_LEN];
+    int64_t *me = ctrl(r, hdr[H_RANK]);
+    for (int64_t k = st[S_K]; k < pieces; k++) {
+        for (int64_t pc = (k == st[S_K]) ? st[S_PC] : 0; pc < len; ) {
+            const int64_t *c = code + pc;
+            int64_t next = pc + instr_len(c), when = c[1];
+            if ((when == W_FIRST && k) || (when == W_NOT_FIRST && !k) ||
+                (when == W_NOT_LAST && k == pieces - 1)) { pc = next; continue; }
+            switch (c[0]) {
+            case I_OP: do_op(r, c, k); break;
+            case I_ADVANCE: store_rel(me + SLOT_PROGRESS, ++st[S_STEP]); break;
+            case I_WAIT:
+                if (wait_ranks(r, c + 3, c[2], st[S_STEP])) {
+                    st[S_K] = k; st[S_PC] = pc;
+                    return RUN_WAIT;
+                }
+                break;
+            case I_POSTDESC: {
+                int64_t *d = me + hdr[H_DESC];
+                memcpy(d + 1, c + 4, (c[2] - 1) * 8);
+                d[D_SEQ] = st[S_SEQ];
+                break;
+            }
+            case I_HANDSHAKE: {
+                int res = handshake(r, c);
+                if (res != RUN_DONE) { st[S_K] = k; st[S_PC] = next; return res; }
+                break;
+            }
+            }
+            pc = next;
+        }
+    }
+    st[S_K] = pieces; st[S_PC] = 0;
+    return RUN_DONE;
+}
+
+/* run(header, code, bases, state, seq, step) -> result code. The first four are addresses of
+ * int64 arrays the caller keeps alive; seq >= 0 starts the program for call ``seq`` at flag
+ * step ``step``, seq < 0 resumes it where the state says. The GIL is released while a program
+ * that moves many bytes runs (H_NOGIL); a small one keeps it: releasing and taking it back
+ * would cost more than the call, and its waits hand back to Python within the budget. */
+static PyObject *py_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "run(header, code, bases, state, seq, step)");
+        return NULL;
+    }
+    void *p[4];
+    for (int i = 0; i < 4; i++) {
+        p[i] = PyLong_AsVoidPtr(args[i]);
+        if (!p[i]) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "run: null address");
+            return NULL;
+        }
+    }
+    int64_t seq = PyLong_AsLongLong(args[4]), step = PyLong_AsLongLong(args[5]);
+    if (PyErr_Occurred()) return NULL;
+    Run r = {p[0], p[1], p[2], p[3]};
+    if (seq >= 0) {
+        r.state[S_SEQ] = seq; r.state[S_STEP] = step; r.state[S_K] = 0; r.state[S_PC] = 0;
+    }
+    int res;
+    if (r.hdr[H_NOGIL]) {
+        Py_BEGIN_ALLOW_THREADS
+        res = run_program(&r);
+        Py_END_ALLOW_THREADS
+    } else {
+        res = run_program(&r);
+    }
+    return PyLong_FromLong(res);
+}
+
+/* reduce_into(dtype, op, scale, n, dst, *srcs): one reduction over raw addresses (tests
+ * compare it with the executor's numpy/torch arithmetic) */
+static PyObject *py_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs < 6 || nargs - 4 > MAX_OPS) {
+        PyErr_SetString(PyExc_TypeError, "reduce_into(dtype, op, scale, n, dst, src, ...)");
+        return NULL;
+    }
+    RedSpec s = {(int)PyLong_AsLong(args[0]), (int)PyLong_AsLong(args[1]), 0, 0,
+                 PyLong_AsLongLong(args[2])};
+    int64_t n = PyLong_AsLongLong(args[3]);
+    char *dst = PyLong_AsVoidPtr(args[4]);
+    char *ops[MAX_OPS];
+    int nops = 0;
+    for (Py_ssize_t i = 5; i < nargs; i++) ops[nops++] = PyLong_AsVoidPtr(args[i]);
+    if (PyErr_Occurred()) return NULL;
+    reduce(&s, dst, ops, nops, n);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"run", (PyCFunction)(void (*)(void))py_run, METH_FASTCALL, "Run a plan program."},
+    {"reduce_into", (PyCFunction)(void (*)(void))py_reduce, METH_FASTCALL,
+     "One reduction over raw addresses."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_native",
+                                    "Native runner of lowered plans (tilecomm CPU backend).",
+                                    -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m && (PyModule_AddIntConstant(m, "ABI", 1) < 0)) { Py_DECREF(m); return NULL; }
+    return m;
+}
