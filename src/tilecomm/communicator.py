@@ -68,6 +68,9 @@ class Communicator:
         self._alloc = HeapAllocator(lay.heap_offset, lay.heap_bytes)
         self._closed = False
         self._memos: dict = {}
+        #: the last memoized in-place call: (weak reference to its tensor, name, op, algo,
+        #: root, data pointer, numel, dtype, backend, call); see NOTE [call memo]
+        self._last_memo: tuple | None = None
         self._exchange_bufs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         seg = heap.segment(self._heap_rank)
         self._heap_lo = seg.ctypes.data + lay.heap_offset
@@ -87,6 +90,7 @@ class Communicator:
     def deterministic(self, value: bool) -> None:
         self._deterministic = bool(value)
         self._memos.clear()          # memoized calls hold algorithms resolved in the old mode
+        self._last_memo = None
 
     # ---- lifecycle ------------------------------------------------------------------------
     def close(self) -> None:
@@ -99,6 +103,7 @@ class Communicator:
                 pending = e             # raised once everything is released
             self._closed = True
             self._memos.clear()
+            self._last_memo = None
             for be in self._backends.values():
                 if be is not self._backend:
                     be.close()
@@ -282,9 +287,18 @@ class Communicator:
 
     def _in_place(self, name: str, tensor: torch.Tensor, op, algo: str, root: int):
         """all_reduce, broadcast and reduce: one buffer, updated in place (see NOTE [call memo])."""
+        last = self._last_memo
+        if (last is not None and last[0]() is tensor and last[1] == name and last[2] == op
+                and last[3] == algo and last[4] == root and tensor.data_ptr() == last[5]
+                and tensor.numel() == last[6] and tensor.dtype == last[7]
+                and tensor.is_contiguous()):
+            self._call(last[8], last[9])     # the same tensor as the last call: no key
+            return tensor
         key = self._memo_key(name, tensor, op, algo, root)
         memo = self._memos.get(key) if key is not None else None
         if memo is not None:   # the same small call again: skip validation and view-making
+            self._last_memo = (weakref.ref(tensor), name, op, algo, root, key[1], key[3],
+                               key[2], memo[0], memo[1])
             self._call(memo[0], memo[1])
             return tensor
         with self._validating(name, tensor):
@@ -543,6 +557,7 @@ class Communicator:
         if retired:
             old.close()
         self._memos.clear()
+        self._last_memo = None
         self._backends.pop("cpu", None)
         del old
         if retired:

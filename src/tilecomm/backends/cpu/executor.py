@@ -315,6 +315,10 @@ class Executor:
             tpl = ready.tpl
         else:
             tpl = self._template(call, seq)
+            if self.native and tpl.native is None and self.trace is None:
+                # expect every rank to place its buffers as this one does (the handshake
+                # checks; a peer that placed them otherwise sends the call to the Python path)
+                self._build_native(tpl, call, seq, (tuple(tpl.places),) * self.world_size)
             if self.native and tpl.native is not None and self.trace is None:
                 bases = tpl.native.bases(self._segs_addr, call.buffers)
                 if key is not None:
@@ -346,6 +350,12 @@ class Executor:
         descs = self._handshake(seq, call.collective, fields)
         self._pieces(call, seq, tpl, _peer_places(descs, tpl.prog), runner, ready,
                      first_ready=True)
+
+    def _build_native(self, tpl: _Template, call: CollectiveCall, seq: int, peer_places) -> None:
+        tpl.native = NativeProgram(
+            tpl, self._phase_ops(tpl, seq, peer_places), peer_places, rank=self.rank,
+            world=self.world_size, op=call.op, desc_base=self.ch.desc_base(seq),
+            spin=self.ch.spin)
 
     def _run_native(self, call: CollectiveCall, seq: int, prog: NativeProgram, bases) -> None:
         """The whole call through the native runner; waits that outlast its spin, and errors,
@@ -406,9 +416,7 @@ class Executor:
         if self.native and trace is None and first_ready and (
                 tpl.native is None or tpl.native.peer_places != peer_places):
             # the next call of this template runs natively (it expects these places)
-            tpl.native = NativeProgram(
-                tpl, self._phase_ops(tpl, seq, peer_places), peer_places, rank=self.rank,
-                world=self.world_size, op=call.op, desc_base=ch.desc_base(seq), spin=ch.spin)
+            self._build_native(tpl, call, seq, peer_places)
         phases = None
         if ready is not None and ready.peer_places == peer_places:
             phases = ready.phases            # ready-made callables for the only piece
