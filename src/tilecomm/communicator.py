@@ -68,9 +68,10 @@ class Communicator:
         self._alloc = HeapAllocator(lay.heap_offset, lay.heap_bytes)
         self._closed = False
         self._memos: dict = {}
-        #: the last memoized in-place call: (weak reference to its tensor, name, op, algo,
-        #: root, data pointer, numel, dtype, backend, call); see NOTE [call memo]
-        self._last_memo: tuple | None = None
+        #: [the last memoized in-place call]: (weak reference to its tensor, name, op, algo,
+        #: root, data pointer, numel, dtype, backend, call) or None; a list, so the tensor's
+        #: weakref callback can clear it (see _remember and NOTE [call memo])
+        self._last_memo: list = [None]
         self._exchange_bufs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         seg = heap.segment(self._heap_rank)
         self._heap_lo = seg.ctypes.data + lay.heap_offset
@@ -90,7 +91,7 @@ class Communicator:
     def deterministic(self, value: bool) -> None:
         self._deterministic = bool(value)
         self._memos.clear()          # memoized calls hold algorithms resolved in the old mode
-        self._last_memo = None
+        self._last_memo[0] = None
 
     # ---- lifecycle ------------------------------------------------------------------------
     def close(self) -> None:
@@ -103,7 +104,7 @@ class Communicator:
                 pending = e             # raised once everything is released
             self._closed = True
             self._memos.clear()
-            self._last_memo = None
+            self._last_memo[0] = None
             for be in self._backends.values():
                 if be is not self._backend:
                     be.close()
@@ -287,7 +288,7 @@ class Communicator:
 
     def _in_place(self, name: str, tensor: torch.Tensor, op, algo: str, root: int):
         """all_reduce, broadcast and reduce: one buffer, updated in place (see NOTE [call memo])."""
-        last = self._last_memo
+        last = self._last_memo[0]
         if (last is not None and last[0]() is tensor and last[1] == name and last[2] == op
                 and last[3] == algo and last[4] == root and tensor.data_ptr() == last[5]
                 and tensor.numel() == last[6] and tensor.dtype == last[7]
@@ -295,10 +296,10 @@ class Communicator:
             self._call(last[8], last[9])     # the same tensor as the last call: no key
             return tensor
         key = self._memo_key(name, tensor, op, algo, root)
-        memo = self._memos.get(key) if key is not None else None
+        small = key is not None and key[3] * tensor.element_size() <= _MEMO_BYTES
+        memo = self._memos.get(key) if small else None
         if memo is not None:   # the same small call again: skip validation and view-making
-            self._last_memo = (weakref.ref(tensor), name, op, algo, root, key[1], key[3],
-                               key[2], memo[0], memo[1])
+            self._remember(tensor, key, memo[0], memo[1])
             self._call(memo[0], memo[1])
             return tensor
         with self._validating(name, tensor):
@@ -311,13 +312,28 @@ class Communicator:
             buf = _buffer(be, tensor, name, heap=self._heap_bytes)
         call = CollectiveCall(name, resolved, d, tensor.numel(), {"buf": buf.flat}, op=rop,
                               root=root, cache_key=key)
-        if key is not None:
+        if small:
             if len(self._memos) >= _MEMO_ENTRIES:
                 self._memos.pop(next(iter(self._memos)))
             self._memos[key] = (be, call)
+        if key is not None and buf.tmp is None:
+            self._remember(tensor, key, be, call)
         self._call(be, call)
         buf.finish()
         return tensor
+
+    def _remember(self, tensor: torch.Tensor, key: tuple, be: Backend, call) -> None:
+        """Make ``call`` the last memoized call (see NOTE [call memo]). Kept for a tensor of any
+        size: a call on a cache-sized message leaves the interpreter's own memory cold, and
+        skipping validation then saves tens of microseconds (docs/benchmarks.md). A large
+        tensor's entry holds a view of its memory, so it is dropped when the tensor dies."""
+        holder = self._last_memo
+
+        def forget(ref, holder=holder):
+            if holder[0] is not None and holder[0][0] is ref:
+                holder[0] = None
+        holder[0] = (weakref.ref(tensor, forget), key[0], key[4], key[5], key[6], key[1], key[3],
+                     key[2], be, call)
 
     def all_to_all(self, tensor: torch.Tensor, out: torch.Tensor | None = None, *,
                    algo: str = "auto") -> torch.Tensor:
@@ -482,9 +498,8 @@ class Communicator:
     # kept alive on one rank only would make the heaps diverge, and a pointer reused by a new
     # block names the same memory anyway.
     def _memo_key(self, name, t, op, algo, root):
+        """The call's memo key (any size; the memo dict takes small ones), or None."""
         if type(t) is not torch.Tensor or not t.is_cpu or not t.is_contiguous():
-            return None
-        if t.numel() * t.element_size() > _MEMO_BYTES:
             return None
         ptr = t.data_ptr()
         key = (name, ptr, t.dtype, t.numel(), op, algo, root)
@@ -557,7 +572,7 @@ class Communicator:
         if retired:
             old.close()
         self._memos.clear()
-        self._last_memo = None
+        self._last_memo[0] = None
         self._backends.pop("cpu", None)
         del old
         if retired:

@@ -336,7 +336,9 @@ class Executor:
             ready = None
         if ready is None:
             runner = Runner(self.segs, call.buffers, tpl.layout, call.op, self.world_size)
-            if key is not None and tpl.layout.pieces == 1:
+            # callables hold views of the caller's memory: small calls only
+            if key is not None and tpl.layout.pieces == 1 and \
+                    sum(a.nbytes for a in call.buffers.values()) <= SMALL_CALL_BYTES:
                 ready = _Ready(tpl, runner.calls(tpl.pre, 0), runner.calls(tpl.post, 0))
                 _bounded_put(self._ready, key, ready)
         fields = tpl.fields
