@@ -36,8 +36,11 @@ class Settings:
     #: TILECOMM_START_METHOD: multiprocessing start method of tilecomm.launch (fork, spawn,
     #: forkserver). fork starts in milliseconds and accepts closures.
     start_method: str = "fork"
-    #: TILECOMM_ONE_SHOT_MAX: largest all_reduce (bytes) for which auto picks one_shot.
-    one_shot_max: int = 256 << 10
+    #: TILECOMM_ONE_SHOT_MAX: largest all_reduce (bytes) for which auto picks one_shot on CPU
+    #: tensors. 32 KiB: with the native runner two_shot is as fast at 32 KiB and faster from
+    #: 64 KiB (2 ranks; 4 ranks from 16 KiB); on the Python path (TILECOMM_NATIVE=0) one_shot
+    #: wins up to 256 KiB (fewer phases, each a Python round), so set 256K there.
+    one_shot_max: int = 32 << 10
     #: TILECOMM_BIND: 1 to pin each rank started by tilecomm.launch to its own core when there
     #: are enough cores (as MPI launchers do); 0 (default: no gain measured on 2 cores) to
     #: leave placement to the OS.

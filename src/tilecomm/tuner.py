@@ -3,8 +3,8 @@
 Two rule sets, chosen by the backend's ``kind``:
 
 * ``"cpu"`` (the schedule executor): thresholds from measurements on the CPU shared-memory
-  backend (docs/benchmarks.md: 2 and 4 ranks, one_shot wins up to 128-256 KB, two_shot from
-  512 KB).
+  backend (docs/benchmarks.md: with the native runner, 2 ranks, one_shot and two_shot tie at
+  32 KiB and two_shot wins from 64 KiB; TILECOMM_ONE_SHOT_MAX).
 * ``"hier"`` (ranks on several hosts): see :func:`_choose_hier`.
 * ``"gpu"`` (the Triton kernels, also when they run in the interpreter): all_reduce is
   one_shot up to TILECOMM_GPU_ONE_SHOT_MAX (256 KiB: one synchronization, latency-bound),

@@ -227,3 +227,30 @@ def test_silent_peer_times_out_naming_it():
     out = tilecomm.launch(_silent_peer, 2, timeout=0.5)
     msg, missing = out[0]
     assert missing == (1,) and "all_reduce #" in msg and "rank(s) [1]" in msg, msg
+
+
+# ---- folding a copy into the reduction that makes its source --------------------------------
+def _op(dst, *srcs, first=False, chunk=8):
+    from tilecomm.backends.cpu.plan import Op
+    return Op(dst, tuple(srcs), first, chunk)
+
+
+def test_fold_copies_folds_two_shots_copy_back_and_nothing_unsafe():
+    from tilecomm.backends.cpu.plan import Operand
+    mine = Operand(None, "buf", 0, 32)          # this rank's tensor, chunk 0
+    other = Operand(None, "buf", 32, 32)        # chunk 1
+    tmp = Operand(0, "tmp", 1000, 0)            # own scratch slot peers read
+    peer_tmp = Operand(1, "tmp", 1000, 0)
+    reduce_ = _op(tmp, mine, peer_tmp)
+    copy_back = _op(mine, tmp)
+    fetch = _op(other, Operand(1, "tmp", 2000, 0))
+    folded = native.fold_copies([[reduce_], [copy_back, fetch]])
+    assert folded == [[native.Folded(reduce_, mine)], [fetch]]
+    # something touching the destination in between: the copy stays where it is
+    touch = _op(mine, Operand(1, "tmp", 3000, 0))
+    assert native.fold_copies([[reduce_, touch], [copy_back]]) == [[reduce_, touch], [copy_back]]
+    assert native.fold_copies([[reduce_], [fetch, _op(other, mine), copy_back]])[1][-1] == \
+        copy_back
+    # a destination peers can read (symmetric memory) is never written early
+    sym = Operand(0, "buf", 4096, 32)
+    assert native.fold_copies([[reduce_], [_op(sym, tmp)]]) == [[reduce_], [_op(sym, tmp)]]

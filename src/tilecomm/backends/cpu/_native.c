@@ -141,6 +141,29 @@ static void combine_f64(double *restrict acc, const double *restrict v, int64_t 
 COMBINE_INT(combine_i32, int32_t, uint32_t)
 COMBINE_INT(combine_i64, int64_t, uint64_t)
 
+/* dst = a (op) b without a staging block (float32/64 and integers, no division): the common
+ * two-operand case; dst may be a or b itself (elementwise) */
+#define DIRECT_LOOP(T, OPEXPR)                                                    \
+    for (int64_t i = 0; i < n; i++) { T x = a[i], y = b[i]; dst[i] = (OPEXPR); }
+__attribute__((target_clones("avx2", "default")))
+static void direct_f32(float *dst, const float *a, const float *b, int64_t n, int op) {
+    switch (op) {
+    case O_SUM: case O_AVG: DIRECT_LOOP(float, x + y) break;
+    case O_PROD: DIRECT_LOOP(float, x * y) break;
+    case O_MIN: DIRECT_LOOP(float, MINF(x, y)) break;
+    default: DIRECT_LOOP(float, MAXF(x, y)) break;
+    }
+}
+__attribute__((target_clones("avx2", "default")))
+static void direct_f64(double *dst, const double *a, const double *b, int64_t n, int op) {
+    switch (op) {
+    case O_SUM: case O_AVG: DIRECT_LOOP(double, x + y) break;
+    case O_PROD: DIRECT_LOOP(double, x * y) break;
+    case O_MIN: DIRECT_LOOP(double, MINF(x, y)) break;
+    default: DIRECT_LOOP(double, MAXF(x, y)) break;
+    }
+}
+
 static void widen16(float *out, const uint16_t *in, int64_t n, int bf) {
     if (bf) for (int64_t i = 0; i < n; i++) out[i] = bf16_to_f32(in[i]);
     else for (int64_t i = 0; i < n; i++) out[i] = f16_to_f32(in[i]);
@@ -151,10 +174,24 @@ static void narrow16(uint16_t *out, const float *in, int64_t n, int bf) {
 }
 
 /* dst = ops[0] (op) ops[1] ... over n elements, block by block: each block reads every
- * operand before it writes dst, so dst may be one of the operands (an in-place reduction). */
-static void reduce(const RedSpec *s, char *dst, char *const *ops, int nops, int64_t n) {
+ * operand before it writes dst, so dst may be one of the operands (an in-place reduction).
+ * ``dst2`` (or NULL) receives the same values: a later copy of dst folded into the pass. */
+static void reduce(const RedSpec *s, char *dst, char *dst2, char *const *ops, int nops,
+                   int64_t n) {
     union { float f[BLOCK]; double d[BLOCK]; int32_t i[BLOCK]; int64_t l[BLOCK]; } acc;
     float wide[BLOCK];
+    if (nops == 2 && !s->scale && (s->dtype == T_F32 || s->dtype == T_F64)) {
+        int64_t isz = s->dtype == T_F32 ? 4 : 8;
+        for (int64_t i0 = 0; i0 < n; i0 += 4 * BLOCK) {   /* blocks only for dst2's sake */
+            int64_t m = n - i0 < 4 * BLOCK ? n - i0 : 4 * BLOCK;
+            char *d = dst + isz * i0, *a = ops[0] + isz * i0, *b = ops[1] + isz * i0;
+            if (s->dtype == T_F32) direct_f32((float *)d, (float *)a, (float *)b, m, s->op);
+            else direct_f64((double *)d, (double *)a, (double *)b, m, s->op);
+            if (dst2) memcpy(dst2 + isz * i0, d, isz * m);
+        }
+        return;
+    }
+    int64_t isz = s->dtype == T_F32 || s->dtype == T_I32 ? 4 : (s->dtype == T_F64 || s->dtype == T_I64 ? 8 : 2);
     for (int64_t i0 = 0; i0 < n; i0 += BLOCK) {
         int64_t m = n - i0 < BLOCK ? n - i0 : BLOCK;
         switch (s->dtype) {
@@ -194,6 +231,7 @@ static void reduce(const RedSpec *s, char *dst, char *const *ops, int nops, int6
             memcpy(dst + 8 * i0, acc.l, 8 * m);
             break;
         }
+        if (dst2) memcpy(dst2 + isz * i0, dst + isz * i0, isz * m);
     }
 }
 
@@ -224,7 +262,9 @@ static int wait_ranks(const Run *r, const int64_t *ranks, int64_t n, int64_t tar
     }
 }
 
-/* one I_OP: [I_OP, when, flags, chunk, nsrc, dst(b, off, step), src(b, off, step) * nsrc] */
+/* one I_OP: [I_OP, when, flags, chunk, nsrc, dst(b, off, step), [dst2(b, off, step) if
+ * flags & 4], src(b, off, step) * nsrc]; flags: 1 dst is the first operand, 2 the result
+ * completes the reduction (avg divides), 4 a second destination */
 static void do_op(const Run *r, const int64_t *c, int64_t k) {
     const int64_t *hdr = r->hdr;
     int64_t flags = c[2], chunk = c[3], nsrc = c[4], piece = hdr[H_PIECE];
@@ -232,27 +272,32 @@ static void do_op(const Run *r, const int64_t *c, int64_t k) {
     if (piece && n > piece) n = piece;
     if (n <= 0) return;
     int64_t isz = hdr[H_ITEMSIZE];
-    const int64_t *d = c + 5;
-    char *dst = (char *)(intptr_t)(r->bases[d[0]] + d[1] + k * d[2]);
+    const int64_t *d = c + 5, *src = c + 8;
+    char *dst = (char *)(intptr_t)(r->bases[d[0]] + d[1] + k * d[2]), *dst2 = NULL;
+    if (flags & 4) {
+        dst2 = (char *)(intptr_t)(r->bases[d[3]] + d[4] + k * d[5]);
+        src += 3;
+    }
     char *ops[MAX_OPS + 1];
     int nops = 0;
     if (flags & 1) ops[nops++] = dst;
     for (int64_t j = 0; j < nsrc && nops <= MAX_OPS; j++) {
-        const int64_t *s = c + 8 + 3 * j;
+        const int64_t *s = src + 3 * j;
         ops[nops++] = (char *)(intptr_t)(r->bases[s[0]] + s[1] + k * s[2]);
     }
     if (nops == 1) {            /* a copy */
         if (dst != ops[0]) memcpy(dst, ops[0], n * isz);
+        if (dst2) memcpy(dst2, ops[0], n * isz);
         return;
     }
     RedSpec spec = {(int)hdr[H_DTYPE], (int)hdr[H_OP], (int)nsrc, (int)(flags & 1),
                     (flags & 2) ? hdr[H_SCALE] : 0};
-    reduce(&spec, dst, ops, nops, n);
+    reduce(&spec, dst, dst2, ops, nops, n);
 }
 
 static int64_t instr_len(const int64_t *c) {
     switch (c[0]) {
-    case I_OP: return 8 + 3 * c[4];
+    case I_OP: return 8 + 3 * c[4] + ((c[2] & 4) ? 3 : 0);
     case I_ADVANCE: return 2;
     case I_WAIT: return 3 + c[2];
     case I_POSTDESC: return 3 + c[2];
@@ -369,7 +414,7 @@ static PyObject *py_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nar
     int nops = 0;
     for (Py_ssize_t i = 5; i < nargs; i++) ops[nops++] = PyLong_AsVoidPtr(args[i]);
     if (PyErr_Occurred()) return NULL;
-    reduce(&s, dst, ops, nops, n);
+    reduce(&s, dst, NULL, ops, nops, n);
     Py_RETURN_NONE;
 }
 

@@ -23,11 +23,14 @@ torch, numpy and a C compiler that setuptools finds.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from ...settings import settings
 from ...types import ReduceOp
 from .channel import D_PLACE, NUM_PLACES, PLACE_SCRATCH
+from .plan import Op, Operand
 
 try:
     from . import _native
@@ -58,6 +61,50 @@ def enabled() -> bool:
     return _native is not None and settings().native
 
 
+class Folded(NamedTuple):
+    """An operation that also stores its result at ``dst2`` (see :func:`fold_copies`)."""
+
+    op: Op
+    dst2: Operand
+
+
+def fold_copies(phase_ops: list[list[Op]]) -> list[list[Op | Folded]]:
+    """The phases' operations with a copy of a result into the caller's memory folded into the
+    pass that makes the result.
+
+    two_shot's owner reduces its chunk into scratch (for its peers to read) and, a phase later,
+    copies it into its own tensor: one more read and write of the chunk. The reduction can
+    store it there too when the copy's destination is the caller's memory (``rank`` None: no
+    peer reads it) and nothing in between touches that chunk. Same bits (the same values are
+    stored); only this rank's own memory is written a phase earlier.
+    """
+    phases: list[list] = [list(p) for p in phase_ops]
+    for i in range(len(phases) - 1):
+        for j, red in enumerate(phases[i]):
+            if isinstance(red, Folded):
+                continue
+            for jj, cp in enumerate(phases[i + 1]):
+                if (not isinstance(cp, Op) or len(cp.srcs) != 1 or cp.first_reduce
+                        or cp.dst.rank is not None or cp.srcs[0] != red.dst
+                        or cp.chunk != red.chunk):
+                    continue
+                x = cp.dst
+                between = phases[i][j + 1:] + phases[i + 1][:jj]
+                if any(v.rank is None and v.buf == x.buf and v.off0 == x.off0
+                       for o in between if o is not None for v in _operands(o)):
+                    continue
+                phases[i][j] = Folded(red, x)
+                phases[i + 1][jj] = None
+                break
+    return [[o for o in p if o is not None] for p in phases]
+
+
+def _operands(item: Op | Folded) -> tuple[Operand, ...]:
+    if isinstance(item, Folded):
+        return (item.op.dst, item.dst2, *item.op.srcs)
+    return (item.dst, *item.srcs)
+
+
 class NativeProgram:
     """One template as a native program; ``user`` names the caller's buffers in the order
     :meth:`bases` takes their addresses."""
@@ -75,10 +122,11 @@ class NativeProgram:
         self.waits: dict[int, tuple] = {}
 
         def ops(lst, when=W_ALWAYS):
-            for o in lst:
-                code.extend((I_OP, when, int(o.first_reduce) | (2 * int(o.completes)),
-                             o.chunk, len(o.srcs)))
-                for x in (o.dst, *o.srcs):
+            for item in lst:
+                o, dst2 = (item.op, item.dst2) if isinstance(item, Folded) else (item, None)
+                flags = int(o.first_reduce) | (2 * int(o.completes)) | (4 * (dst2 is not None))
+                code.extend((I_OP, when, flags, o.chunk, len(o.srcs)))
+                for x in (o.dst, *(() if dst2 is None else (dst2,)), *o.srcs):
                     code.extend((x.rank if x.rank is not None else index[x.buf], x.off0, x.step))
 
         def wait(ranks, when, detail):
@@ -93,7 +141,7 @@ class NativeProgram:
         n = len(prog.names)
         expected = [p for r in range(world) for p in peer_places[r][:n]]
         code.extend((I_HANDSHAKE, W_FIRST, len(expected), *expected))
-        for i, phase in enumerate(phase_ops):
+        for i, phase in enumerate(fold_copies(phase_ops)):
             waits = prog.phases[prog.lead + i].waits
             if waits:
                 wait(waits, W_ALWAYS, f"phase {prog.lead + i}")
