@@ -78,6 +78,12 @@ class Flat:
 _PLANS: dict = {}
 
 
+def known_plan(t: torch.Tensor, opts_op):
+    """The decided plan for ``t`` under torch's op, or None if it was never decided (a
+    lookup that cannot raise: the fast path of a repeated call)."""
+    return _PLANS.get((t.dtype, getattr(opts_op, "op", opts_op)))
+
+
 def reduce_plan(t: torch.Tensor, opts_op, collective: str):
     """How to reduce ``t`` under torch's op: ``("native", ReduceOp, view)`` when the
     Communicator can do it (complex sums as float pairs), else ``("reference", fn, None)``.

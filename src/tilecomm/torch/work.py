@@ -24,8 +24,7 @@ class DoneWork(dist.Work):
         super().__init__()
         self._result = result
         self._src = source_rank
-        self._fut: Future = Future()
-        self._fut.set_result(result)
+        self._fut: Future | None = None    # made when asked for: most callers never do
 
     def wait(self, timeout=None) -> bool:  # noqa: ARG002 - nothing left to wait for
         return True
@@ -49,6 +48,9 @@ class DoneWork(dist.Work):
         return self._src
 
     def get_future(self) -> Future:
+        if self._fut is None:
+            self._fut = Future()
+            self._fut.set_result(self._result)
         return self._fut
 
     def synchronize(self) -> None:
