@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -46,7 +47,7 @@ class DType:
     itemsize: int
     reducible: bool              # False: data movement only
 
-    @property
+    @cached_property            # read by the flight recorder on every call
     def name(self) -> str:
         return str(self.torch).removeprefix("torch.")
 
