@@ -180,14 +180,14 @@ def pcie_8gpu() -> SystemSpec:
 # Fitted by `python -m tilecomm.sim.cpu_loop benchmarks/results/cpu_all_reduce_2ranks_user.json
 # benchmarks/results/cpu_all_reduce_2ranks_heap.json` (one_shot and ring at every other measured
 # size, 16 B, 256 B, 4 KiB, 64 KiB, 1 MiB, 16 MiB, 256 MiB, both memory modes: 28 of 104 rows;
-# the measured sweep is 16 B .. 256 MiB by 4x; docs/model.md "Local loop").
-# 2 ranks on a 2-core AMD EPYC VM (sysfs: L2 1 MiB private per core, 2 MiB over both cores; L3
-# 32 MiB shared; `tilecomm topo` prints them). The fitted cache_bytes (4 MiB) lies between the
-# two cores' L2s and the L3. Ranks outnumbering cores are not covered (their synchronizations
-# wait for context switches: see the 4-rank table).
-CPU_SHM_COST = ShmCost(call_us=11.09, sync_us=0.96, op_us=0.91, copy_cache_GBps=33.8,
-                       add_cache_GBps=12.3, copy_dram_GBps=18.4, add_dram_GBps=6.8,
-                       cache_bytes=4 << 20, piece_bytes=1 << 20)
+# the measured sweep is 16 B .. 256 MiB by 4x; docs/model.md "Local loop"). Refitted 2026-12-04
+# after the native runner (one C call per collective: no numpy calls, op_us 0): 2 ranks on a
+# 2-core Intel Xeon VM (L2 2 MiB per core; the VM reports a 480 MiB L3). The fitted cache_bytes
+# is the size where the rates change on this machine. Ranks outnumbering cores are not covered
+# (their synchronizations wait for context switches: see the 4-rank table).
+CPU_SHM_COST = ShmCost(call_us=2.52, sync_us=0.23, op_us=0.0, copy_cache_GBps=21.59,
+                       add_cache_GBps=8.71, copy_dram_GBps=11.08, add_dram_GBps=7.20,
+                       cache_bytes=39903169, piece_bytes=1 << 20)
 CPU_LOOP_COMMAND = ("python -m tilecomm.sim.cpu_loop "
                     "benchmarks/results/cpu_all_reduce_2ranks_{user,heap}.json")
 
