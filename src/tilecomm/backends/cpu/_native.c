@@ -107,25 +107,18 @@ typedef struct {
 #define COMBINE_LOOP(T, OPEXPR)                                                   \
     for (int64_t i = 0; i < n; i++) { T a = acc[i], b = v[i]; acc[i] = (OPEXPR); }
 
-__attribute__((target_clones("avx2", "default")))
-static void combine_f32(float *restrict acc, const float *restrict v, int64_t n, int op) {
-    switch (op) {
-    case O_SUM: case O_AVG: COMBINE_LOOP(float, a + b) break;
-    case O_PROD: COMBINE_LOOP(float, a * b) break;
-    case O_MIN: COMBINE_LOOP(float, MINF(a, b)) break;
-    default: COMBINE_LOOP(float, MAXF(a, b)) break;
+#define COMBINE_FLOAT(NAME, T)                                                     \
+    __attribute__((target_clones("avx2", "default")))                             \
+    static void NAME(T *restrict acc, const T *restrict v, int64_t n, int op) {   \
+        switch (op) {                                                             \
+        case O_SUM: case O_AVG: COMBINE_LOOP(T, a + b) break;                     \
+        case O_PROD: COMBINE_LOOP(T, a * b) break;                                \
+        case O_MIN: COMBINE_LOOP(T, MINF(a, b)) break;                            \
+        default: COMBINE_LOOP(T, MAXF(a, b)) break;                               \
+        }                                                                         \
     }
-}
-
-__attribute__((target_clones("avx2", "default")))
-static void combine_f64(double *restrict acc, const double *restrict v, int64_t n, int op) {
-    switch (op) {
-    case O_SUM: case O_AVG: COMBINE_LOOP(double, a + b) break;
-    case O_PROD: COMBINE_LOOP(double, a * b) break;
-    case O_MIN: COMBINE_LOOP(double, MINF(a, b)) break;
-    default: COMBINE_LOOP(double, MAXF(a, b)) break;
-    }
-}
+COMBINE_FLOAT(combine_f32, float)
+COMBINE_FLOAT(combine_f64, double)
 
 /* integers wrap on overflow (unsigned arithmetic; signed overflow would be undefined) */
 #define COMBINE_INT(NAME, T, U)                                                    \
@@ -145,24 +138,18 @@ COMBINE_INT(combine_i64, int64_t, uint64_t)
  * two-operand case; dst may be a or b itself (elementwise) */
 #define DIRECT_LOOP(T, OPEXPR)                                                    \
     for (int64_t i = 0; i < n; i++) { T x = a[i], y = b[i]; dst[i] = (OPEXPR); }
-__attribute__((target_clones("avx2", "default")))
-static void direct_f32(float *dst, const float *a, const float *b, int64_t n, int op) {
-    switch (op) {
-    case O_SUM: case O_AVG: DIRECT_LOOP(float, x + y) break;
-    case O_PROD: DIRECT_LOOP(float, x * y) break;
-    case O_MIN: DIRECT_LOOP(float, MINF(x, y)) break;
-    default: DIRECT_LOOP(float, MAXF(x, y)) break;
+#define DIRECT_FLOAT(NAME, T)                                                      \
+    __attribute__((target_clones("avx2", "default")))                             \
+    static void NAME(T *dst, const T *a, const T *b, int64_t n, int op) {         \
+        switch (op) {                                                             \
+        case O_SUM: case O_AVG: DIRECT_LOOP(T, x + y) break;                      \
+        case O_PROD: DIRECT_LOOP(T, x * y) break;                                 \
+        case O_MIN: DIRECT_LOOP(T, MINF(x, y)) break;                             \
+        default: DIRECT_LOOP(T, MAXF(x, y)) break;                                \
+        }                                                                         \
     }
-}
-__attribute__((target_clones("avx2", "default")))
-static void direct_f64(double *dst, const double *a, const double *b, int64_t n, int op) {
-    switch (op) {
-    case O_SUM: case O_AVG: DIRECT_LOOP(double, x + y) break;
-    case O_PROD: DIRECT_LOOP(double, x * y) break;
-    case O_MIN: DIRECT_LOOP(double, MINF(x, y)) break;
-    default: DIRECT_LOOP(double, MAXF(x, y)) break;
-    }
-}
+DIRECT_FLOAT(direct_f32, float)
+DIRECT_FLOAT(direct_f64, double)
 
 static void widen16(float *out, const uint16_t *in, int64_t n, int bf) {
     if (bf) for (int64_t i = 0; i < n; i++) out[i] = bf16_to_f32(in[i]);
