@@ -20,6 +20,7 @@ import time
 import torch
 
 import tilecomm
+from tilecomm.backends.cpu import native
 from tilecomm.units import format_size, parse_size
 
 
@@ -30,8 +31,8 @@ def _work(comm, sizes, rounds):
         x = torch.ones(max(1, nbytes // 4))
         iters = max(20, min(2000, int(1e8 // max(nbytes, 1))))
         row = {}
-        for name, native in (("native", True), ("python", False)):
-            ex.native = native
+        for name, use_native in (("native", True), ("python", False)):
+            ex.native = use_native
             for _ in range(5):
                 comm.all_reduce(x)
             times = []
@@ -44,7 +45,7 @@ def _work(comm, sizes, rounds):
                 times.append((time.perf_counter() - t0) / iters)
             row[name] = times
         rows.append(row)
-    ex.native = tilecomm.backends.cpu.native.enabled()
+    ex.native = native.enabled(comm.world_size)
     return rows
 
 
@@ -55,7 +56,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--json")
     args = ap.parse_args(argv)
-    if not tilecomm.backends.cpu.native.enabled():
+    if not native.enabled(args.n):
         print("the native runner is not built or TILECOMM_NATIVE=0", file=sys.stderr)
         return 1
     sizes = [parse_size(s) for s in args.sizes]

@@ -125,7 +125,7 @@ def _collectives(comm, cases, mode):
         if ex.native:
             assert _native_used(comm), "no native program was built"
     finally:
-        ex.native = native.enabled()
+        ex.native = native.enabled(comm.world_size)
         comm.deterministic = was_deterministic
     return outs
 

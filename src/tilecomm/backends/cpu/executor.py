@@ -103,7 +103,7 @@ class Executor:
         self._ready: dict = {}
         #: whether plans run through the native runner (TILECOMM_NATIVE, and it was built);
         #: may be switched per call (tests run both paths on one communicator)
-        self.native = native_runner.enabled()
+        self.native = native_runner.enabled(self.world_size)
         self._segs_addr = [int(seg.ctypes.data) for seg in self.segs]
         #: the process's tracer under TILECOMM_TRACE (handshake and phase events), or None
         self.trace = None
@@ -313,10 +313,11 @@ class Executor:
         ready = self._ready.get(key) if key is not None else None
         if ready is not None:
             if self.native and self.trace is None:
-                if ready.native is None and ready.tpl.native is not None:
-                    # built after this call's first (Python) run
-                    ready.native = ready.tpl.native
-                    ready.bases = ready.native.bases(self._segs_addr, call.buffers)
+                prog = ready.tpl.native
+                if prog is not None and ready.native is not prog:
+                    # built after this call's first (Python) run, or rebuilt for the places
+                    # the peers announced since
+                    ready.native, ready.bases = prog, prog.bases(self._segs_addr, call.buffers)
                 if ready.native is not None:
                     if call.cache_key is not None:
                         call.info.setdefault("native", [None, None])[seq & 1] = \

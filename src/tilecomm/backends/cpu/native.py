@@ -49,6 +49,9 @@ RUN_DONE, RUN_WAIT, RUN_MISMATCH, RUN_ABORTED, RUN_PLACES = range(5)
 DTYPE_CODES = {1: 0, 2: 1, 3: 2, 4: 3, 5: 4, 6: 5, 7: 6, 8: 7}
 OP_CODES = {ReduceOp.SUM: 0, ReduceOp.PROD: 1, ReduceOp.MIN: 2, ReduceOp.MAX: 3,
             ReduceOp.AVG: 4}
+#: operands one reduction may have in the runner (MAX_OPS in _native.c): a reduction has at
+#: most one per rank plus its destination, so larger worlds stay on the Python path
+MAX_OPERANDS = 64
 #: how long the runner spins and yields on a flag before handing the wait to Python (which
 #: then waits with its timeout, liveness checks and naps, and lets other threads run)
 WAIT_BUDGET_NS = 200_000
@@ -56,9 +59,10 @@ WAIT_BUDGET_NS = 200_000
 NOGIL_BYTES = 64 << 10
 
 
-def enabled() -> bool:
-    """Whether collectives run through the native runner (built, and not turned off)."""
-    return _native is not None and settings().native
+def enabled(world_size: int = 1) -> bool:
+    """Whether collectives of ``world_size`` ranks run through the native runner (built, not
+    turned off, and the world small enough for its operand limit)."""
+    return _native is not None and settings().native and world_size + 1 <= MAX_OPERANDS
 
 
 class Folded(NamedTuple):
