@@ -254,3 +254,24 @@ def test_fold_copies_folds_two_shots_copy_back_and_nothing_unsafe():
     # a destination peers can read (symmetric memory) is never written early
     sym = Operand(0, "buf", 4096, 32)
     assert native.fold_copies([[reduce_], [_op(sym, tmp)]]) == [[reduce_], [_op(sym, tmp)]]
+
+
+def _engine(comm):
+    x = torch.arange(6, dtype=torch.float32) * (comm.rank + 1)
+    for _ in range(3):
+        y = x.clone()
+        comm.all_reduce(y)
+    return comm._backend.executor.native, y
+
+
+def test_tilecomm_native_0_runs_the_python_path(monkeypatch):
+    from tilecomm.settings import settings
+    monkeypatch.setenv("TILECOMM_NATIVE", "0")
+    settings.cache_clear()
+    try:
+        out = tilecomm.launch(_engine, 2)
+    finally:
+        monkeypatch.delenv("TILECOMM_NATIVE")
+        settings.cache_clear()
+    for used, y in out:
+        assert used is False and torch.equal(y, torch.arange(6, dtype=torch.float32) * 3)
