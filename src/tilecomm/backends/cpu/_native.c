@@ -50,6 +50,18 @@ enum { SLOT_PROGRESS = 0, SLOT_ABORT = 2 };
 
 #define BLOCK 512
 
+/* x86-64: loops also built for AVX2, picked at load time; elsewhere the compiler's default */
+#if defined(__x86_64__) && defined(__GNUC__)
+#define CLONES __attribute__((target_clones("avx2", "default")))
+#define CPU_RELAX() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define CLONES
+#define CPU_RELAX() __asm__ __volatile__("yield")
+#else
+#define CLONES
+#define CPU_RELAX() ((void)0)
+#endif
+
 static inline int64_t load_acq(const int64_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 static inline void store_rel(int64_t *p, int64_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
 
@@ -108,7 +120,7 @@ typedef struct {
     for (int64_t i = 0; i < n; i++) { T a = acc[i], b = v[i]; acc[i] = (OPEXPR); }
 
 #define COMBINE_FLOAT(NAME, T)                                                     \
-    __attribute__((target_clones("avx2", "default")))                             \
+    CLONES                             \
     static void NAME(T *restrict acc, const T *restrict v, int64_t n, int op) {   \
         switch (op) {                                                             \
         case O_SUM: case O_AVG: COMBINE_LOOP(T, a + b) break;                     \
@@ -122,7 +134,7 @@ COMBINE_FLOAT(combine_f64, double)
 
 /* integers wrap on overflow (unsigned arithmetic; signed overflow would be undefined) */
 #define COMBINE_INT(NAME, T, U)                                                    \
-    __attribute__((target_clones("avx2", "default")))                             \
+    CLONES                             \
     static void NAME(T *restrict acc, const T *restrict v, int64_t n, int op) {   \
         switch (op) {                                                             \
         case O_SUM: case O_AVG: COMBINE_LOOP(T, (T)((U)a + (U)b)) break;          \
@@ -139,7 +151,7 @@ COMBINE_INT(combine_i64, int64_t, uint64_t)
 #define DIRECT_LOOP(T, OPEXPR)                                                    \
     for (int64_t i = 0; i < n; i++) { T x = a[i], y = b[i]; dst[i] = (OPEXPR); }
 #define DIRECT_FLOAT(NAME, T)                                                      \
-    __attribute__((target_clones("avx2", "default")))                             \
+    CLONES                             \
     static void NAME(T *dst, const T *a, const T *b, int64_t n, int op) {         \
         switch (op) {                                                             \
         case O_SUM: case O_AVG: DIRECT_LOOP(T, x + y) break;                      \
@@ -242,7 +254,7 @@ static int wait_ranks(const Run *r, const int64_t *ranks, int64_t n, int64_t tar
         for (; j < n; j++)
             if (load_acq(ctrl(r, ranks[j]) + SLOT_PROGRESS) < target) break;
         if (j == n) return 0;
-        if (polls < spin) { __builtin_ia32_pause(); continue; }
+        if (polls < spin) { CPU_RELAX(); continue; }
         if (!start) start = now_ns();
         else if (now_ns() - start > budget) return 1;
         sched_yield();      /* ranks may outnumber cores */
