@@ -251,6 +251,12 @@ def run_doctor(args) -> int:
         import importlib.metadata as md
         cuda = "CUDA available" if torch.cuda.is_available() else "no CUDA: interpreter only"
         c.print(f"triton {md.version('triton')}: device API and GPU kernels usable ({cuda})")
+    from .backends.cpu import native
+    if native._native is None:
+        c.print("native runner: not built (no C compiler at install time?): CPU collectives "
+                "run on the Python path, about 4x slower per small call")
+    else:
+        c.print(f"native runner: built, {'on' if native.enabled() else 'off (TILECOMM_NATIVE=0)'}")
     registered = dist.is_available() and "TILECOMM" in dist.Backend._plugins
     c.print(f"torch.distributed backend 'tilecomm': {'registered' if registered else 'MISSING'}")
     t = Table("variable", "value", "meaning", header_style="bold")

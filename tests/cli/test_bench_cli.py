@@ -84,6 +84,7 @@ def test_doctor_runs(capsys):
     out = capsys.readouterr().out
     assert "TILECOMM_TIMEOUT" in out and "self-test: ok" in out
     assert "backend 'tilecomm': registered" in out and "triton " in out
+    assert "native runner: " in out and "TILECOMM_NATIVE" in out
 
 
 def test_torchrun_init(tmp_path):
