@@ -46,6 +46,37 @@ SITE_COMBINE = tl.constexpr(2)
 _INTS = ("rank", "timeout_ns", "epoch", "row_words", "meta_words", "tokens", "hidden")
 
 
+@triton.jit
+def _peers_and_plan(plan, rank, WORLD: tl.constexpr):
+    """Program ``(pid, j)``'s peers, ``dst = rank + j`` and ``src = rank - j`` (mod W), and
+    the three entries ``plan [3, W]`` holds for ``dst``: ``(j, dst, src, p0, p1, p2)``."""
+    j = tl.program_id(1)
+    dst = (rank + j) % WORLD
+    src = (rank + WORLD - j) % WORLD
+    return (j, dst, src, tl.load(plan + dst), tl.load(plan + WORLD + dst),
+            tl.load(plan + 2 * WORLD + dst))
+
+
+@triton.jit
+def _row_stride(row_words, WV: tl.constexpr, ALIGNED: tl.constexpr):
+    """``row_words`` as int64, declared a multiple of ``WV`` (16 bytes of words) when
+    ``ALIGNED``, so row copies use 128-bit accesses."""
+    rw = tl.cast(row_words, tl.int64)
+    if ALIGNED:
+        rw = tl.multiple_of(rw, WV)
+    return rw
+
+
+@triton.jit
+def _signal_and_wait(pad, pid, j, dst, src, epoch, bases, rank, err, timeout_ns,
+                     WORLD: tl.constexpr, SITE: tl.constexpr):
+    """After a program's pushes: tell ``dst`` (release), then wait (bounded) for ``src``'s
+    program of the same id. ``j == 0`` pushed to this rank itself: nothing to tell."""
+    if j != 0:
+        lang.signal_set(pad, pid * WORLD + rank, epoch, dst, bases, rank)
+        lang.wait_ge(pad, pid * WORLD + src, epoch, src, err, rank, timeout_ns, SITE)
+
+
 @triton.jit(do_not_specialize=_INTS)
 def moe_dispatch_push(x, meta, tok, plan, recv_x, recv_meta, pad, bases, rank, err,
                       timeout_ns, epoch, row_words, meta_words, WORLD: tl.constexpr,
@@ -56,18 +87,10 @@ def moe_dispatch_push(x, meta, tok, plan, recv_x, recv_meta, pad, bases, rank, e
     first row at the destination. ``recv_x`` / ``recv_meta``: symmetric (this call's half).
     ``ALIGNED``: ``row_words`` is a multiple of 16 bytes of words and every pointer is
     16-byte aligned (128-bit row copies)."""
-    WV: tl.constexpr = 128 // x.dtype.element_ty.primitive_bitwidth
     pid = tl.program_id(0)
-    j = tl.program_id(1)
     nprog = tl.num_programs(0)
-    dst = (rank + j) % WORLD
-    src = (rank + WORLD - j) % WORLD
-    first = tl.load(plan + dst)
-    n = tl.load(plan + WORLD + dst)
-    doff = tl.load(plan + 2 * WORLD + dst)
-    rw = tl.cast(row_words, tl.int64)
-    if ALIGNED:
-        rw = tl.multiple_of(rw, WV)
+    j, dst, src, first, n, doff = _peers_and_plan(plan, rank, WORLD)
+    rw = _row_stride(row_words, 128 // x.dtype.element_ty.primitive_bitwidth, ALIGNED)
     mw = tl.multiple_of(tl.cast(meta_words, tl.int64), 4)
     rx = lang.peer_ptr(recv_x, dst, bases, rank)
     rm = lang.peer_ptr(recv_meta, dst, bases, rank)
@@ -76,9 +99,8 @@ def moe_dispatch_push(x, meta, tok, plan, recv_x, recv_meta, pad, bases, rank, e
         row = doff + i
         copy_blocks(rx + row * rw, x + t * rw, rw, 0, BX, BX)       # one row, block by block
         copy_blocks(rm + row * mw, meta + t * mw, mw, 0, BM, BM)
-    if j != 0:
-        lang.signal_set(pad, pid * WORLD + rank, epoch, dst, bases, rank)
-        lang.wait_ge(pad, pid * WORLD + src, epoch, src, err, rank, timeout_ns, SITE_DISPATCH)
+    _signal_and_wait(pad, pid, j, dst, src, epoch, bases, rank, err, timeout_ns, WORLD,
+                     SITE_DISPATCH)
 
 
 @triton.jit(do_not_specialize=_INTS)
@@ -87,23 +109,14 @@ def moe_combine_push(y, plan, recv, pad, bases, rank, err, timeout_ns, epoch, ro
     """``y [R, row_words]`` words (this rank's rows, by source rank then token); ``plan``
     int64 ``[3, W]``: per source rank the first row of its rows in ``y``, their count and the
     first row they take in that rank's ``recv`` (symmetric, this call's half)."""
-    WV: tl.constexpr = 128 // y.dtype.element_ty.primitive_bitwidth
     pid = tl.program_id(0)
-    j = tl.program_id(1)
     nprog = tl.num_programs(0)
-    dst = (rank + j) % WORLD
-    src = (rank + WORLD - j) % WORLD
-    lo = tl.load(plan + dst)
-    n = tl.load(plan + WORLD + dst)
-    off = tl.load(plan + 2 * WORLD + dst)
-    rw = tl.cast(row_words, tl.int64)
-    if ALIGNED:
-        rw = tl.multiple_of(rw, WV)
+    j, dst, src, lo, n, off = _peers_and_plan(plan, rank, WORLD)
+    rw = _row_stride(row_words, 128 // y.dtype.element_ty.primitive_bitwidth, ALIGNED)
     d = lang.peer_ptr(recv, dst, bases, rank) + off * rw
     copy_blocks64(d, y + lo * rw, n * rw, pid, nprog, BLOCK)
-    if j != 0:
-        lang.signal_set(pad, pid * WORLD + rank, epoch, dst, bases, rank)
-        lang.wait_ge(pad, pid * WORLD + src, epoch, src, err, rank, timeout_ns, SITE_COMBINE)
+    _signal_and_wait(pad, pid, j, dst, src, epoch, bases, rank, err, timeout_ns, WORLD,
+                     SITE_COMBINE)
 
 
 @triton.jit(do_not_specialize=_INTS)
