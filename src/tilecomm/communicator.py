@@ -68,9 +68,9 @@ class Communicator:
         self._alloc = HeapAllocator(lay.heap_offset, lay.heap_bytes)
         self._closed = False
         self._memos: dict = {}
-        #: [the last memoized in-place call]: (weak reference to its tensor, name, op, algo,
-        #: root, data pointer, numel, dtype, backend, call) or None; a list, so the tensor's
-        #: weakref callback can clear it (see _remember and NOTE [call memo])
+        #: [the last memoized in-place call]: (weak reference to its tensor, memo key,
+        #: backend, call) or None; a list, so the tensor's weakref callback can clear it (see
+        #: _remember and NOTE [call memo])
         self._last_memo: list = [None]
         self._exchange_bufs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         seg = heap.segment(self._heap_rank)
@@ -289,12 +289,13 @@ class Communicator:
     def _in_place(self, name: str, tensor: torch.Tensor, op, algo: str, root: int):
         """all_reduce, broadcast and reduce: one buffer, updated in place (see NOTE [call memo])."""
         last = self._last_memo[0]
-        if (last is not None and last[0]() is tensor and last[1] == name and last[2] == op
-                and last[3] == algo and last[4] == root and tensor.data_ptr() == last[5]
-                and tensor.numel() == last[6] and tensor.dtype == last[7]
-                and tensor.is_contiguous()):
-            self._call(last[8], last[9])     # the same tensor as the last call: no key
-            return tensor
+        if last is not None and last[0]() is tensor:     # the same tensor: no key to build
+            _, (n, ptr, dt, numel, o, a, r), be, call = last
+            if (n == name and o == op and a == algo and r == root and dt == tensor.dtype
+                    and ptr == tensor.data_ptr() and numel == tensor.numel()
+                    and tensor.is_contiguous()):
+                self._call(be, call)
+                return tensor
         key = self._memo_key(name, tensor, op, algo, root)
         small = key is not None and key[3] * tensor.element_size() <= _MEMO_BYTES
         memo = self._memos.get(key) if small else None
@@ -332,8 +333,7 @@ class Communicator:
         def forget(ref, holder=holder):
             if holder[0] is not None and holder[0][0] is ref:
                 holder[0] = None
-        holder[0] = (weakref.ref(tensor, forget), key[0], key[4], key[5], key[6], key[1], key[3],
-                     key[2], be, call)
+        holder[0] = (weakref.ref(tensor, forget), key, be, call)
 
     def all_to_all(self, tensor: torch.Tensor, out: torch.Tensor | None = None, *,
                    algo: str = "auto") -> torch.Tensor:

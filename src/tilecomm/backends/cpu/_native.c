@@ -35,7 +35,7 @@ enum {
     H_DESC_CMP, H_NPLACES, H_SPIN, H_BUDGET_NS, H_LEN, H_NOGIL
 };
 /* state words (int64), shared with Python */
-enum { S_SEQ, S_STEP, S_K, S_PC, S_INFO, S_LEN };
+enum { S_SEQ, S_STEP, S_K, S_PC, S_LEN };
 /* instructions: [opcode, when, ...] */
 enum { I_OP = 1, I_ADVANCE, I_WAIT, I_POSTDESC, I_HANDSHAKE };
 enum { W_ALWAYS, W_FIRST, W_NOT_FIRST, W_NOT_LAST };
@@ -106,7 +106,7 @@ static inline uint16_t f32_to_f16(float f) {
 
 /* ---- reductions ---------------------------------------------------------------------- */
 typedef struct {
-    int dtype, op, nsrc, first_reduce;
+    int dtype, op;
     int64_t scale;          /* divide by this when > 0 (avg that completes) */
 } RedSpec;
 
@@ -289,8 +289,7 @@ static void do_op(const Run *r, const int64_t *c, int64_t k) {
         if (dst2) memcpy(dst2, ops[0], n * isz);
         return;
     }
-    RedSpec spec = {(int)hdr[H_DTYPE], (int)hdr[H_OP], (int)nsrc, (int)(flags & 1),
-                    (flags & 2) ? hdr[H_SCALE] : 0};
+    RedSpec spec = {(int)hdr[H_DTYPE], (int)hdr[H_OP], (flags & 2) ? hdr[H_SCALE] : 0};
     reduce(&spec, dst, dst2, ops, nops, n);
 }
 
@@ -405,7 +404,7 @@ static PyObject *py_reduce(PyObject *self, PyObject *const *args, Py_ssize_t nar
         PyErr_SetString(PyExc_TypeError, "reduce_into(dtype, op, scale, n, dst, src, ...)");
         return NULL;
     }
-    RedSpec s = {(int)PyLong_AsLong(args[0]), (int)PyLong_AsLong(args[1]), 0, 0,
+    RedSpec s = {(int)PyLong_AsLong(args[0]), (int)PyLong_AsLong(args[1]),
                  PyLong_AsLongLong(args[2])};
     int64_t n = PyLong_AsLongLong(args[3]);
     char *dst = PyLong_AsVoidPtr(args[4]);

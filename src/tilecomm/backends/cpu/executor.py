@@ -326,11 +326,11 @@ class Executor:
             tpl = ready.tpl
         else:
             tpl = self._template(call, seq)
-            if self.native and tpl.native is None and self.trace is None:
-                # expect every rank to place its buffers as this one does (the handshake
-                # checks; a peer that placed them otherwise sends the call to the Python path)
-                self._build_native(tpl, call, seq, (tuple(tpl.places),) * self.world_size)
-            if self.native and tpl.native is not None and self.trace is None:
+            if self.native and self.trace is None:
+                if tpl.native is None:
+                    # expect every rank to place its buffers as this one does (the handshake
+                    # checks; a peer that placed them otherwise sends the call to Python)
+                    self._build_native(tpl, call, seq, (tuple(tpl.places),) * self.world_size)
                 bases = tpl.native.bases(self._segs_addr, call.buffers)
                 if key is not None:
                     _bounded_put(self._ready, key, _Ready(tpl, None, None, tpl.native, bases))
@@ -381,7 +381,7 @@ class Executor:
             if res == RUN_DONE:
                 return
             if res == RUN_WAIT:
-                ranks, detail, _ = prog.pending_wait()
+                ranks, detail = prog.pending_wait()
                 ch.wait_progress(ranks, ch.step, (call.collective, seq, detail))
                 prog.skip_wait()
                 res = prog.run(addr, -1, 0)

@@ -40,7 +40,7 @@ except ImportError:     # not built (no compiler at install time): the Python pa
 # keep in step with _native.c
 H_PIECES, H_PIECE, H_DTYPE, H_OP, H_SCALE, H_ITEMSIZE, H_WORLD, H_RANK, H_DESC, H_DESC_CMP, \
     H_NPLACES, H_SPIN, H_BUDGET_NS, H_LEN, H_NOGIL = range(15)
-S_SEQ, S_STEP, S_K, S_PC, S_INFO = range(5)
+S_SEQ, S_STEP, S_K, S_PC = range(4)
 I_OP, I_ADVANCE, I_WAIT, I_POSTDESC, I_HANDSHAKE = range(1, 6)
 W_ALWAYS, W_FIRST, W_NOT_FIRST, W_NOT_LAST = range(4)
 RUN_DONE, RUN_WAIT, RUN_MISMATCH, RUN_ABORTED, RUN_PLACES = range(5)
@@ -170,7 +170,7 @@ class NativeProgram:
         assert n <= NUM_PLACES
         self.header = np.array(hdr, np.int64)
         self.code = np.array(code, np.int64)
-        self.state = np.zeros(8, np.int64)
+        self.state = np.zeros(4, np.int64)
         self._state = memoryview(self.state)       # item access without numpy scalars
         self._addr = (self.header.ctypes.data, self.code.ctypes.data, self.state.ctypes.data)
 
@@ -191,8 +191,8 @@ class NativeProgram:
         """The flag step the runner reached."""
         return self._state[S_STEP]
 
-    def pending_wait(self) -> tuple[list[int], str, int]:
-        """The wait the runner stopped at: (ranks, what it awaits, piece)."""
+    def pending_wait(self) -> tuple[list[int], str]:
+        """The wait the runner stopped at: (ranks, what it awaits)."""
         pc = int(self.state[S_PC])
         ranks, detail = self.waits[pc]
         k = int(self.state[S_K])
@@ -200,7 +200,7 @@ class NativeProgram:
             detail = f"{detail} of piece {k}"
         elif detail == "readers":
             detail = f"readers of piece {k}"
-        return ranks, detail, k
+        return ranks, detail
 
     def skip_wait(self) -> None:
         """Move past the wait the runner stopped at (Python has finished it)."""
