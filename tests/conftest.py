@@ -98,16 +98,15 @@ def kernel_group():
     kept for the module's tests (restarted if a rank died)."""
     groups: dict[int, tilecomm.RankGroup] = {}
 
-    def get(w):
-        g = groups.get(w)
-        if g is None or not all(p.is_alive() for p in g.procs):
-            if g is not None:
-                g.stop()
-            g = groups[w] = tilecomm.RankGroup(w, timeout=60, heap_bytes=8 << 20,
-                                               scratch_bytes=64 << 10).start()
-            from kernel_setup import kernels_on      # tests/ is on sys.path (conftest)
-            g.run(kernels_on)
+    from kernel_setup import kernels_on, live_group     # tests/ is on sys.path (conftest)
+
+    def start(w):
+        g = tilecomm.RankGroup(w, timeout=60, heap_bytes=8 << 20, scratch_bytes=64 << 10).start()
+        g.run(kernels_on)
         return g
+
+    def get(w):
+        return live_group(groups, w, start)
 
     yield get
     for g in groups.values():

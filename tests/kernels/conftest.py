@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from interp_ranks import interpret
+from kernel_setup import live_group
 
 import tilecomm
 
@@ -13,16 +14,13 @@ import tilecomm
 def ranks():
     groups: dict[int, tilecomm.RankGroup] = {}
 
-    def get(w):
-        g = groups.get(w)
-        if g is None or not all(p.is_alive() for p in g.procs):
-            if g is not None:
-                g.stop()
-            g = tilecomm.RankGroup(w, timeout=30, heap_bytes=4 << 20,
-                                   scratch_bytes=64 << 10).start()
-            g.run(interpret)
-            groups[w] = g
+    def start(w):
+        g = tilecomm.RankGroup(w, timeout=30, heap_bytes=4 << 20, scratch_bytes=64 << 10).start()
+        g.run(interpret)
         return g
+
+    def get(w):
+        return live_group(groups, w, start)
 
     yield get
     for g in groups.values():

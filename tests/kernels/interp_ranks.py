@@ -70,16 +70,14 @@ class RankPools:
 
     def group(self, w: int):
         import tilecomm
+        from kernel_setup import live_group      # tests/ is on sys.path (conftest)
 
-        g = self.groups.get(w)
-        if g is None or not all(p.is_alive() for p in g.procs):
-            if g is not None:
-                g.stop()
+        def start(w):
             g = tilecomm.RankGroup(w, timeout=60, heap_bytes=self.heap_bytes,
                                    scratch_bytes=self.scratch_bytes).start()
             g.run(call, self.setup)
-            self.groups[w] = g
-        return g
+            return g
+        return live_group(self.groups, w, start)
 
     def run(self, w: int, fn, *args):
         try:
