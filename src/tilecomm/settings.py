@@ -67,6 +67,16 @@ class Settings:
     #: (backends/cpu/_native.c, built at install time) when it was built; 0 runs them in
     #: Python (numpy/torch calls between flag waits). Both give the same bits and errors.
     native: bool = True
+    #: TILECOMM_CMA: 1 (default) lets peers read a large collective's ordinary CPU tensors in
+    #: place with process_vm_readv (Linux cross-memory attach, as Open MPI's vader does)
+    #: instead of staging them through shared memory, where every rank could read every
+    #: peer at start (it needs ptrace rights: tilecomm allows same-user peers with
+    #: PR_SET_PTRACER); 0 always stages. A rank with 0 turns it off for all.
+    cma: bool = True
+    #: TILECOMM_CMA_MIN_BYTES: smallest collective (bytes of its tensors) that uses
+    #: single-copy reads; below it, a message staged through the cache costs less than the
+    #: system calls and page pinning.
+    cma_min_bytes: int = 4 << 20
     #: TILECOMM_GPU_ONE_SHOT_MAX: largest all_reduce (bytes) for which auto picks the one_shot
     #: kernel on GPU tensors (else two_shot).
     gpu_one_shot_max: int = 256 << 10

@@ -45,8 +45,13 @@ class SegmentLayout:
     #: [activity] in backends/cpu/channel.py): ACT_KIND 0 idle, 1 collective, 2 send, 3 recv;
     #: ACT_PEER the collective's id or the p2p peer; ACT_NUM its sequence or message number
     ACT_KIND, ACT_PEER, ACT_NUM = 3, 4, 5
+    #: whether this rank could read every peer's memory with process_vm_readv (probed at
+    #: start, backends/cpu/cma.py): 0 not yet known, 1 yes, 2 no (or TILECOMM_CMA=0)
+    CMA = 6
+    #: the address of this rank's segment in its own process (where the CMA probe reads)
+    SELF_ADDR = 7
     DESC = 8              # two descriptors (by seq parity), DESC_LEN slots each
-    DESC_LEN = 16
+    DESC_LEN = 20
 
     @property
     def rows(self) -> int:

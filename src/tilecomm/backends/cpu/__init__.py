@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...heap.base import SegmentLayout
 from ...heap.shm import ShmHeap
+from ...settings import settings
 from ...types import DType
 from ..base import Backend, CollectiveCall
+from . import cma
 from .channel import Channel
 from .executor import Executor
 from .p2p import PointToPoint
@@ -33,7 +36,27 @@ class CpuBackend(Backend):
         self.executor.reject(collective, message)
 
     def rendezvous(self, name: str, count: int, extra: int) -> list[int]:
-        return self.executor.rendezvous(name, count, extra)
+        probe = name == "init" and settings().cma and cma.supported()
+        if probe:
+            cma.allow_peers()       # before any peer can probe this process
+        out = self.executor.rendezvous(name, count, extra)
+        if name == "init":
+            self._probe_single_copy(probe)
+        return out
+
+    def _probe_single_copy(self, ok: bool) -> None:
+        """Publish whether this rank can read every peer with process_vm_readv (each rank
+        has posted its pid and segment address before "init"): collectives use it only when
+        every rank can (Executor._single_copy). ``ok``: whether to try at all."""
+        ch = self.channel
+        for r in range(self.world_size):
+            if not ok or r == self.rank:
+                continue
+            slots = ch.slots[r]
+            expected = int(slots[SegmentLayout.PID]).to_bytes(8, "little", signed=True)
+            ok = cma.probe(int(slots[SegmentLayout.PID]),
+                           int(slots[SegmentLayout.SELF_ADDR]) + 8 * SegmentLayout.PID, expected)
+        ch.me[SegmentLayout.CMA] = 1 if ok else 2
 
     def send(self, data: np.ndarray, dtype: DType, numel: int, peer: int, tag: int = 0) -> None:
         self.p2p.send(data, dtype, numel, peer, tag)

@@ -28,24 +28,30 @@
 #include <math.h>
 #include <sched.h>
 #include <time.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/types.h>
+#include <sys/uio.h>
 
 /* program header (int64 words); keep in step with native.py */
 enum {
     H_PIECES, H_PIECE, H_DTYPE, H_OP, H_SCALE, H_ITEMSIZE, H_WORLD, H_RANK, H_DESC,
-    H_DESC_CMP, H_NPLACES, H_SPIN, H_BUDGET_NS, H_LEN, H_NOGIL
+    H_DESC_CMP, H_NPLACES, H_SPIN, H_BUDGET_NS, H_LEN, H_NOGIL, H_REMOTE, H_DESC_ADDR
 };
 /* state words (int64), shared with Python */
-enum { S_SEQ, S_STEP, S_K, S_PC, S_LEN };
+enum { S_SEQ, S_STEP, S_K, S_PC, S_ERRNO, S_PEER, S_LEN };
 /* instructions: [opcode, when, ...] */
-enum { I_OP = 1, I_ADVANCE, I_WAIT, I_POSTDESC, I_HANDSHAKE };
+enum { I_OP = 1, I_ADVANCE, I_WAIT, I_POSTDESC, I_HANDSHAKE, I_POSTADDR };
 enum { W_ALWAYS, W_FIRST, W_NOT_FIRST, W_NOT_LAST };
 /* results */
-enum { RUN_DONE, RUN_WAIT, RUN_MISMATCH, RUN_ABORTED, RUN_PLACES };
+enum { RUN_DONE, RUN_WAIT, RUN_MISMATCH, RUN_ABORTED, RUN_PLACES, RUN_READ_ERROR };
+/* a place: the caller's memory that peers read with process_vm_readv (plan.py PLACE_CMA) */
+#define PLACE_CMA (-3)
 /* dtypes (native.py: DTYPE_CODES) and ops */
 enum { T_F32, T_F64, T_F16, T_BF16, T_I32, T_I64, T_U8, T_I8 };
 enum { O_SUM, O_PROD, O_MIN, O_MAX, O_AVG };
 /* control block slots (heap/base.py SegmentLayout) */
-enum { SLOT_PROGRESS = 0, SLOT_ABORT = 2 };
+enum { SLOT_PROGRESS = 0, SLOT_PID = 1, SLOT_ABORT = 2 };
 #define D_SEQ 0
 
 #define BLOCK 512
@@ -239,7 +245,9 @@ static void reduce(const RedSpec *s, char *dst, char *dst2, char *const *ops, in
 
 typedef struct {
     const int64_t *hdr, *code;
-    const int64_t *bases;     /* [world] segment addresses, then the caller's buffers */
+    /* [world] segment addresses, the caller's buffers, then from H_REMOTE the peers'
+     * PLACE_CMA buffers ([rank][place], filled in by the handshake) */
+    int64_t *bases;
     int64_t *state;
 } Run;
 
@@ -261,15 +269,47 @@ static int wait_ranks(const Run *r, const int64_t *ranks, int64_t n, int64_t tar
     }
 }
 
+/* ---- single-copy reads of peers' memory (cma.py) ------------------------------------- */
+/* bytes of each remote operand read per step of a reduction: the reads land in a bounce
+ * buffer that stays in L1/L2 while the reduction consumes it */
+#define CMA_STEP (64 << 10)
+
+/* read n bytes at remote address ``from`` of rank q's process into ``to``; 0 or an errno */
+static int cma_read(const Run *r, int64_t q, char *to, int64_t from, int64_t n) {
+    pid_t pid = (pid_t)load_acq(ctrl(r, q) + SLOT_PID);
+    while (n > 0) {
+        struct iovec local = {to, (size_t)n}, remote = {(void *)(intptr_t)from, (size_t)n};
+        ssize_t got = process_vm_readv(pid, &local, 1, &remote, 1, 0);
+        if (got <= 0) return got < 0 ? errno : EIO;
+        to += got; from += got; n -= got;
+    }
+    return 0;
+}
+
+static __thread char *bounce;
+static __thread int64_t bounce_len;
+
+static char *bounce_buffer(int64_t n) {
+    if (bounce_len < n) {
+        free(bounce);
+        bounce = malloc(n);
+        bounce_len = bounce ? n : 0;
+    }
+    return bounce;
+}
+
 /* one I_OP: [I_OP, when, flags, chunk, nsrc, dst(b, off, step), [dst2(b, off, step) if
  * flags & 4], src(b, off, step) * nsrc]; flags: 1 dst is the first operand, 2 the result
- * completes the reduction (avg divides), 4 a second destination */
-static void do_op(const Run *r, const int64_t *c, int64_t k) {
+ * completes the reduction (avg divides), 4 a second destination. A source whose base is a
+ * peer's PLACE_CMA buffer (index >= H_REMOTE) is read with process_vm_readv: a copy
+ * straight into dst, a reduction step by step through a bounce buffer. Returns 0 or the
+ * errno of a failed read (the peer in S_PEER). */
+static int do_op(const Run *r, const int64_t *c, int64_t k) {
     const int64_t *hdr = r->hdr;
     int64_t flags = c[2], chunk = c[3], nsrc = c[4], piece = hdr[H_PIECE];
     int64_t n = piece ? chunk - k * piece : (k == 0 ? chunk : 0);
     if (piece && n > piece) n = piece;
-    if (n <= 0) return;
+    if (n <= 0) return 0;
     int64_t isz = hdr[H_ITEMSIZE];
     const int64_t *d = c + 5, *src = c + 8;
     char *dst = (char *)(intptr_t)(r->bases[d[0]] + d[1] + k * d[2]), *dst2 = NULL;
@@ -278,19 +318,50 @@ static void do_op(const Run *r, const int64_t *c, int64_t k) {
         src += 3;
     }
     char *ops[MAX_OPS + 1];
-    int nops = 0;
-    if (flags & 1) ops[nops++] = dst;
+    int64_t peer[MAX_OPS + 1];      /* the rank whose memory operand j is, read remotely; -1 */
+    int nops = 0, nremote = 0;
+    if (flags & 1) { peer[nops] = -1; ops[nops++] = dst; }
     for (int64_t j = 0; j < nsrc && nops <= MAX_OPS; j++) {
         const int64_t *s = src + 3 * j;
+        peer[nops] = s[0] >= hdr[H_REMOTE] ? (s[0] - hdr[H_REMOTE]) / hdr[H_NPLACES] : -1;
+        nremote += peer[nops] >= 0;
         ops[nops++] = (char *)(intptr_t)(r->bases[s[0]] + s[1] + k * s[2]);
     }
+    int err;
     if (nops == 1) {            /* a copy */
-        if (dst != ops[0]) memcpy(dst, ops[0], n * isz);
-        if (dst2) memcpy(dst2, ops[0], n * isz);
-        return;
+        if (peer[0] >= 0) {
+            if ((err = cma_read(r, peer[0], dst, (int64_t)(intptr_t)ops[0], n * isz))) {
+                r->state[S_PEER] = peer[0];
+                return err;
+            }
+        } else if (dst != ops[0]) {
+            memcpy(dst, ops[0], n * isz);
+        }
+        if (dst2) memcpy(dst2, dst, n * isz);
+        return 0;
     }
     RedSpec spec = {(int)hdr[H_DTYPE], (int)hdr[H_OP], (flags & 2) ? hdr[H_SCALE] : 0};
-    reduce(&spec, dst, dst2, ops, nops, n);
+    if (!nremote) {
+        reduce(&spec, dst, dst2, ops, nops, n);
+        return 0;
+    }
+    int64_t step = CMA_STEP / isz;
+    char *buf = bounce_buffer(nremote * CMA_STEP), *sub[MAX_OPS + 1];
+    if (!buf) return ENOMEM;
+    for (int64_t i0 = 0; i0 < n; i0 += step) {
+        int64_t m = n - i0 < step ? n - i0 : step, b = 0;
+        for (int j = 0; j < nops; j++) {
+            if (peer[j] < 0) { sub[j] = ops[j] + i0 * isz; continue; }
+            sub[j] = buf + (b++) * CMA_STEP;
+            if ((err = cma_read(r, peer[j], sub[j], (int64_t)(intptr_t)ops[j] + i0 * isz,
+                                m * isz))) {
+                r->state[S_PEER] = peer[j];
+                return err;
+            }
+        }
+        reduce(&spec, dst + i0 * isz, dst2 ? dst2 + i0 * isz : NULL, sub, nops, m);
+    }
+    return 0;
 }
 
 static int64_t instr_len(const int64_t *c) {
@@ -299,12 +370,14 @@ static int64_t instr_len(const int64_t *c) {
     case I_ADVANCE: return 2;
     case I_WAIT: return 3 + c[2];
     case I_POSTDESC: return 3 + c[2];
+    case I_POSTADDR: return 3 + 2 * c[2];
     default: return 3 + c[2];          /* I_HANDSHAKE: [op, when, n, expected places...] */
     }
 }
 
 /* The handshake's check: every rank's descriptor equals ours in fields [1, desc_cmp), its
- * places equal the ones the program was built for, and no peer gave up. */
+ * places equal the ones the program was built for, and no peer gave up; then the addresses
+ * of the peers' PLACE_CMA buffers go into the remote bases. */
 static int handshake(const Run *r, const int64_t *c) {
     const int64_t *hdr = r->hdr;
     int64_t world = hdr[H_WORLD], me = hdr[H_RANK], base = hdr[H_DESC];
@@ -316,8 +389,11 @@ static int handshake(const Run *r, const int64_t *c) {
         if (q != me && load_acq(ctrl(r, q) + SLOT_ABORT)) return RUN_ABORTED;
         for (int64_t i = 1; i < cmp; i++)
             if (d[i] != mine[i]) return RUN_MISMATCH;
-        for (int64_t i = 0; i < np; i++)
+        for (int64_t i = 0; i < np; i++) {
             if (d[cmp + i] != c[3 + q * np + i]) places_differ = 1;
+            else if (d[cmp + i] == PLACE_CMA && q != me)
+                r->bases[hdr[H_REMOTE] + q * np + i] = d[hdr[H_DESC_ADDR] + i];
+        }
     }
     return places_differ ? RUN_PLACES : RUN_DONE;
 }
@@ -333,7 +409,11 @@ static int run_program(Run *r) {
             if ((when == W_FIRST && k) || (when == W_NOT_FIRST && !k) ||
                 (when == W_NOT_LAST && k == pieces - 1)) { pc = next; continue; }
             switch (c[0]) {
-            case I_OP: do_op(r, c, k); break;
+            case I_OP: {
+                int err = do_op(r, c, k);
+                if (err) { st[S_ERRNO] = err; st[S_K] = k; st[S_PC] = pc; return RUN_READ_ERROR; }
+                break;
+            }
             case I_ADVANCE: store_rel(me + SLOT_PROGRESS, ++st[S_STEP]); break;
             case I_WAIT:
                 if (wait_ranks(r, c + 3, c[2], st[S_STEP])) {
@@ -345,6 +425,11 @@ static int run_program(Run *r) {
                 int64_t *d = me + hdr[H_DESC];
                 memcpy(d + 1, c + 4, (c[2] - 1) * 8);
                 d[D_SEQ] = st[S_SEQ];
+                break;
+            }
+            case I_POSTADDR: {          /* [op, when, n, (descriptor slot, base index) * n] */
+                int64_t *d = me + hdr[H_DESC];
+                for (int64_t i = 0; i < c[2]; i++) d[c[3 + 2 * i]] = r->bases[c[4 + 2 * i]];
                 break;
             }
             case I_HANDSHAKE: {

@@ -28,7 +28,9 @@ from ...heap.base import SegmentLayout, SymmetricHeap
 # Descriptor fields (int64 slots within one descriptor).
 D_SEQ, D_COLL, D_ALGO, D_DTYPE, D_COUNT, D_OP, D_ROOT, D_EXTRA, D_PIECE, D_PLACE = range(10)
 NUM_PLACES = 4
-D_MSGLEN = D_PLACE + NUM_PLACES  # length of the error text (error descriptors)
+#: where a buffer placed PLACE_CMA lies in its owner's address space (one slot per place)
+D_ADDR = D_PLACE + NUM_PLACES
+D_MSGLEN = D_ADDR + NUM_PLACES  # length of the error text (error descriptors)
 
 COLL_IDS = {name: i for i, name in enumerate(
     ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all",
@@ -39,8 +41,6 @@ ERROR_ID = 99
 #: SegmentLayout.ACT_KIND values
 ACT_IDLE, ACT_COLLECTIVE, ACT_SEND, ACT_RECV = range(4)
 
-PLACE_SCRATCH = -1   # the buffer is staged in (or lives in) the scratch area
-PLACE_LOCAL = -2     # no peer reads it: it stays in the caller's memory
 
 
 def algo_id(name: str) -> int:
@@ -64,6 +64,7 @@ class Channel:
         #: peers wait while it talks to other hosts
         self.sleep_after = settings().wait_sleep_after
         self.me[SegmentLayout.PID] = os.getpid()
+        self.me[SegmentLayout.SELF_ADDR] = heap.segment(self.rank).ctypes.data
         self.step = int(self.me[SegmentLayout.PROGRESS])
         #: why the communicator can no longer be used (set after a timeout), or None
         self.broken: str | None = None

@@ -36,15 +36,17 @@ import numpy as np
 from ...algorithms.lower import SMALL_CALL_BYTES, USER_BUFFERS, RankPlan, lower, piece_elems
 from ...settings import settings
 from ...errors import CommError, CommMismatch, CommTimeout
+from ...heap.base import SegmentLayout
 from ...types import OP_BY_ID, OP_ID
 from ..base import CollectiveCall, check_split_sizes
 from .channel import (ACT_COLLECTIVE, COLL_IDS, COLL_NAMES, D_ALGO, D_COLL, D_COUNT, D_DTYPE, D_EXTRA, D_MSGLEN,
-                      D_OP, D_PIECE, D_PLACE, D_ROOT, D_SEQ, ERROR_ID, NUM_PLACES, Channel,
+                      D_OP, D_PIECE, D_PLACE, D_ROOT, D_ADDR, D_SEQ, ERROR_ID, NUM_PLACES, Channel,
                       algo_id)
 from . import native as native_runner
-from .native import RUN_ABORTED, RUN_DONE, RUN_MISMATCH, RUN_PLACES, RUN_WAIT, NativeProgram
-from .plan import (PLACE_LOCAL, PLACE_SCRATCH, Addresser, Runner, make_layout, phase_template,
-                   stage_template)
+from .native import (RUN_ABORTED, RUN_DONE, RUN_MISMATCH, RUN_PLACES, RUN_READ_ERROR, RUN_WAIT,
+                     NativeProgram)
+from .plan import (PLACE_CMA, PLACE_LOCAL, PLACE_SCRATCH, Addresser, PeerReadError, Runner,
+                   make_layout, phase_template, stage_template, underlying)
 
 _CACHE_ENTRIES = 64
 
@@ -105,6 +107,10 @@ class Executor:
         #: may be switched per call (tests run both paths on one communicator)
         self.native = native_runner.enabled(self.world_size)
         self._segs_addr = [int(seg.ctypes.data) for seg in self.segs]
+        #: whether every rank can read every peer's memory with process_vm_readv (None: not
+        #: known yet; see _single_copy), and the smallest call that does
+        self.cma: bool | None = None
+        self.cma_min_bytes = settings().cma_min_bytes
         #: the process's tracer under TILECOMM_TRACE (handshake and phase events), or None
         self.trace = None
 
@@ -120,6 +126,10 @@ class Executor:
         published = self.ch.begin(ACT_COLLECTIVE, COLL_IDS.get(name, 0), seq)
         try:
             self._run(call, seq)
+        except PeerReadError as e:
+            e = PeerReadError(e.peer, e.detail, f"{name} #{seq} on rank {self.rank}")
+            self._failed(name, seq, e)
+            raise e from None
         except BaseException as e:
             self._failed(name, seq, e)
             raise
@@ -131,8 +141,11 @@ class Executor:
         """A timeout or an interruption leaves the ranks out of step, so the communicator is
         marked unusable. Errors every rank raised at the same step (mismatches, rejected
         calls) leave it consistent."""
-        if isinstance(e, CommTimeout):
+        if isinstance(e, (CommTimeout, PeerReadError)):
             self.ch.broken = f"{name} #{seq} failed: {e}"
+            if isinstance(e, PeerReadError):
+                # peers waiting for this rank's flags stop at once instead of timing out
+                self.ch.me[SegmentLayout.ABORT] = seq + 1
         elif not isinstance(e, CommError):
             self.ch.broken = f"{name} #{seq} was interrupted on rank {self.rank}"
 
@@ -206,7 +219,7 @@ class Executor:
         ref = mine[1:D_PLACE]
         descs = []
         for r in range(self.world_size):
-            d = mine if r == self.rank else ch.slots[r][base:base + D_PLACE + NUM_PLACES].tolist()
+            d = mine if r == self.rank else ch.slots[r][base:base + D_MSGLEN].tolist()
             if d[1:D_PLACE] != ref:
                 self._explain_mismatch(seq, coll, mine)
             descs.append(d)
@@ -257,7 +270,8 @@ class Executor:
 
     def _template(self, call: CollectiveCall, seq: int, counts=None) -> _Template:
         prog = lower(call.collective, call.algo, self.world_size, call.root, self.rank)
-        places = tuple(self._place(b, call, prog) for b in prog.names)
+        cma = self._single_copy(call)
+        places = tuple(self._place(b, call, prog, cma) for b in prog.names)
         key = (call.collective, call.algo, call.root, call.dtype.id, call.count, call.op,
                seq & 1, places, None if counts is None else tuple(map(tuple, counts)),
                call.row_shape)
@@ -304,7 +318,8 @@ class Executor:
                 return self._run_variable(call, seq)
         key = None
         if call.cache_key is not None:
-            key = (call.cache_key, seq & 1)
+            # (not while the single-copy probe is unknown: the places would be kept)
+            key = (call.cache_key, seq & 1) if self.cma is not None else None
         elif sum(a.nbytes for a in call.buffers.values()) <= SMALL_CALL_BYTES:
             # small calls also keep their ready-made callables
             key = (call.collective, call.algo, call.root, call.dtype.id, call.count, call.op,
@@ -355,14 +370,14 @@ class Executor:
         fields = tpl.fields
         fields[D_SEQ] = seq
         ch.post_desc(seq, fields)
+        self._post_addresses(seq, tpl.prog, tpl.places, call.buffers)
         if ready is not None:
             for f in ready.pre:
                 f()
         else:
             runner.run(tpl.pre, 0)
         descs = self._handshake(seq, call.collective, fields)
-        self._pieces(call, seq, tpl, _peer_places(descs, tpl.prog), runner, ready,
-                     first_ready=True)
+        self._pieces(call, seq, tpl, descs, runner, ready, first_ready=True)
 
     def _build_native(self, tpl: _Template, call: CollectiveCall, seq: int, peer_places) -> None:
         tpl.native = NativeProgram(
@@ -386,10 +401,13 @@ class Executor:
                 prog.skip_wait()
                 res = prog.run(addr, -1, 0)
                 continue
+            if res == RUN_READ_ERROR:
+                peer, err = prog.read_error()
+                raise PeerReadError(peer, os.strerror(err))
             if res == RUN_ABORTED:
                 ch.check_aborts(range(self.world_size), (call.collective, seq, ""))
-            descs = [ch.slots[r][ch.desc_base(seq):ch.desc_base(seq) + D_PLACE + NUM_PLACES]
-                     .tolist() for r in range(self.world_size)]
+            descs = [ch.slots[r][ch.desc_base(seq):ch.desc_base(seq) + D_MSGLEN].tolist()
+                     for r in range(self.world_size)]
             if res == RUN_MISMATCH or res == RUN_ABORTED:
                 self._explain_mismatch(seq, call.collective, descs[self.rank])
             assert res == RUN_PLACES, res
@@ -398,20 +416,21 @@ class Executor:
             tpl = prog.template
             runner = Runner(self.segs, call.buffers, tpl.layout, call.op, self.world_size)
             with np.errstate(all="ignore"):
-                return self._pieces(call, seq, tpl, _peer_places(descs, tpl.prog), runner,
-                                    None, first_ready=True)
+                return self._pieces(call, seq, tpl, descs, runner, None, first_ready=True)
 
     def _run_variable(self, call: CollectiveCall, seq: int) -> None:
         """all_to_all_v: chunk lengths come from the count matrix, known after the handshake."""
         ch, me, w = self.ch, self.rank, self.world_size
         self._post_rows(seq, call)
         prog = lower(call.collective, call.algo, w, call.root, me)
-        places = tuple(self._place(b, call, prog) for b in prog.names)
+        cma = self._single_copy(call)
+        places = tuple(self._place(b, call, prog, cma) for b in prog.names)
         # The piece size depends only on the settings: announce it like every collective does.
         piece = piece_elems(prog, call.dtype.itemsize, self.half_bytes)
         fields = self._fields(seq, call.collective, call.algo, call.dtype.id, call.count,
                               call.op, call.root, shape_id(call.row_shape), piece, places)
         ch.post_desc(seq, fields)
+        self._post_addresses(seq, prog, places, call.buffers)
         descs = self._handshake(seq, call.collective, fields)
         rows = self._read_matrix(seq)
         if call.buffers.get("out") is None:
@@ -419,27 +438,33 @@ class Executor:
         counts = [[x * call.count for x in row] for row in rows]
         tpl = self._template(call, seq, counts)
         runner = Runner(self.segs, call.buffers, tpl.layout, call.op, self.world_size)
-        self._pieces(call, seq, tpl, _peer_places(descs, prog), runner, None, first_ready=False)
+        self._pieces(call, seq, tpl, descs, runner, None, first_ready=False)
 
-    def _pieces(self, call, seq, tpl: _Template, peer_places, runner, ready,
+    def _pieces(self, call, seq, tpl: _Template, descs, runner, ready,
                 first_ready: bool) -> None:
-        """Run every piece after the handshake (piece 0's staging is done if first_ready)."""
+        """Run every piece after the handshake (piece 0's staging is done if first_ready);
+        ``descs``: every rank's descriptor."""
         ch, trace = self.ch, self.trace
         prog = tpl.prog
+        peer_places = _peer_places(descs, prog)
+        remote = self._remote(descs, prog)
         pieces = tpl.layout.pieces
         if self.native and trace is None and first_ready and (
                 tpl.native is None or tpl.native.peer_places != peer_places):
             # the next call of this template runs natively (it expects these places)
             self._build_native(tpl, call, seq, peer_places)
         phases = None
-        if ready is not None and ready.peer_places == peer_places:
+        if ready is not None and ready.peer_places == peer_places and not remote:
             phases = ready.phases            # ready-made callables for the only piece
         else:
             templates = self._phase_ops(tpl, seq, peer_places)
             if ready is not None:
                 runner = Runner(self.segs, call.buffers, tpl.layout, call.op, self.world_size)
-                ready.phases = phases = [runner.calls(ops, 0) for ops in templates]
-                ready.peer_places = peer_places
+                if not remote:   # peers' addresses may change between calls: not kept
+                    ready.phases = phases = [runner.calls(ops, 0) for ops in templates]
+                    ready.peer_places = peer_places
+        if runner is not None:
+            runner.remote = remote
         for k in range(pieces):
             if k > 0 or not first_ready:
                 runner.run(tpl.pre, k)
@@ -472,20 +497,61 @@ class Executor:
                 ch.wait_progress(prog.end_waits, ch.step,
                                  (call.collective, seq, f"readers of piece {k}"))
 
-    def _place(self, buf: str, call: CollectiveCall, prog: RankPlan) -> int:
+    def _place(self, buf: str, call: CollectiveCall, prog: RankPlan, cma: bool) -> int:
+        """Where ``buf`` lives for this call; ``cma``: peers may read the caller's memory in
+        place (see _single_copy)."""
         if buf not in USER_BUFFERS:
             spec = prog.sched.buffer(buf)
             if spec.alias:   # scratch that may share a symmetric user buffer's storage
-                off = self._heap_offset(call.buffers.get(spec.like))
+                like = call.buffers.get(spec.like)
+                off = self._heap_offset(like)
                 if off is not None:
                     return off
+                if cma and like is not None:
+                    return PLACE_CMA
             return PLACE_SCRATCH
-        off = self._heap_offset(call.buffers.get(buf))
+        arr = call.buffers.get(buf)
+        off = self._heap_offset(arr)
         if off is not None:
             # Symmetric tensors are addressed through the segment even when only this rank
             # reads them, so cached plans never hold a view that keeps a heap block alive.
             return off
-        return PLACE_SCRATCH if buf in prog.symmetric else PLACE_LOCAL
+        if buf not in prog.symmetric:
+            return PLACE_LOCAL
+        return PLACE_CMA if cma and arr is not None else PLACE_SCRATCH
+
+    def _single_copy(self, call: CollectiveCall) -> bool:
+        """Whether this call lets peers read the caller's tensors in place with
+        process_vm_readv (cma.py) instead of staging them: every rank could read every peer
+        at start (SegmentLayout.CMA), and the call is large enough (TILECOMM_CMA_MIN_BYTES)
+        for the system call and the page pinning to cost less than the staging copy."""
+        if self.cma is None:
+            states = {int(self.ch.slots[r][SegmentLayout.CMA]) for r in range(self.world_size)}
+            if 0 in states:
+                return False        # a peer has not finished its probe yet: stage this time
+            self.cma = states == {1}
+        return self.cma and sum(a.nbytes for a in call.buffers.values()
+                                if a is not None) >= self.cma_min_bytes
+
+    def _post_addresses(self, seq: int, prog: RankPlan, places, buffers: dict) -> None:
+        """Announce where this rank's PLACE_CMA buffers lie (descriptor slots D_ADDR)."""
+        if PLACE_CMA not in places:
+            return
+        base = self.ch.desc_base(seq) + D_ADDR
+        for i, b in enumerate(prog.names):
+            if places[i] == PLACE_CMA:
+                self.ch.me[base + i] = buffers[underlying(prog, b)].ctypes.data
+
+    def _remote(self, descs, prog: RankPlan) -> dict:
+        """(peer, buffer) -> (pid, address) of the peers' PLACE_CMA buffers."""
+        out = {}
+        for r, d in enumerate(descs):
+            if r == self.rank:
+                continue
+            for i, b in enumerate(prog.names):
+                if d[D_PLACE + i] == PLACE_CMA:
+                    out[(r, b)] = (int(self.ch.slots[r][SegmentLayout.PID]), d[D_ADDR + i])
+        return out
 
     # ---- all_to_all_v rows ----------------------------------------------------------------
     def _post_rows(self, seq: int, call: CollectiveCall) -> None:

@@ -29,8 +29,8 @@ import numpy as np
 
 from ...settings import settings
 from ...types import ReduceOp
-from .channel import D_PLACE, NUM_PLACES, PLACE_SCRATCH
-from .plan import Op, Operand
+from .channel import D_ADDR, D_PLACE, NUM_PLACES
+from .plan import PLACE_CMA, PLACE_SCRATCH, Op, Operand, underlying
 
 try:
     from . import _native
@@ -39,11 +39,11 @@ except ImportError:     # not built (no compiler at install time): the Python pa
 
 # keep in step with _native.c
 H_PIECES, H_PIECE, H_DTYPE, H_OP, H_SCALE, H_ITEMSIZE, H_WORLD, H_RANK, H_DESC, H_DESC_CMP, \
-    H_NPLACES, H_SPIN, H_BUDGET_NS, H_LEN, H_NOGIL = range(15)
-S_SEQ, S_STEP, S_K, S_PC = range(4)
-I_OP, I_ADVANCE, I_WAIT, I_POSTDESC, I_HANDSHAKE = range(1, 6)
+    H_NPLACES, H_SPIN, H_BUDGET_NS, H_LEN, H_NOGIL, H_REMOTE, H_DESC_ADDR = range(17)
+S_SEQ, S_STEP, S_K, S_PC, S_ERRNO, S_PEER, S_LEN = range(7)
+I_OP, I_ADVANCE, I_WAIT, I_POSTDESC, I_HANDSHAKE, I_POSTADDR = range(1, 7)
 W_ALWAYS, W_FIRST, W_NOT_FIRST, W_NOT_LAST = range(4)
-RUN_DONE, RUN_WAIT, RUN_MISMATCH, RUN_ABORTED, RUN_PLACES = range(5)
+RUN_DONE, RUN_WAIT, RUN_MISMATCH, RUN_ABORTED, RUN_PLACES, RUN_READ_ERROR = range(6)
 
 #: DType.id -> the runner's dtype code; ReduceOp -> its op code
 DTYPE_CODES = {1: 0, 2: 1, 3: 2, 4: 3, 5: 4, 6: 5, 7: 6, 8: 7}
@@ -72,7 +72,7 @@ class Folded(NamedTuple):
     dst2: Operand
 
 
-def fold_copies(phase_ops: list[list[Op]]) -> list[list[Op | Folded]]:
+def fold_copies(phase_ops: list[list[Op]], shared=frozenset()) -> list[list[Op | Folded]]:
     """The phases' operations with a copy of a result into the caller's memory folded into the
     pass that makes the result.
 
@@ -80,7 +80,9 @@ def fold_copies(phase_ops: list[list[Op]]) -> list[list[Op | Folded]]:
     copies it into its own tensor: one more read and write of the chunk. The reduction can
     store it there too when the copy's destination is the caller's memory (``rank`` None: no
     peer reads it) and nothing in between touches that chunk. Same bits (the same values are
-    stored); only this rank's own memory is written a phase earlier.
+    stored); only this rank's own memory is written a phase earlier. Not into ``shared``:
+    the caller's buffers that peers read in place (PLACE_CMA), where a phase earlier is too
+    early.
     """
     phases: list[list] = [list(p) for p in phase_ops]
     for i in range(len(phases) - 1):
@@ -89,7 +91,8 @@ def fold_copies(phase_ops: list[list[Op]]) -> list[list[Op | Folded]]:
                 continue
             for jj, cp in enumerate(phases[i + 1]):
                 if (not isinstance(cp, Op) or len(cp.srcs) != 1 or cp.first_reduce
-                        or cp.dst.rank is not None or cp.srcs[0] != red.dst
+                        or cp.dst.rank is not None or cp.dst.buf in shared
+                        or cp.srcs[0] != red.dst
                         or cp.chunk != red.chunk):
                     continue
                 x = cp.dst
@@ -111,16 +114,31 @@ def _operands(item: Op | Folded) -> tuple[Operand, ...]:
 
 class NativeProgram:
     """One template as a native program; ``user`` names the caller's buffers in the order
-    :meth:`bases` takes their addresses."""
+    :meth:`bases` takes their addresses.
+
+    Base indices of operands: ``[0, world)`` the ranks' segments, then the caller's buffers
+    (``user``), then from ``remote0`` one slot per (peer, place) for peers' PLACE_CMA
+    buffers, which the handshake fills from their descriptors on every call."""
 
     def __init__(self, tpl, phase_ops, peer_places, *, rank: int, world: int, op,
                  desc_base: int, spin: int):
         prog, lay = tpl.prog, tpl.layout
+        n = len(prog.names)
         #: the executor's template and the places this program expects of every rank
         self.template, self.peer_places = tpl, peer_places
+        # this rank's PLACE_CMA buffers, as the caller's buffer whose address peers read
+        own_cma = {i: underlying(prog, b) for i, b in enumerate(prog.names)
+                   if tpl.places[i] == PLACE_CMA}
         self.user = sorted({o.buf for ops in [tpl.pre, tpl.post, *phase_ops] for x in ops
-                            for o in (x.dst, *x.srcs) if o.rank is None})
+                            for o in (x.dst, *x.srcs) if o.rank is None} | set(own_cma.values()))
         index = {b: world + i for i, b in enumerate(self.user)}
+        self.remote0 = world + len(self.user)
+        self.n_bases = self.remote0 + world * n
+
+        def base(x: Operand) -> int:
+            if x.remote:
+                return self.remote0 + x.rank * n + prog.names.index(x.buf)
+            return x.rank if x.rank is not None else index[x.buf]
         code: list[int] = []
         #: pc of each wait -> what it awaits (for Python's timeout message)
         self.waits: dict[int, tuple] = {}
@@ -131,7 +149,7 @@ class NativeProgram:
                 flags = int(o.first_reduce) | (2 * int(o.completes)) | (4 * (dst2 is not None))
                 code.extend((I_OP, when, flags, o.chunk, len(o.srcs)))
                 for x in (o.dst, *(() if dst2 is None else (dst2,)), *o.srcs):
-                    code.extend((x.rank if x.rank is not None else index[x.buf], x.off0, x.step))
+                    code.extend((base(x), x.off0, x.step))
 
         def wait(ranks, when, detail):
             self.waits[len(code)] = (sorted(ranks), detail)
@@ -139,13 +157,16 @@ class NativeProgram:
 
         fields = list(tpl.fields)
         code.extend((I_POSTDESC, W_FIRST, len(fields), *fields))
+        if own_cma:
+            code.extend((I_POSTADDR, W_FIRST, len(own_cma)))
+            for i, b in own_cma.items():
+                code.extend((D_ADDR + i, index[b]))
         ops(tpl.pre)
         code.extend((I_ADVANCE, W_ALWAYS))
         wait(range(world), W_FIRST, "every rank to arrive")
-        n = len(prog.names)
         expected = [p for r in range(world) for p in peer_places[r][:n]]
         code.extend((I_HANDSHAKE, W_FIRST, len(expected), *expected))
-        for i, phase in enumerate(fold_copies(phase_ops)):
+        for i, phase in enumerate(fold_copies(phase_ops, set(own_cma.values()))):
             waits = prog.phases[prog.lead + i].waits
             if waits:
                 wait(waits, W_ALWAYS, f"phase {prog.lead + i}")
@@ -156,7 +177,7 @@ class NativeProgram:
             # NOTE [skipping the final wait] (executor.py)
             skip_last = all(tpl.places[i] == PLACE_SCRATCH for i in prog.last_read_bufs)
             wait(prog.end_waits, W_NOT_LAST if skip_last else W_ALWAYS, "readers")
-        hdr = [0] * 15
+        hdr = [0] * 17
         hdr[H_PIECES], hdr[H_PIECE] = lay.pieces, lay.piece
         hdr[H_DTYPE], hdr[H_ITEMSIZE] = DTYPE_CODES[lay.d.id], lay.d.itemsize
         op = op or ReduceOp.SUM
@@ -167,17 +188,20 @@ class NativeProgram:
         hdr[H_SPIN], hdr[H_BUDGET_NS], hdr[H_LEN] = spin, WAIT_BUDGET_NS, len(code)
         moved = sum(o.chunk for ops in [tpl.pre, tpl.post, *phase_ops] for o in ops)
         hdr[H_NOGIL] = int(moved * lay.d.itemsize > NOGIL_BYTES)
+        hdr[H_REMOTE], hdr[H_DESC_ADDR] = self.remote0, D_ADDR
         assert n <= NUM_PLACES
         self.header = np.array(hdr, np.int64)
         self.code = np.array(code, np.int64)
-        self.state = np.zeros(4, np.int64)
+        self.state = np.zeros(S_LEN, np.int64)
         self._state = memoryview(self.state)       # item access without numpy scalars
         self._addr = (self.header.ctypes.data, self.code.ctypes.data, self.state.ctypes.data)
 
     def bases(self, segs_addr: list[int], buffers: dict) -> tuple[np.ndarray, int]:
-        """The base addresses for one call (every rank's segment, then the caller's buffers):
-        the array, to keep alive, and its address."""
-        arr = np.array(segs_addr + [buffers[b].ctypes.data for b in self.user], np.int64)
+        """The base addresses for one call (every rank's segment, then the caller's buffers,
+        then room for the peers' PLACE_CMA buffers): the array, to keep alive, and its
+        address."""
+        arr = np.zeros(self.n_bases, np.int64)
+        arr[:self.remote0] = segs_addr + [buffers[b].ctypes.data for b in self.user]
         return arr, arr.ctypes.data
 
     def run(self, bases: int, seq: int, step: int) -> int:
@@ -201,6 +225,10 @@ class NativeProgram:
         elif detail == "readers":
             detail = f"readers of piece {k}"
         return ranks, detail
+
+    def read_error(self) -> tuple[int, int]:
+        """The failed single-copy read the runner stopped at: (peer, errno)."""
+        return int(self.state[S_PEER]), int(self.state[S_ERRNO])
 
     def skip_wait(self) -> None:
         """Move past the wait the runner stopped at (Python has finished it)."""

@@ -9,8 +9,9 @@ reference to the caller's memory, so it can be cached for calls of any size. A :
 turns a template into numpy/torch calls for one piece; small calls also cache those callables.
 
 Where a buffer lives is its *place*: a byte offset in the owner's segment (symmetric tensor,
-read in place), ``PLACE_SCRATCH`` (staged in, or scratch by nature), or ``PLACE_LOCAL`` (caller's
-memory, never read by peers).
+read in place), ``PLACE_SCRATCH`` (staged in, or scratch by nature), ``PLACE_LOCAL`` (caller's
+memory, never read by peers), or ``PLACE_CMA`` (caller's memory that peers read in place with
+``process_vm_readv``, ``cma.py``: like a symmetric tensor, without the staging copy).
 """
 
 from __future__ import annotations
@@ -25,10 +26,32 @@ import torch
 
 from ...algorithms.collectives import COLLECTIVES, chunk_lengths
 from ...algorithms.lower import USER_BUFFERS, RankPlan, piece_elems, piece_len
+from ...errors import CommError
 from ...types import _NP_UFUNC, _TORCH_FN, DType, ReduceOp, typed_view
+from . import cma
 
 PLACE_SCRATCH = -1   # staged in (or lives in) the scratch area
 PLACE_LOCAL = -2     # no peer reads it: it stays in the caller's memory
+PLACE_CMA = -3       # caller's memory that peers read with process_vm_readv (its address
+                     # travels in the descriptor, channel.D_ADDR)
+
+
+def underlying(prog: RankPlan, buf: str) -> str:
+    """The caller's buffer that a PLACE_CMA buffer is: itself, or for scratch that aliases a
+    caller's buffer, the one it is like."""
+    return buf if buf in USER_BUFFERS else prog.sched.buffer(buf).like
+
+
+class PeerReadError(CommError):
+    """Reading a peer's buffer with process_vm_readv failed (the peer died, or its memory is
+    no longer where it announced): the ranks are out of step, so the communicator breaks.
+    ``where`` names the call ("all_reduce #12 on rank 0")."""
+
+    def __init__(self, peer: int, detail: str, where: str = ""):
+        super().__init__(f"{where + ': ' if where else ''}reading rank {peer}'s buffer with "
+                         f"process_vm_readv failed: {detail} (TILECOMM_CMA=0 stages every "
+                         f"buffer instead)")
+        self.peer, self.detail = peer, detail
 
 
 @dataclass
@@ -60,13 +83,16 @@ def make_layout(prog: RankPlan, world_size: int, count: int, d: DType, half_byte
 
 class Operand(NamedTuple):
     """Where one chunk of one buffer lives, for any piece: bytes ``[off0 + k * step, ...)`` of
-    rank ``rank``'s segment, or of the caller's buffer ``buf`` when ``rank`` is None. Scratch
-    slots have ``step == 0`` (every piece reuses the slot)."""
+    rank ``rank``'s segment, or of the caller's buffer ``buf`` when ``rank`` is None, or, when
+    ``remote``, of peer ``rank``'s own buffer ``buf`` (PLACE_CMA: read with process_vm_readv,
+    from the address the peer announced). Scratch slots have ``step == 0`` (every piece
+    reuses the slot)."""
 
     rank: int | None
     buf: str
     off0: int
     step: int
+    remote: bool = False
 
 
 class Op(NamedTuple):
@@ -101,6 +127,10 @@ class Addresser:
         place = self.places[rank][prog.names.index(buf)]
         if place == PLACE_SCRATCH and rank == me and not self.staged(buf, chunk):
             place = PLACE_LOCAL
+        if place == PLACE_CMA:
+            if rank != me:
+                return Operand(rank, buf, starts[chunk] * isz, piece * isz, True)
+            return Operand(None, underlying(prog, buf), starts[chunk] * isz, piece * isz)
         if place == PLACE_SCRATCH:
             return Operand(rank, buf, self.scratch_off + (prog.slot_base[buf] + chunk) * piece * isz,
                            0)
@@ -122,8 +152,9 @@ class Addresser:
         sched = self.prog.sched
         for x, y in ((a, b), (b, a)):
             spec = sched.buffer(x)
-            if spec.alias and spec.like == y and \
-                    self.places[rank][self.prog.names.index(x)] >= 0:
+            if spec.alias and spec.like == y and (
+                    self.places[rank][self.prog.names.index(x)] >= 0
+                    or self.places[rank][self.prog.names.index(x)] == PLACE_CMA):
                 return True
         return False
 
@@ -179,6 +210,17 @@ class Runner:
         self.op = op or ReduceOp.SUM
         self.world_size = world_size
         self.fn = (_NP_UFUNC if self.d.numpy is not None else _TORCH_FN)[self.op]
+        #: (peer, buffer) -> (pid, address) of the peers' PLACE_CMA buffers, from their
+        #: descriptors (set after the handshake, before any remote operand is used)
+        self.remote: dict = {}
+
+    def _fetch(self, o: Operand, k: int, into: np.ndarray) -> None:
+        """Read a peer's PLACE_CMA operand for piece ``k`` into ``into`` (all its bytes)."""
+        pid, base = self.remote[(o.rank, o.buf)]
+        try:
+            cma.read_into(pid, base + o.off0 + k * o.step, into.ctypes.data, into.nbytes)
+        except OSError as e:
+            raise PeerReadError(o.rank, str(e)) from None
 
     def _view(self, o: Operand, k: int, nbytes: int) -> np.ndarray:
         base = self.segs[o.rank] if o.rank is not None else self.user[o.buf]
@@ -195,10 +237,19 @@ class Runner:
             if not n:
                 continue
             dst = self._view(op.dst, k, n * isz)
-            srcs = [self._view(s, k, n * isz) for s in op.srcs]
-            if len(srcs) == 1 and not op.first_reduce:
-                out.append(partial(np.copyto, dst, srcs[0]))
+            if len(op.srcs) == 1 and not op.first_reduce:
+                if op.srcs[0].remote:          # a peer's buffer: read straight into dst
+                    out.append(partial(self._fetch, op.srcs[0], k, dst))
+                else:
+                    out.append(partial(np.copyto, dst, self._view(op.srcs[0], k, n * isz)))
                 continue
+            srcs = []
+            for s in op.srcs:
+                if s.remote:                   # read into a temporary first, then combine
+                    srcs.append(np.empty(n * isz, np.uint8))
+                    out.append(partial(self._fetch, s, k, srcs[-1]))
+                else:
+                    srcs.append(self._view(s, k, n * isz))
             t = typed_view(dst, d)
             acc = ([t] if op.first_reduce else []) + [typed_view(x, d) for x in srcs]
             scale = self.world_size if (avg and op.completes) else 0
