@@ -67,16 +67,17 @@ class Settings:
     #: (backends/cpu/_native.c, built at install time) when it was built; 0 runs them in
     #: Python (numpy/torch calls between flag waits). Both give the same bits and errors.
     native: bool = True
-    #: TILECOMM_CMA: 1 (default) lets peers read a large collective's ordinary CPU tensors in
-    #: place with process_vm_readv (Linux cross-memory attach, as Open MPI's vader does)
-    #: instead of staging them through shared memory, where every rank could read every
-    #: peer at start (it needs ptrace rights: tilecomm allows same-user peers with
-    #: PR_SET_PTRACER); 0 always stages. A rank with 0 turns it off for all.
+    #: TILECOMM_CMA: 1 (default) lets peers read a collective's ordinary CPU tensors in place
+    #: with process_vm_readv (Linux cross-memory attach, as Open MPI's vader does) instead of
+    #: staging them through shared memory, where every rank could read every peer at start
+    #: (it needs ptrace rights: tilecomm allows same-user peers with PR_SET_PTRACER). Only
+    #: buffers peers copy (broadcast, all_gather, all_to_all); reduction operands stay staged.
+    #: 0 always stages; a rank with 0 turns it off for all.
     cma: bool = True
-    #: TILECOMM_CMA_MIN_BYTES: smallest collective (bytes of its tensors) that uses
-    #: single-copy reads; below it, a message staged through the cache costs less than the
-    #: system calls and page pinning.
-    cma_min_bytes: int = 4 << 20
+    #: TILECOMM_CMA_MIN_BYTES: smallest collective (bytes of its tensors together) that reads
+    #: in place; below it the system call costs more than a staging copy in cache (measured
+    #: crossover 16-64 KiB, docs/benchmarks.md).
+    cma_min_bytes: int = 64 << 10
     #: TILECOMM_GPU_ONE_SHOT_MAX: largest all_reduce (bytes) for which auto picks the one_shot
     #: kernel on GPU tensors (else two_shot).
     gpu_one_shot_max: int = 256 << 10

@@ -77,6 +77,8 @@ class RankPlan:
     last_read_bufs: tuple[int, ...]         # indices of my buffers peers read in the last phase
     lead: int                               # leading phases without remote reads (any rank)
     peer_read: dict                         # buffer -> frozenset of my chunks some peer reads
+    peer_reduced: frozenset                 # buffers some rank reads from a peer into a
+                                            # reduction (on any rank: all place them alike)
 
     @property
     def collective(self) -> str:
@@ -124,6 +126,7 @@ def lower_schedule(sched: Schedule, rank: int) -> RankPlan:
         slot += sched.buffer(b).nchunks
     last = {m.src.buf for m in (sched.phases[-1] if sched.phases else ())
             if m.src_rank == rank and m.rank != rank}
+    reduced = _memo(sched, "peer_reduced", _peer_reduced)
     read: dict[str, set[int]] = {}
     for ph in sched.phases:
         for m in ph:
@@ -132,7 +135,15 @@ def lower_schedule(sched: Schedule, rank: int) -> RankPlan:
     return RankPlan(sched, rank, phases, tuple(sorted(sched.waits_at_end(rank))), names,
                     symmetric, base, slot, tuple(names.index(b) for b in sorted(last)),
                     sched.leading_local_phases,
-                    {b: frozenset(c) for b, c in read.items()})
+                    {b: frozenset(c) for b, c in read.items()}, reduced)
+
+
+def _peer_reduced(sched: Schedule) -> frozenset:
+    """Buffers that some rank reads from a peer as an operand of a reduction (rather than
+    only copying them)."""
+    return frozenset(loc.buf for p in range(len(sched.phases)) for r in range(sched.world_size)
+                     for red in sched.reductions_of(r, p) if len(red.srcs) > 1 or red.accumulate
+                     for sr, loc in red.srcs if sr != r)
 
 
 def _memo(sched: Schedule, key: str, fn):

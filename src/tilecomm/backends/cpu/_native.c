@@ -29,7 +29,6 @@
 #include <sched.h>
 #include <time.h>
 #include <errno.h>
-#include <stdlib.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 
@@ -270,10 +269,6 @@ static int wait_ranks(const Run *r, const int64_t *ranks, int64_t n, int64_t tar
 }
 
 /* ---- single-copy reads of peers' memory (cma.py) ------------------------------------- */
-/* bytes of each remote operand read per step of a reduction: the reads land in a bounce
- * buffer that stays in L1/L2 while the reduction consumes it */
-#define CMA_STEP (64 << 10)
-
 /* read n bytes at remote address ``from`` of rank q's process into ``to``; 0 or an errno */
 static int cma_read(const Run *r, int64_t q, char *to, int64_t from, int64_t n) {
     pid_t pid = (pid_t)load_acq(ctrl(r, q) + SLOT_PID);
@@ -286,24 +281,12 @@ static int cma_read(const Run *r, int64_t q, char *to, int64_t from, int64_t n) 
     return 0;
 }
 
-static __thread char *bounce;
-static __thread int64_t bounce_len;
-
-static char *bounce_buffer(int64_t n) {
-    if (bounce_len < n) {
-        free(bounce);
-        bounce = malloc(n);
-        bounce_len = bounce ? n : 0;
-    }
-    return bounce;
-}
-
 /* one I_OP: [I_OP, when, flags, chunk, nsrc, dst(b, off, step), [dst2(b, off, step) if
  * flags & 4], src(b, off, step) * nsrc]; flags: 1 dst is the first operand, 2 the result
- * completes the reduction (avg divides), 4 a second destination. A source whose base is a
- * peer's PLACE_CMA buffer (index >= H_REMOTE) is read with process_vm_readv: a copy
- * straight into dst, a reduction step by step through a bounce buffer. Returns 0 or the
- * errno of a failed read (the peer in S_PEER). */
+ * completes the reduction (avg divides), 4 a second destination. A copy whose source is a
+ * peer's PLACE_CMA buffer (base index >= H_REMOTE) reads it straight into dst with
+ * process_vm_readv (peers read in place only buffers they copy: lower.py peer_reduced).
+ * Returns 0 or the errno of a failed read (the peer in S_PEER). */
 static int do_op(const Run *r, const int64_t *c, int64_t k) {
     const int64_t *hdr = r->hdr;
     int64_t flags = c[2], chunk = c[3], nsrc = c[4], piece = hdr[H_PIECE];
@@ -318,7 +301,7 @@ static int do_op(const Run *r, const int64_t *c, int64_t k) {
         src += 3;
     }
     char *ops[MAX_OPS + 1];
-    int64_t peer[MAX_OPS + 1];      /* the rank whose memory operand j is, read remotely; -1 */
+    int64_t peer[MAX_OPS + 1];      /* the peer whose PLACE_CMA buffer operand j is, or -1 */
     int nops = 0, nremote = 0;
     if (flags & 1) { peer[nops] = -1; ops[nops++] = dst; }
     for (int64_t j = 0; j < nsrc && nops <= MAX_OPS; j++) {
@@ -340,27 +323,9 @@ static int do_op(const Run *r, const int64_t *c, int64_t k) {
         if (dst2) memcpy(dst2, dst, n * isz);
         return 0;
     }
+    if (nremote) return EINVAL;     /* never built so (NativeProgram checks) */
     RedSpec spec = {(int)hdr[H_DTYPE], (int)hdr[H_OP], (flags & 2) ? hdr[H_SCALE] : 0};
-    if (!nremote) {
-        reduce(&spec, dst, dst2, ops, nops, n);
-        return 0;
-    }
-    int64_t step = CMA_STEP / isz;
-    char *buf = bounce_buffer(nremote * CMA_STEP), *sub[MAX_OPS + 1];
-    if (!buf) return ENOMEM;
-    for (int64_t i0 = 0; i0 < n; i0 += step) {
-        int64_t m = n - i0 < step ? n - i0 : step, b = 0;
-        for (int j = 0; j < nops; j++) {
-            if (peer[j] < 0) { sub[j] = ops[j] + i0 * isz; continue; }
-            sub[j] = buf + (b++) * CMA_STEP;
-            if ((err = cma_read(r, peer[j], sub[j], (int64_t)(intptr_t)ops[j] + i0 * isz,
-                                m * isz))) {
-                r->state[S_PEER] = peer[j];
-                return err;
-            }
-        }
-        reduce(&spec, dst + i0 * isz, dst2 ? dst2 + i0 * isz : NULL, sub, nops, m);
-    }
+    reduce(&spec, dst, dst2, ops, nops, n);
     return 0;
 }
 

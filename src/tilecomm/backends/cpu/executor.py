@@ -507,7 +507,7 @@ class Executor:
                 off = self._heap_offset(like)
                 if off is not None:
                     return off
-                if cma and like is not None:
+                if cma and like is not None and buf not in prog.peer_reduced:
                     return PLACE_CMA
             return PLACE_SCRATCH
         arr = call.buffers.get(buf)
@@ -518,7 +518,11 @@ class Executor:
             return off
         if buf not in prog.symmetric:
             return PLACE_LOCAL
-        return PLACE_CMA if cma and arr is not None else PLACE_SCRATCH
+        # Peers read in place only what they copy: a reduction operand read through the
+        # kernel into a bounce buffer measured slower than staging it (docs/benchmarks.md)
+        if cma and arr is not None and buf not in prog.peer_reduced:
+            return PLACE_CMA
+        return PLACE_SCRATCH
 
     def _single_copy(self, call: CollectiveCall) -> bool:
         """Whether this call lets peers read the caller's tensors in place with

@@ -146,6 +146,8 @@ class NativeProgram:
         def ops(lst, when=W_ALWAYS):
             for item in lst:
                 o, dst2 = (item.op, item.dst2) if isinstance(item, Folded) else (item, None)
+                if (len(o.srcs) > 1 or o.first_reduce) and any(x.remote for x in o.srcs):
+                    raise ValueError("a peer's PLACE_CMA buffer read into a reduction")
                 flags = int(o.first_reduce) | (2 * int(o.completes)) | (4 * (dst2 is not None))
                 code.extend((I_OP, when, flags, o.chunk, len(o.srcs)))
                 for x in (o.dst, *(() if dst2 is None else (dst2,)), *o.srcs):

@@ -243,13 +243,9 @@ class Runner:
                 else:
                     out.append(partial(np.copyto, dst, self._view(op.srcs[0], k, n * isz)))
                 continue
-            srcs = []
-            for s in op.srcs:
-                if s.remote:                   # read into a temporary first, then combine
-                    srcs.append(np.empty(n * isz, np.uint8))
-                    out.append(partial(self._fetch, s, k, srcs[-1]))
-                else:
-                    srcs.append(self._view(s, k, n * isz))
+            if any(s.remote for s in op.srcs):   # RankPlan.peer_reduced stays staged
+                raise RuntimeError("a peer's PLACE_CMA buffer read into a reduction")
+            srcs = [self._view(s, k, n * isz) for s in op.srcs]
             t = typed_view(dst, d)
             acc = ([t] if op.first_reduce else []) + [typed_view(x, d) for x in srcs]
             scale = self.world_size if (avg and op.completes) else 0
