@@ -24,7 +24,8 @@ from .test_native_runner import _random
 
 pytestmark = pytest.mark.skipif(not cma.supported(), reason="no process_vm_readv here")
 
-COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all"]
+COLLECTIVES = ["all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all",
+               "all_to_all_v"]
 
 
 def _call(comm, coll, algo, t, op):
@@ -38,6 +39,11 @@ def _call(comm, coll, algo, t, op):
         return comm.broadcast(t, root=comm.world_size - 1, algo=algo)
     if coll == "reduce":
         return comm.reduce(t, root=1, op=op, algo=algo)
+    if coll == "all_to_all_v":      # uneven rows of 7 elements: rank r sends r + j + 1 to j
+        w = comm.world_size
+        rows = t[:t.numel() // 7 * 7].view(-1, 7)
+        counts = [(comm.rank + j + 1) * rows.shape[0] // (3 * w * w) for j in range(w)]
+        return comm.all_to_all_v(rows[:sum(counts)], counts, algo=algo)
     return comm.all_to_all(t, algo=algo)
 
 
@@ -192,3 +198,25 @@ def test_fold_copies_never_writes_a_buffer_peers_read_in_place_early():
     copy_back = Op(mine, (tmp,), False, 8)
     assert native.fold_copies([[reduce_], [copy_back]], {"buf"}) == [[reduce_], [copy_back]]
     assert native.fold_copies([[reduce_], [copy_back]]) == [[native.Folded(reduce_, mine)], []]
+
+
+def _a2av_output_crosses_threshold(comm):
+    """all_to_all_v allocates its output after the handshake: the bytes it adds must not
+    change where the input was announced to be (the threshold lies between)."""
+    ex = comm._backend.executor
+    rows = _random(comm.rank, 600 * 7, torch.float32).view(600, 7)
+    counts = [100 + 50 * comm.rank + 30 * j for j in range(comm.world_size)]
+    ex.cma_min_bytes = rows[:sum(counts)].nbytes + 1
+    outs = [comm.all_to_all_v(rows[:sum(counts)], counts) for _ in range(3)]
+    return rows, counts, outs
+
+
+def test_all_to_all_v_keeps_the_places_it_announced():
+    out = tilecomm.launch(_a2av_output_crosses_threshold, 2)
+    for me, (_, _, outs) in enumerate(out):
+        want = []
+        for rows, counts, _ in out:
+            start = sum(counts[:me])
+            want.append(rows[start:start + counts[me]])
+        for got in outs:
+            assert torch.equal(got, torch.cat(want))

@@ -268,10 +268,12 @@ class Executor:
         off = self.heap.offset_of(arr) if arr is not None else None
         return off if off is not None and off >= self.layout.heap_offset else None
 
-    def _template(self, call: CollectiveCall, seq: int, counts=None) -> _Template:
+    def _template(self, call: CollectiveCall, seq: int, counts=None, places=None) -> _Template:
+        """``places``: the ones this rank announced already (all_to_all_v)."""
         prog = lower(call.collective, call.algo, self.world_size, call.root, self.rank)
-        cma = self._single_copy(call)
-        places = tuple(self._place(b, call, prog, cma) for b in prog.names)
+        if places is None:
+            cma = self._single_copy(call)
+            places = tuple(self._place(b, call, prog, cma) for b in prog.names)
         key = (call.collective, call.algo, call.root, call.dtype.id, call.count, call.op,
                seq & 1, places, None if counts is None else tuple(map(tuple, counts)),
                call.row_shape)
@@ -436,7 +438,8 @@ class Executor:
         if call.buffers.get("out") is None:
             call.buffers["out"] = call.make_out(sum(rows[j][me] for j in range(w)))
         counts = [[x * call.count for x in row] for row in rows]
-        tpl = self._template(call, seq, counts)
+        # the places announced (the output allocated since must not change the decision)
+        tpl = self._template(call, seq, counts, places)
         runner = Runner(self.segs, call.buffers, tpl.layout, call.op, self.world_size)
         self._pieces(call, seq, tpl, descs, runner, None, first_ready=False)
 
