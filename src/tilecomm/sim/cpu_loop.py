@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -105,9 +105,12 @@ class Work:
 
 
 def work(collective: str, algo: str, world_size: int, nbytes: int, mem: str = "user",
-         itemsize: int = 4, piece_bytes: int = 1 << 20, ranks=None) -> Work:
+         itemsize: int = 4, piece_bytes: int = 1 << 20, ranks=None,
+         single_copy_min: int = 0) -> Work:
     """Counts of syncs, numpy calls and bytes per rank (mean over ``ranks``, default all), from
-    the lowered plans the runtime executes (``algorithms/lower.py``)."""
+    the lowered plans the runtime executes (``algorithms/lower.py``). ``single_copy_min``:
+    user tensors of calls this large (all buffers' bytes) that peers only copy are read in
+    place (the runtime's single-copy reads); 0: every one is staged."""
     from tilecomm.algorithms.collectives import COLLECTIVES
 
     spec = COLLECTIVES[collective]
@@ -116,6 +119,8 @@ def work(collective: str, algo: str, world_size: int, nbytes: int, mem: str = "u
     pieces = 1
     ws_scr = 0.0
     ranks = list(range(world_size)) if ranks is None else list(ranks)
+    buffers = nbytes * (2 if collective not in ("all_reduce", "broadcast", "reduce") else 1)
+    single_copy = mem == "user" and bool(single_copy_min) and buffers >= single_copy_min
     for me in ranks:
         plan = lower(collective, algo, world_size, 0, me)
         piece = piece_elems(plan, itemsize, piece_bytes)
@@ -127,14 +132,17 @@ def work(collective: str, algo: str, world_size: int, nbytes: int, mem: str = "u
         # Place of each buffer, as the executor decides it: scratch (staged, or scratch by
         # nature) or the caller's memory (a heap tensor read in place, or never read by peers).
         # A scratch buffer marked ``alias`` shares its ``like`` buffer's storage in heap memory.
+        # User memory read in place by single-copy reads counts as heap memory does (the
+        # kernel's copy at the same rates: an approximation, docs/model.md).
         alias = {}
         in_scratch = {}
         for b in plan.names:
+            in_place = mem == "heap" or (single_copy and b not in plan.peer_reduced)
             if b in USER_BUFFERS:
-                in_scratch[b] = b in plan.symmetric and mem == "user"
+                in_scratch[b] = b in plan.symmetric and not in_place
             else:
                 bs = plan.sched.buffer(b)
-                if bs.alias and mem == "heap" and bs.like in USER_BUFFERS:
+                if bs.alias and in_place and bs.like in USER_BUFFERS:
                     alias[b] = bs.like
                 in_scratch[b] = b not in alias
         skip_last = all(in_scratch[plan.names[i]] for i in plan.last_read_bufs)
@@ -186,7 +194,6 @@ def work(collective: str, algo: str, world_size: int, nbytes: int, mem: str = "u
                                  for b in plan.names if in_scratch[b] for n in lens[b])
     tot /= len(ranks)
     ws_scr *= world_size / len(ranks)
-    buffers = nbytes * (2 if collective not in ("all_reduce", "broadcast", "reduce") else 1)
     total_io = buffers  # in-place all_reduce: one buffer per rank
     return Work(float(tot[0]), float(tot[1]), pieces, total_io <= SMALL_CALL_BYTES,
                 *map(float, tot[2:]), ws_scratch=max(ws_scr, 1.0),
@@ -244,7 +251,8 @@ def predict_us(p: ShmCost, collective: str, algo: str, world_size: int, nbytes: 
 def breakdown(p: ShmCost, collective: str, algo: str, world_size: int, nbytes: int,
               mem: str = "user", itemsize: int = 4, ranks=None) -> np.ndarray:
     """Time (us) per term, in the order of :data:`NAMES` (mean over ``ranks``)."""
-    w = work(collective, algo, world_size, nbytes, mem, itemsize, p.piece_bytes, ranks)
+    w = work(collective, algo, world_size, nbytes, mem, itemsize, p.piece_bytes, ranks,
+             p.single_copy_min_bytes)
     return features(w, p.cache_bytes) * _theta(p)
 
 
@@ -287,16 +295,17 @@ class Fit:
 
 
 def fit(rows: list[Row], piece_bytes: int = 1 << 20,
-        cache_grid: tuple[float, ...] | None = None) -> Fit:
-    """Least-squares fit of :class:`ShmCost` to ``rows`` (relative error, non-negative).
+        cache_grid: tuple[float, ...] | None = None, single_copy_min: int = 0) -> Fit:
+    """Least-squares fit of :class:`ShmCost` to ``rows`` (relative error, non-negative), measured
+    with TILECOMM_CMA_MIN_BYTES ``single_copy_min`` (0: TILECOMM_CMA=0, or not allowed).
 
     Linear in the seven rate/latency parameters for a fixed cache size; the cache size is chosen
     on a log grid (256 KiB .. 256 MiB, 2^(1/4) steps).
     """
     if cache_grid is None:
         cache_grid = tuple(2.0 ** (e / 4) for e in range(18 * 4, 28 * 4 + 1))
-    works = [work(r.collective, r.algo, r.world_size, r.nbytes, r.mem, r.itemsize, piece_bytes)
-             for r in rows]
+    works = [work(r.collective, r.algo, r.world_size, r.nbytes, r.mem, r.itemsize, piece_bytes,
+                  single_copy_min=single_copy_min) for r in rows]
     t = np.array([r.time_us for r in rows])
     best = None
     for c in cache_grid:
@@ -312,7 +321,8 @@ def fit(rows: list[Row], piece_bytes: int = 1 << 20,
     err, c, th = best
     inv = [1 / x if x > 0 else math.inf for x in th[3:]]
     p = ShmCost(float(th[0]), float(th[1]), float(th[2]), *map(float, inv),
-                cache_bytes=int(round(c)), piece_bytes=piece_bytes)
+                cache_bytes=int(round(c)), piece_bytes=piece_bytes,
+                single_copy_min_bytes=single_copy_min)
     return Fit(p, err, len(rows))
 
 
@@ -410,6 +420,26 @@ def report(paths: list[str], piece_bytes: int = 1 << 20, per_point: bool = True)
     return "\n".join(out)
 
 
+def other_collectives(params: ShmCost, paths: list[str]) -> str:
+    """Markdown: every row of ``paths`` (collectives the fit never saw) against its prediction
+    with ``params``, and the median absolute error per collective and regime."""
+    rows = [r for path in paths for r in load_rows(path)]
+    out = ["| collective | size | measured us | predicted us | error |",
+           "|---|---:|---:|---:|---:|"]
+    errs: dict = {}
+    for r in rows:
+        pred = predict_row(params, r)
+        e = (pred - r.time_us) / r.time_us
+        errs.setdefault((r.collective, r.regime), []).append(abs(e))
+        errs.setdefault((r.collective, "all"), []).append(abs(e))
+        out.append(f"| {r.collective} {r.algo} | {_size(r.nbytes)} | {r.time_us:.1f} | "
+                   f"{pred:.1f} | {e:+.0%} |")
+    out += ["", "| collective | regime | points | median abs err |", "|---|---|---:|---:|"]
+    for (coll, reg), v in sorted(errs.items()):
+        out.append(f"| {coll} | {reg} | {len(v)} | {float(np.median(v)):.1%} |")
+    return "\n".join(out)
+
+
 def _size(n: int) -> str:
     from ..units import format_size
     return format_size(n)
@@ -423,9 +453,20 @@ def main(argv=None) -> int:
     ap.add_argument("files", nargs="+", help="tilecomm bench --json files")
     ap.add_argument("--piece-bytes", default="1M", help="TILECOMM_PIECE_BYTES of the run")
     ap.add_argument("--summary-only", action="store_true")
+    ap.add_argument("--predict", nargs="+", default=[],
+                    help="bench --json files of other collectives: predicted with the fit "
+                         "of FILES (held out entirely)")
+    ap.add_argument("--single-copy-min", default="0",
+                    help="TILECOMM_CMA_MIN_BYTES of the --predict runs (0: TILECOMM_CMA=0)")
     a = ap.parse_args(argv)
     from ..units import parse_size
     print(report(a.files, parse_size(a.piece_bytes), per_point=not a.summary_only))
+    if a.predict:
+        rows = [r for path in a.files for r in load_rows(path)]
+        f = fit([r for r in rows if is_calibration(r, CALIB_ALGOS, calibration_sizes(rows))],
+                parse_size(a.piece_bytes))
+        params = replace(f.params, single_copy_min_bytes=parse_size(a.single_copy_min))
+        print(other_collectives(params, a.predict))
     return 0
 
 

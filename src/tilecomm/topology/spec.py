@@ -102,7 +102,9 @@ class ShmCost:
 
     A collective costs ``call_us`` (Python per call) + ``sync_us`` per synchronization (handshake,
     one per remote phase and piece) + ``op_us`` per numpy operation + its copied and reduced bytes
-    at cache rates when the operation's working set fits in ``cache_bytes``, DRAM rates otherwise. ``piece_bytes`` is the runtime's TILECOMM_PIECE_BYTES (not fitted).
+    at cache rates when the operation's working set fits in ``cache_bytes``, DRAM rates otherwise. ``piece_bytes`` is the runtime's TILECOMM_PIECE_BYTES (not fitted);
+    ``single_copy_min_bytes`` its TILECOMM_CMA_MIN_BYTES where peers may read a rank's tensors in
+    place (process_vm_readv), 0 where they may not (every symmetric user tensor is staged).
     """
 
     call_us: float
@@ -114,6 +116,7 @@ class ShmCost:
     add_dram_GBps: float
     cache_bytes: int
     piece_bytes: int = 1 << 20
+    single_copy_min_bytes: int = 0
 
     def __post_init__(self):
         for k in ("call_us", "sync_us", "op_us"):
@@ -122,6 +125,7 @@ class ShmCost:
             _positive("shm.", k, getattr(self, k))
         _count("shm.", "cache_bytes", self.cache_bytes, 0)
         _count("shm.", "piece_bytes", self.piece_bytes, 1)
+        _count("shm.", "single_copy_min_bytes", self.single_copy_min_bytes, 0)
 
 
 @dataclass(frozen=True)
