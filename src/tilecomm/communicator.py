@@ -72,6 +72,9 @@ class Communicator:
         #: backend, call) or None; a list, so the tensor's weakref callback can clear it (see
         #: _remember and NOTE [call memo])
         self._last_memo: list = [None]
+        #: the last memoized call with an input and a given output (all_gather, reduce_scatter,
+        #: all_to_all): (weak references to both tensors, key, backend, call) or None
+        self._last_pair: list = [None]
         self._exchange_bufs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         seg = heap.segment(self._heap_rank)
         self._heap_lo = seg.ctypes.data + lay.heap_offset
@@ -92,6 +95,7 @@ class Communicator:
         self._deterministic = bool(value)
         self._memos.clear()          # memoized calls hold algorithms resolved in the old mode
         self._last_memo[0] = None
+        self._last_pair[0] = None
 
     # ---- lifecycle ------------------------------------------------------------------------
     def close(self) -> None:
@@ -105,6 +109,7 @@ class Communicator:
             self._closed = True
             self._memos.clear()
             self._last_memo[0] = None
+            self._last_pair[0] = None
             for be in self._backends.values():
                 if be is not self._backend:
                     be.close()
@@ -244,24 +249,37 @@ class Communicator:
 
         Returns ``out`` of shape ``(world_size * tensor.shape[0], *tensor.shape[1:])``.
         """
+        memo = self._pair_memo("all_gather", tensor, out, None, algo)
+        if memo is not None:
+            self._call(*memo)
+            return out
         w = self.world_size
+        given = out
         with self._validating("all_gather", tensor):
             d = self._dtype(tensor, "all_gather")
             be = self._backend_for(tensor)
             shape = (w * tensor.shape[0], *tensor.shape[1:]) if tensor.dim() else (w,)
             out = self._out(out, shape, tensor, "all_gather")
-            algo = self._algo("all_gather", algo, out.numel() * d.itemsize, be, d)
-            src = _buffer(be, tensor, "all_gather", write=False)
-            dst = _buffer(be, out, "all_gather", read=False)
-        self._run(be, "all_gather", algo, d, tensor.numel(), {"in": src.flat, "out": dst.flat},
-                  row_shape=tuple(tensor.shape[1:]))
+            algo_r = self._algo("all_gather", algo, out.numel() * d.itemsize, be, d)
+            src = _buffer(be, tensor, "all_gather", write=False, heap=self._heap_bytes)
+            dst = _buffer(be, out, "all_gather", read=False, heap=self._heap_bytes)
+        call = CollectiveCall("all_gather", algo_r, d, tensor.numel(),
+                              {"in": src.flat, "out": dst.flat}, row_shape=tuple(tensor.shape[1:]),
+                              cache_key=self._pair_key("all_gather", tensor, given, None,
+                                                       algo, src, dst))
+        self._run_pair(be, call, tensor, given)
         dst.finish()
         return out
 
     def reduce_scatter(self, tensor: torch.Tensor, op="sum", out: torch.Tensor | None = None, *,
                        algo: str = "auto") -> torch.Tensor:
         """Reduce over ranks and keep this rank's ``tensor.shape[0] // world_size`` rows."""
+        memo = self._pair_memo("reduce_scatter", tensor, out, op, algo)
+        if memo is not None:
+            self._call(*memo)
+            return out
         w = self.world_size
+        given = out
         with self._validating("reduce_scatter", tensor):
             rop = ReduceOp.parse(op, "reduce_scatter")
             d = self._dtype(tensor, "reduce_scatter", rop)
@@ -269,11 +287,14 @@ class Communicator:
             self._check_rows(tensor, "reduce_scatter")
             out = self._out(out, (tensor.shape[0] // w, *tensor.shape[1:]), tensor,
                             "reduce_scatter")
-            algo = self._algo("reduce_scatter", algo, tensor.numel() * d.itemsize, be, d, rop)
-            src = _buffer(be, tensor, "reduce_scatter", write=False)
-            dst = _buffer(be, out, "reduce_scatter", read=False)
-        self._run(be, "reduce_scatter", algo, d, tensor.numel(),
-                  {"in": src.flat, "out": dst.flat}, op=rop)
+            algo_r = self._algo("reduce_scatter", algo, tensor.numel() * d.itemsize, be, d, rop)
+            src = _buffer(be, tensor, "reduce_scatter", write=False, heap=self._heap_bytes)
+            dst = _buffer(be, out, "reduce_scatter", read=False, heap=self._heap_bytes)
+        call = CollectiveCall("reduce_scatter", algo_r, d, tensor.numel(),
+                              {"in": src.flat, "out": dst.flat}, op=rop,
+                              cache_key=self._pair_key("reduce_scatter", tensor, given, op,
+                                                       algo, src, dst))
+        self._run_pair(be, call, tensor, given)
         dst.finish()
         return out
 
@@ -335,20 +356,75 @@ class Communicator:
                 holder[0] = None
         holder[0] = (weakref.ref(tensor, forget), key, be, call)
 
+    # NOTE [pair memo]: all_gather, reduce_scatter and all_to_all called again with the same
+    # input and the same given ``out`` (what a decode step does) reuse the validated call: the
+    # tensors' identity, data pointers, shapes and dtypes, the op and the requested algorithm
+    # must all match, and both must still be contiguous. Heap tensors are held as views of the
+    # segment (NOTE [call memo]); the entry dies with either tensor. A call that allocates its
+    # output, or stages a non-contiguous tensor, is not kept.
+    def _pair_memo(self, name: str, tensor, out, op, algo: str):
+        """``(backend, call)`` of the memoized ``name(tensor, out=out)``, or None."""
+        last = self._last_pair[0]
+        if last is None or out is None or last[0]() is not tensor or last[1]() is not out:
+            return None
+        (n, o, a, ip, op_, it, ot, ish, osh), be, call = last[2:]
+        if (n == name and o == op and a == algo and ip == tensor.data_ptr()
+                and op_ == out.data_ptr() and it == tensor.dtype and ot == out.dtype
+                and ish == tensor.shape and osh == out.shape and tensor.is_contiguous()
+                and out.is_contiguous()):
+            return be, call
+        return None
+
+    def _pair_key(self, name: str, tensor, out, op, algo: str, src, dst):
+        """The memo key of a validated call (NOTE [pair memo]), or None if it is not kept."""
+        if (out is None or src.tmp is not None or dst.tmp is not None
+                or type(tensor) is not torch.Tensor or type(out) is not torch.Tensor
+                or not tensor.is_cpu or not out.is_cpu):
+            return None
+        key = (name, op, algo, tensor.data_ptr(), out.data_ptr(), tensor.dtype, out.dtype,
+               tensor.shape, out.shape)
+        try:
+            hash(key)
+        except TypeError:   # unhashable op
+            return None
+        return key
+
+    def _keep_pair(self, tensor, out, key: tuple, be, call) -> None:
+        holder = self._last_pair
+
+        def forget(ref, holder=holder):
+            if holder[0] is not None and ref in (holder[0][0], holder[0][1]):
+                holder[0] = None
+        holder[0] = (weakref.ref(tensor, forget), weakref.ref(out, forget), key, be, call)
+
+    def _run_pair(self, be, call, tensor, out) -> None:
+        """Run a validated two-buffer call, kept as the pair memo when it has a key."""
+        if call.cache_key is not None:
+            self._keep_pair(tensor, out, call.cache_key, be, call)
+        self._call(be, call)
+
     def all_to_all(self, tensor: torch.Tensor, out: torch.Tensor | None = None, *,
                    algo: str = "auto") -> torch.Tensor:
         """Block ``j`` of ``tensor`` (dim 0 cut in ``world_size``) goes to rank ``j``; ``out``
         holds, in rank order, the block each rank sent here."""
+        memo = self._pair_memo("all_to_all", tensor, out, None, algo)
+        if memo is not None:
+            self._call(*memo)
+            return out
+        given = out
         with self._validating("all_to_all", tensor):
             d = self._dtype(tensor, "all_to_all")
             be = self._backend_for(tensor)
             self._check_rows(tensor, "all_to_all")
             out = self._out(out, tuple(tensor.shape), tensor, "all_to_all")
-            algo = self._algo("all_to_all", algo, tensor.numel() * d.itemsize, be, d)
-            src = _buffer(be, tensor, "all_to_all", write=False)
-            dst = _buffer(be, out, "all_to_all", read=False)
-        self._run(be, "all_to_all", algo, d, tensor.numel(), {"in": src.flat, "out": dst.flat},
-                  row_shape=tuple(tensor.shape[1:]))
+            algo_r = self._algo("all_to_all", algo, tensor.numel() * d.itemsize, be, d)
+            src = _buffer(be, tensor, "all_to_all", write=False, heap=self._heap_bytes)
+            dst = _buffer(be, out, "all_to_all", read=False, heap=self._heap_bytes)
+        call = CollectiveCall("all_to_all", algo_r, d, tensor.numel(),
+                              {"in": src.flat, "out": dst.flat}, row_shape=tuple(tensor.shape[1:]),
+                              cache_key=self._pair_key("all_to_all", tensor, given, None,
+                                                       algo, src, dst))
+        self._run_pair(be, call, tensor, given)
         dst.finish()
         return out
 

@@ -322,6 +322,72 @@ def test_repeated_calls_and_aliasing_views(ranks):
         assert torch.equal(got[1:, 1:], ins[r][1:, 1:])           # untouched
 
 
+def _run_repeated_pairs(comm):
+    """NOTE [pair memo]: all_gather, reduce_scatter and all_to_all with the same input and
+    given output again must follow the input's contents, a changed op, views of the same
+    memory with other shapes, an output moved to other memory, and must not keep a staged
+    (strided) tensor or a dead one."""
+    import gc
+    w, r = comm.world_size, comm.rank
+    x = torch.empty(6, 4)
+    out = torch.empty(6 * w, 4)
+    got = {}
+    for i in range(3):
+        x.copy_(make(30 + i, r, (6, 4), torch.float32))
+        got[f"ag{i}"] = comm.all_gather(x, out=out).clone()
+    got["kept"] = comm._last_pair[0] is not None
+    # the same objects and pointers, fewer rows
+    x.resize_(3, 4)
+    out.resize_(3 * w, 4)
+    got["ag_view"] = comm.all_gather(x, out=out).clone()
+    x.resize_(6, 4)
+    out.resize_(6 * w, 4)
+    other = torch.empty(6 * w, 4)
+    out.set_(other)                                       # same object, other memory
+    got["ag_moved"] = comm.all_gather(x, out=out).clone()
+    got["moved_ok"] = torch.equal(other, got["ag_moved"])
+    rs_in = make(40, r, (4 * w, 3), torch.float32)
+    rs_out = torch.empty(4, 3)
+    for k, op in enumerate(("sum", "sum", "max", "max", "sum")):
+        got[f"rs{k}"] = comm.reduce_scatter(rs_in, op, out=rs_out).clone()
+    a_in = make(50, r, (2 * w, 5), torch.float32)
+    a_out = torch.empty(2 * w, 5)
+    for k in range(2):
+        got[f"a2a{k}"] = comm.all_to_all(a_in, out=a_out).clone()
+    strided = make(60, r, (6, 8), torch.float32)[:, ::2]   # staged: not kept
+    got["ag_strided"] = comm.all_gather(strided, out=out).clone()
+    last = comm._last_pair[0]
+    got["strided_kept"] = last is not None and last[0]() is strided
+    comm.all_to_all(a_in, out=a_out)
+    del a_in
+    gc.collect()
+    got["dropped"] = comm._last_pair[0] is None
+    return got
+
+
+def test_repeated_two_buffer_calls_follow_their_tensors(ranks):
+    w = 2
+    res = ranks(w).run(_run_repeated_pairs)
+    for me, got in enumerate(res):
+        assert got["kept"] and not got["strided_kept"] and got["dropped"] and got["moved_ok"]
+        for i in range(3):
+            want = torch.cat([make(30 + i, q, (6, 4), torch.float32) for q in range(w)])
+            assert torch.equal(got[f"ag{i}"], want)
+        assert torch.equal(got["ag_view"], torch.cat([make(32, q, (6, 4), torch.float32)[:3]
+                                                      for q in range(w)]))
+        assert torch.equal(got["ag_moved"], want)
+        ins = [make(40, q, (4 * w, 3), torch.float32) for q in range(w)]
+        for k, op in enumerate(("sum", "sum", "max", "max", "sum")):
+            full = reference.reduced(ins) if op == "sum" else torch.stack(ins).amax(0)
+            assert torch.equal(got[f"rs{k}"], full[4 * me:4 * me + 4]), op
+        blocks = [make(50, q, (2 * w, 5), torch.float32)[2 * me:2 * me + 2] for q in range(w)]
+        assert torch.equal(got["a2a0"], torch.cat(blocks))
+        assert torch.equal(got["a2a1"], torch.cat(blocks))
+        assert torch.equal(got["ag_strided"],
+                           torch.cat([make(60, q, (6, 8), torch.float32)[:, ::2]
+                                      for q in range(w)]))
+
+
 def _run_a2av_out(comm):
     w, r = comm.world_size, comm.rank
     m = _counts(7, w)
