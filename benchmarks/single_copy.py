@@ -64,6 +64,7 @@ def _work(comm, ops, sizes, rounds):
                     # forget them, or the first mode would time both
                     comm._memos.clear()
                     comm._last_memo[0] = None
+                    comm._last_pair[0] = None
                     ex._ready.clear()
                     for _ in range(5):
                         _call(comm, op, x, out)

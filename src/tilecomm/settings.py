@@ -72,12 +72,12 @@ class Settings:
     #: staging them through shared memory, where every rank could read every peer at start
     #: (it needs ptrace rights: tilecomm allows same-user peers with PR_SET_PTRACER). Only
     #: buffers peers copy (broadcast, all_gather, all_to_all); reduction operands stay staged.
-    #: 0 always stages; a rank with 0 turns it off for all.
+    #: 0 always stages; a rank with 0 turns it off for all. Not used with more ranks than CPUs.
     cma: bool = True
     #: TILECOMM_CMA_MIN_BYTES: smallest collective (bytes of its tensors together) that reads
-    #: in place; below it the system call costs more than a staging copy in cache (measured
-    #: crossover 16-64 KiB, docs/benchmarks.md).
-    cma_min_bytes: int = 64 << 10
+    #: in place; below it the system call costs more than a staging copy in cache (2 ranks:
+    #: 1.1-1.4x faster at 16 KiB, slower at 4 KiB; docs/benchmarks.md).
+    cma_min_bytes: int = 16 << 10
     #: TILECOMM_GPU_ONE_SHOT_MAX: largest all_reduce (bytes) for which auto picks the one_shot
     #: kernel on GPU tensors (else two_shot).
     gpu_one_shot_max: int = 256 << 10

@@ -48,10 +48,16 @@ def _call(comm, coll, algo, t, op):
 
 
 def _can_read_peers(comm) -> bool:
-    """What the start-up probe found (a collective first, so every rank has published)."""
+    """Whether this rank can read every peer (the start-up probe's check, made here: with more
+    ranks than CPUs the runtime does not use single-copy reads, and the tests force them)."""
     comm.barrier()
-    ex = comm._backend.executor
-    return {int(ex.ch.slots[r][SegmentLayout.CMA]) for r in range(comm.world_size)} == {1}
+    ch = comm._backend.executor.ch
+    for r in range(comm.world_size):
+        pid = int(ch.slots[r][SegmentLayout.PID])
+        addr = int(ch.slots[r][SegmentLayout.SELF_ADDR]) + 8 * SegmentLayout.PID
+        if r != comm.rank and not cma.probe(pid, addr, pid.to_bytes(8, "little", signed=True)):
+            return False
+    return True
 
 
 def _collectives(comm, cases, mode):
@@ -62,8 +68,7 @@ def _collectives(comm, cases, mode):
     saved = ex.native, ex.cma, ex.cma_min_bytes, comm.deterministic
     comm.deterministic = False          # a pooled rank: every algorithm
     ex.native = mode == "native" or (mode == "mixed" and comm.rank == 0)
-    if mode == "stage":
-        ex.cma = False
+    ex.cma = mode != "stage"        # forced: the caller checked every rank can (_can_read_peers)
     ex.cma_min_bytes = 1
     outs, in_place = [], 0
     try:
@@ -220,3 +225,23 @@ def test_all_to_all_v_keeps_the_places_it_announced():
             want.append(rows[start:start + counts[me]])
         for got in outs:
             assert torch.equal(got, torch.cat(want))
+
+
+def _decision(comm):
+    x = _random(comm.rank, 50_000, torch.float32)
+    y = comm.all_gather(x)
+    ex = comm._backend.executor
+    return (int(ex.ch.me[SegmentLayout.CMA]), ex.cma,
+            any(PLACE_CMA in t.places for t in ex._templates.values()), y)
+
+
+def test_more_ranks_than_cpus_stage(monkeypatch):
+    """Oversubscribed (here: 2 ranks told they have one CPU), several readers of one buffer
+    were slower than staging: every rank says so at start and stages."""
+    import os
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    out = tilecomm.launch(_decision, 2)
+    want = torch.cat([_random(r, 50_000, torch.float32) for r in range(2)])
+    for state, flag, used, y in out:
+        assert state == cma.SINGLE_COPY_OVERSUBSCRIBED and flag is False and not used
+        assert torch.equal(y, want)

@@ -46,7 +46,8 @@ class SegmentLayout:
     #: ACT_PEER the collective's id or the p2p peer; ACT_NUM its sequence or message number
     ACT_KIND, ACT_PEER, ACT_NUM = 3, 4, 5
     #: whether this rank could read every peer's memory with process_vm_readv (probed at
-    #: start, backends/cpu/cma.py): 0 not yet known, 1 yes, 2 no (or TILECOMM_CMA=0)
+    #: start, backends/cpu/cma.py): 0 not yet known, 1 yes, 2 no (or TILECOMM_CMA=0), 3 not
+    #: used: more ranks than CPUs
     CMA = 6
     #: the address of this rank's segment in its own process (where the CMA probe reads)
     SELF_ADDR = 7

@@ -188,7 +188,7 @@ def pcie_8gpu() -> SystemSpec:
 CPU_SHM_COST = ShmCost(call_us=2.52, sync_us=0.23, op_us=0.0, copy_cache_GBps=21.59,
                        add_cache_GBps=8.71, copy_dram_GBps=11.08, add_dram_GBps=7.20,
                        cache_bytes=39903169, piece_bytes=1 << 20,
-                       single_copy_min_bytes=64 << 10)   # the runtime's default; not fitted
+                       single_copy_min_bytes=16 << 10)   # the runtime's default; not fitted
 CPU_LOOP_COMMAND = ("python -m tilecomm.sim.cpu_loop "
                     "benchmarks/results/cpu_all_reduce_2ranks_{user,heap}.json")
 

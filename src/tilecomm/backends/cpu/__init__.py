@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ...heap.base import SegmentLayout
@@ -11,6 +13,7 @@ from ...types import DType
 from ..base import Backend, CollectiveCall
 from . import cma
 from .channel import Channel
+from .cma import SINGLE_COPY_NO, SINGLE_COPY_OVERSUBSCRIBED, SINGLE_COPY_YES
 from .executor import Executor
 from .p2p import PointToPoint
 
@@ -47,8 +50,13 @@ class CpuBackend(Backend):
     def _probe_single_copy(self, ok: bool) -> None:
         """Publish whether this rank can read every peer with process_vm_readv (each rank
         has posted its pid and segment address before "init"): collectives use it only when
-        every rank can (Executor._single_copy). ``ok``: whether to try at all."""
+        every rank can (Executor._single_copy). ``ok``: whether to try at all. With more
+        ranks than CPUs it is not used: there (4 ranks on 2 cores) several readers of one
+        buffer made broadcast 1.3x slower than staging (docs/benchmarks.md)."""
         ch = self.channel
+        if ok and self.world_size > len(os.sched_getaffinity(0)):
+            ch.me[SegmentLayout.CMA] = SINGLE_COPY_OVERSUBSCRIBED
+            return
         for r in range(self.world_size):
             if not ok or r == self.rank:
                 continue
@@ -56,7 +64,7 @@ class CpuBackend(Backend):
             expected = int(slots[SegmentLayout.PID]).to_bytes(8, "little", signed=True)
             ok = cma.probe(int(slots[SegmentLayout.PID]),
                            int(slots[SegmentLayout.SELF_ADDR]) + 8 * SegmentLayout.PID, expected)
-        ch.me[SegmentLayout.CMA] = 1 if ok else 2
+        ch.me[SegmentLayout.CMA] = SINGLE_COPY_YES if ok else SINGLE_COPY_NO
 
     def send(self, data: np.ndarray, dtype: DType, numel: int, peer: int, tag: int = 0) -> None:
         self.p2p.send(data, dtype, numel, peer, tag)

@@ -19,6 +19,9 @@ import ctypes
 import os
 import sys
 
+#: what a rank publishes in SegmentLayout.CMA after its start-up probe (0: not yet)
+SINGLE_COPY_YES, SINGLE_COPY_NO, SINGLE_COPY_OVERSUBSCRIBED = 1, 2, 3
+
 _PR_SET_PTRACER = 0x59616D61
 _PR_SET_PTRACER_ANY = ctypes.c_ulong(-1).value
 
@@ -79,4 +82,5 @@ def probe(pid: int, remote_addr: int, expected: bytes) -> bool:
     return buf.raw == expected
 
 
-__all__ = ["allow_peers", "probe", "read_into", "supported"]
+__all__ = ["SINGLE_COPY_NO", "SINGLE_COPY_OVERSUBSCRIBED", "SINGLE_COPY_YES", "allow_peers",
+           "probe", "read_into", "supported"]

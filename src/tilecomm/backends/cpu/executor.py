@@ -43,6 +43,7 @@ from .channel import (ACT_COLLECTIVE, COLL_IDS, COLL_NAMES, D_ALGO, D_COLL, D_CO
                       D_OP, D_PIECE, D_PLACE, D_ROOT, D_ADDR, D_SEQ, ERROR_ID, NUM_PLACES, Channel,
                       algo_id)
 from . import native as native_runner
+from .cma import SINGLE_COPY_YES
 from .native import (RUN_ABORTED, RUN_DONE, RUN_MISMATCH, RUN_PLACES, RUN_READ_ERROR, RUN_WAIT,
                      NativeProgram)
 from .plan import (PLACE_CMA, PLACE_LOCAL, PLACE_SCRATCH, Addresser, PeerReadError, Runner,
@@ -536,7 +537,7 @@ class Executor:
             states = {int(self.ch.slots[r][SegmentLayout.CMA]) for r in range(self.world_size)}
             if 0 in states:
                 return False        # a peer has not finished its probe yet: stage this time
-            self.cma = states == {1}
+            self.cma = states == {SINGLE_COPY_YES}
         return self.cma and sum(a.nbytes for a in call.buffers.values()
                                 if a is not None) >= self.cma_min_bytes
 
