@@ -250,26 +250,13 @@ class Communicator:
         Returns ``out`` of shape ``(world_size * tensor.shape[0], *tensor.shape[1:])``.
         """
         memo = self._pair_memo("all_gather", tensor, out, None, algo)
-        if memo is not None:
+        if memo is not None:            # NOTE [pair memo]: checked here, one frame less
             self._call(*memo)
             return out
         w = self.world_size
-        given = out
-        with self._validating("all_gather", tensor):
-            d = self._dtype(tensor, "all_gather")
-            be = self._backend_for(tensor)
-            shape = (w * tensor.shape[0], *tensor.shape[1:]) if tensor.dim() else (w,)
-            out = self._out(out, shape, tensor, "all_gather")
-            algo_r = self._algo("all_gather", algo, out.numel() * d.itemsize, be, d)
-            src = _buffer(be, tensor, "all_gather", write=False, heap=self._heap_bytes)
-            dst = _buffer(be, out, "all_gather", read=False, heap=self._heap_bytes)
-        call = CollectiveCall("all_gather", algo_r, d, tensor.numel(),
-                              {"in": src.flat, "out": dst.flat}, row_shape=tuple(tensor.shape[1:]),
-                              cache_key=self._pair_key("all_gather", tensor, given, None,
-                                                       algo, src, dst))
-        self._run_pair(be, call, tensor, given)
-        dst.finish()
-        return out
+        return self._two_buffer(
+            "all_gather", tensor, out, None, algo,
+            lambda t: (w * t.shape[0], *t.shape[1:]) if t.dim() else (w,), gathered=True)
 
     def reduce_scatter(self, tensor: torch.Tensor, op="sum", out: torch.Tensor | None = None, *,
                        algo: str = "auto") -> torch.Tensor:
@@ -279,24 +266,8 @@ class Communicator:
             self._call(*memo)
             return out
         w = self.world_size
-        given = out
-        with self._validating("reduce_scatter", tensor):
-            rop = ReduceOp.parse(op, "reduce_scatter")
-            d = self._dtype(tensor, "reduce_scatter", rop)
-            be = self._backend_for(tensor)
-            self._check_rows(tensor, "reduce_scatter")
-            out = self._out(out, (tensor.shape[0] // w, *tensor.shape[1:]), tensor,
-                            "reduce_scatter")
-            algo_r = self._algo("reduce_scatter", algo, tensor.numel() * d.itemsize, be, d, rop)
-            src = _buffer(be, tensor, "reduce_scatter", write=False, heap=self._heap_bytes)
-            dst = _buffer(be, out, "reduce_scatter", read=False, heap=self._heap_bytes)
-        call = CollectiveCall("reduce_scatter", algo_r, d, tensor.numel(),
-                              {"in": src.flat, "out": dst.flat}, op=rop,
-                              cache_key=self._pair_key("reduce_scatter", tensor, given, op,
-                                                       algo, src, dst))
-        self._run_pair(be, call, tensor, given)
-        dst.finish()
-        return out
+        return self._two_buffer("reduce_scatter", tensor, out, op, algo,
+                                lambda t: (t.shape[0] // w, *t.shape[1:]))
 
     def broadcast(self, tensor: torch.Tensor, root: int = 0, *, algo: str = "auto") -> torch.Tensor:
         """Copy ``root``'s ``tensor`` into every rank's ``tensor``; returns ``tensor``."""
@@ -356,6 +327,34 @@ class Communicator:
                 holder[0] = None
         holder[0] = (weakref.ref(tensor, forget), key, be, call)
 
+    def _two_buffer(self, name: str, tensor: torch.Tensor, out, op, algo: str, out_shape,
+                    gathered: bool = False) -> torch.Tensor:
+        """all_gather, reduce_scatter, all_to_all: ``tensor`` in, ``out`` (given, or made with
+        ``out_shape(tensor)``) out. ``gathered``: all_gather (no row check; the tuner sizes
+        it by its output). Keeps the call as the pair memo (NOTE [pair memo]), which the
+        public methods check first."""
+        given = out
+        with self._validating(name, tensor):
+            rop = None if op is None else ReduceOp.parse(op, name)
+            d = self._dtype(tensor, name, rop)
+            be = self._backend_for(tensor)
+            if not gathered:
+                self._check_rows(tensor, name)
+            out = self._out(out, out_shape(tensor), tensor, name)
+            sized = out if gathered else tensor
+            resolved = self._algo(name, algo, sized.numel() * d.itemsize, be, d, rop)
+            src = _buffer(be, tensor, name, write=False, heap=self._heap_bytes)
+            dst = _buffer(be, out, name, read=False, heap=self._heap_bytes)
+        rows = () if name == "reduce_scatter" else tuple(tensor.shape[1:])
+        call = CollectiveCall(name, resolved, d, tensor.numel(), {"in": src.flat, "out": dst.flat},
+                              op=rop, row_shape=rows,
+                              cache_key=self._pair_key(name, tensor, given, op, algo, src, dst))
+        if call.cache_key is not None:
+            self._keep_pair(tensor, given, call.cache_key, be, call)
+        self._call(be, call)
+        dst.finish()
+        return out
+
     # NOTE [pair memo]: all_gather, reduce_scatter and all_to_all called again with the same
     # input and the same given ``out`` (what a decode step does) reuse the validated call: the
     # tensors' identity, data pointers, shapes and dtypes, the op and the requested algorithm
@@ -397,12 +396,6 @@ class Communicator:
                 holder[0] = None
         holder[0] = (weakref.ref(tensor, forget), weakref.ref(out, forget), key, be, call)
 
-    def _run_pair(self, be, call, tensor, out) -> None:
-        """Run a validated two-buffer call, kept as the pair memo when it has a key."""
-        if call.cache_key is not None:
-            self._keep_pair(tensor, out, call.cache_key, be, call)
-        self._call(be, call)
-
     def all_to_all(self, tensor: torch.Tensor, out: torch.Tensor | None = None, *,
                    algo: str = "auto") -> torch.Tensor:
         """Block ``j`` of ``tensor`` (dim 0 cut in ``world_size``) goes to rank ``j``; ``out``
@@ -411,22 +404,7 @@ class Communicator:
         if memo is not None:
             self._call(*memo)
             return out
-        given = out
-        with self._validating("all_to_all", tensor):
-            d = self._dtype(tensor, "all_to_all")
-            be = self._backend_for(tensor)
-            self._check_rows(tensor, "all_to_all")
-            out = self._out(out, tuple(tensor.shape), tensor, "all_to_all")
-            algo_r = self._algo("all_to_all", algo, tensor.numel() * d.itemsize, be, d)
-            src = _buffer(be, tensor, "all_to_all", write=False, heap=self._heap_bytes)
-            dst = _buffer(be, out, "all_to_all", read=False, heap=self._heap_bytes)
-        call = CollectiveCall("all_to_all", algo_r, d, tensor.numel(),
-                              {"in": src.flat, "out": dst.flat}, row_shape=tuple(tensor.shape[1:]),
-                              cache_key=self._pair_key("all_to_all", tensor, given, None,
-                                                       algo, src, dst))
-        self._run_pair(be, call, tensor, given)
-        dst.finish()
-        return out
+        return self._two_buffer("all_to_all", tensor, out, None, algo, lambda t: tuple(t.shape))
 
     def all_to_all_v(self, tensor: torch.Tensor, send_counts: Sequence[int],
                      recv_counts: Sequence[int] | None = None, *,
