@@ -18,3 +18,13 @@ def make(seed: int, rank: int, shape, dtype: torch.dtype, op: str = "sum") -> to
         lo = 0 if dtype == torch.uint8 else -8
         vals = torch.randint(lo, 9, tuple(shape), generator=g)
     return vals.to(dtype)
+
+
+def random_values(seed: int, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """``n`` random values: floats N(0, 9) (not integer-valued: float bugs show), integers over
+    the whole range (sums and products wrap)."""
+    g = torch.Generator().manual_seed(seed)
+    if dtype.is_floating_point:
+        return (torch.randn(n, generator=g, dtype=torch.float64) * 3).to(dtype)
+    info = torch.iinfo(dtype)
+    return torch.randint(info.min, info.max, (n,), generator=g, dtype=dtype)

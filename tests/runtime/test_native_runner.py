@@ -20,20 +20,14 @@ from tilecomm.backends.cpu import native
 from tilecomm.backends.cpu.plan import _reduce_f32, _reduce_np
 from tilecomm.types import _NP_UFUNC, _TORCH_FN, DTYPES, ReduceOp
 
+from .data import random_values as _random
+
 pytestmark = pytest.mark.skipif(native._native is None,
                                 reason="the native runner was not built (no C compiler)")
 
 FLOATS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 INTS = [torch.int32, torch.int64]
 OPS = [ReduceOp.SUM, ReduceOp.PROD, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.AVG]
-
-
-def _random(seed: int, n: int, dtype: torch.dtype) -> torch.Tensor:
-    g = torch.Generator().manual_seed(seed)
-    if dtype.is_floating_point:
-        return (torch.randn(n, generator=g, dtype=torch.float64) * 3).to(dtype)
-    info = torch.iinfo(dtype)    # whole range: sums and products wrap
-    return torch.randint(info.min, info.max, (n,), generator=g, dtype=dtype)
 
 
 def _python_reduce(operands: list[torch.Tensor], op: ReduceOp, scale: int) -> torch.Tensor:

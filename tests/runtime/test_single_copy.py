@@ -20,7 +20,7 @@ from tilecomm.backends.cpu import cma, native
 from tilecomm.backends.cpu.plan import PLACE_CMA
 from tilecomm.heap.base import SegmentLayout
 
-from .test_native_runner import _random
+from .data import random_values as _random
 
 pytestmark = pytest.mark.skipif(not cma.supported(), reason="no process_vm_readv here")
 
