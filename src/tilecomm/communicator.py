@@ -377,16 +377,11 @@ class Communicator:
     def _pair_key(self, name: str, tensor, out, op, algo: str, src, dst):
         """The memo key of a validated call (NOTE [pair memo]), or None if it is not kept."""
         if (out is None or src.tmp is not None or dst.tmp is not None
-                or type(tensor) is not torch.Tensor or type(out) is not torch.Tensor
-                or not tensor.is_cpu or not out.is_cpu):
+                or type(out) is not torch.Tensor or not out.is_cpu
+                or self._memo_key(name, tensor, op, algo, 0) is None):  # the in-place checks
             return None
-        key = (name, op, algo, tensor.data_ptr(), out.data_ptr(), tensor.dtype, out.dtype,
-               tensor.shape, out.shape)
-        try:
-            hash(key)
-        except TypeError:   # unhashable op
-            return None
-        return key
+        return (name, op, algo, tensor.data_ptr(), out.data_ptr(), tensor.dtype, out.dtype,
+                tensor.shape, out.shape)
 
     def _keep_pair(self, tensor, out, key: tuple, be, call) -> None:
         holder = self._last_pair

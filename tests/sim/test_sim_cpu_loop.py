@@ -83,3 +83,20 @@ def test_preset_carries_the_fit_and_predict_uses_it():
     assert 1.5 < preds[0].time_us < 6           # measured 3.0-3.1 us (benchmarks/results)
     big = predict("all_reduce", 128 << 20, system="cpu-shm", gpus=2, mem="heap")
     assert big[0].algo in ("ring", "two_shot") and big[0].bottleneck != "latency"
+
+
+def test_other_collectives_are_predicted_per_world_size(tmp_path):
+    """--predict: each row with the fit of its world size; a world size without a fit is an
+    error that says so (not a prediction from another machine shape)."""
+    import json
+
+    from tilecomm.sim.cpu_loop import other_collectives
+    rows = [{"collective": "broadcast", "algo": "direct", "world_size": 2, "bytes": b,
+             "time_us": predict_row(TRUE, Row("broadcast", "direct", 2, b, 4, "user", 1.0))}
+            for b in (64, 1 << 20)]
+    path = tmp_path / "bc.json"
+    path.write_text(json.dumps(rows))
+    text = other_collectives({2: TRUE}, [str(path)])
+    assert "| broadcast | all | 2 | 0.0% |" in text
+    with pytest.raises(ValueError, match="no fit for 2 ranks"):
+        other_collectives({4: TRUE}, [str(path)])

@@ -381,13 +381,21 @@ def _fmt_params(p: ShmCost) -> str:
             f"cache {p.cache_bytes / 2**20:.2f} MiB, pieces {p.piece_bytes >> 10} KiB")
 
 
-def report(paths: list[str], piece_bytes: int = 1 << 20, per_point: bool = True) -> str:
-    """Markdown: fitted parameters, per-point errors and the summary table, per world size."""
+def loops(rows: list[Row], piece_bytes: int = 1 << 20) -> dict:
+    """world size -> :func:`loop` of its rows (fitted once per world size)."""
+    return {ws: loop([r for r in rows if r.world_size == ws], piece_bytes)
+            for ws in sorted({r.world_size for r in rows})}
+
+
+def report(paths: list[str], piece_bytes: int = 1 << 20, per_point: bool = True,
+           fitted: dict | None = None) -> str:
+    """Markdown: fitted parameters, per-point errors and the summary table, per world size
+    (``fitted``: :func:`loops` of these rows, if already computed)."""
     rows = [r for path in paths for r in load_rows(path)]
+    fitted = loops(rows, piece_bytes) if fitted is None else fitted
     out = []
-    for ws in sorted({r.world_size for r in rows}):
+    for ws, (f, checks) in fitted.items():
         sub = [r for r in rows if r.world_size == ws]
-        f, checks = loop(sub, piece_bytes)
         out.append(f"### {ws} ranks ({', '.join(sorted({r.mem for r in sub}))} memory)\n")
         out.append(f"Fitted on {f.rows} rows ({'/'.join(CALIB_ALGOS)} at "
                    f"{', '.join(_size(s) for s in calibration_sizes(sub))}; rms relative error "
@@ -420,15 +428,18 @@ def report(paths: list[str], piece_bytes: int = 1 << 20, per_point: bool = True)
     return "\n".join(out)
 
 
-def other_collectives(params: ShmCost, paths: list[str]) -> str:
+def other_collectives(params: dict, paths: list[str]) -> str:
     """Markdown: every row of ``paths`` (collectives the fit never saw) against its prediction
-    with ``params``, and the median absolute error per collective and regime."""
+    with ``params[world size]``, and the median absolute error per collective and regime."""
     rows = [r for path in paths for r in load_rows(path)]
     out = ["| collective | size | measured us | predicted us | error |",
            "|---|---:|---:|---:|---:|"]
     errs: dict = {}
     for r in rows:
-        pred = predict_row(params, r)
+        if r.world_size not in params:
+            raise ValueError(f"no fit for {r.world_size} ranks (fitted: "
+                             f"{sorted(params)}): add measurements of that world size")
+        pred = predict_row(params[r.world_size], r)
         e = (pred - r.time_us) / r.time_us
         errs.setdefault((r.collective, r.regime), []).append(abs(e))
         errs.setdefault((r.collective, "all"), []).append(abs(e))
@@ -460,13 +471,13 @@ def main(argv=None) -> int:
                     help="TILECOMM_CMA_MIN_BYTES of the --predict runs (0: TILECOMM_CMA=0)")
     a = ap.parse_args(argv)
     from ..units import parse_size
-    print(report(a.files, parse_size(a.piece_bytes), per_point=not a.summary_only))
+    pb = parse_size(a.piece_bytes)
+    fitted = loops([r for path in a.files for r in load_rows(path)], pb)
+    print(report(a.files, pb, per_point=not a.summary_only, fitted=fitted))
     if a.predict:
-        rows = [r for path in a.files for r in load_rows(path)]
-        f = fit([r for r in rows if is_calibration(r, CALIB_ALGOS, calibration_sizes(rows))],
-                parse_size(a.piece_bytes))
-        params = replace(f.params, single_copy_min_bytes=parse_size(a.single_copy_min))
-        print(other_collectives(params, a.predict))
+        sc = parse_size(a.single_copy_min)
+        print(other_collectives({ws: replace(f.params, single_copy_min_bytes=sc)
+                                 for ws, (f, _) in fitted.items()}, a.predict))
     return 0
 
 

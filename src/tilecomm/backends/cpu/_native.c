@@ -301,20 +301,19 @@ static int do_op(const Run *r, const int64_t *c, int64_t k) {
         src += 3;
     }
     char *ops[MAX_OPS + 1];
-    int64_t peer[MAX_OPS + 1];      /* the peer whose PLACE_CMA buffer operand j is, or -1 */
-    int nops = 0, nremote = 0;
-    if (flags & 1) { peer[nops] = -1; ops[nops++] = dst; }
+    int nops = 0;
+    int64_t peer = -1;              /* the peer whose PLACE_CMA buffer a source is, or -1 */
+    if (flags & 1) ops[nops++] = dst;
     for (int64_t j = 0; j < nsrc && nops <= MAX_OPS; j++) {
         const int64_t *s = src + 3 * j;
-        peer[nops] = s[0] >= hdr[H_REMOTE] ? (s[0] - hdr[H_REMOTE]) / hdr[H_NPLACES] : -1;
-        nremote += peer[nops] >= 0;
+        if (s[0] >= hdr[H_REMOTE]) peer = (s[0] - hdr[H_REMOTE]) / hdr[H_NPLACES];
         ops[nops++] = (char *)(intptr_t)(r->bases[s[0]] + s[1] + k * s[2]);
     }
-    int err;
     if (nops == 1) {            /* a copy */
-        if (peer[0] >= 0) {
-            if ((err = cma_read(r, peer[0], dst, (int64_t)(intptr_t)ops[0], n * isz))) {
-                r->state[S_PEER] = peer[0];
+        if (peer >= 0) {
+            int err = cma_read(r, peer, dst, (int64_t)(intptr_t)ops[0], n * isz);
+            if (err) {
+                r->state[S_PEER] = peer;
                 return err;
             }
         } else if (dst != ops[0]) {
@@ -323,7 +322,7 @@ static int do_op(const Run *r, const int64_t *c, int64_t k) {
         if (dst2) memcpy(dst2, dst, n * isz);
         return 0;
     }
-    if (nremote) return EINVAL;     /* never built so (NativeProgram checks) */
+    if (peer >= 0) return EINVAL;   /* never built so (NativeProgram checks) */
     RedSpec spec = {(int)hdr[H_DTYPE], (int)hdr[H_OP], (flags & 2) ? hdr[H_SCALE] : 0};
     reduce(&spec, dst, dst2, ops, nops, n);
     return 0;

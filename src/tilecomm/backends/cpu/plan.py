@@ -152,10 +152,10 @@ class Addresser:
         sched = self.prog.sched
         for x, y in ((a, b), (b, a)):
             spec = sched.buffer(x)
-            if spec.alias and spec.like == y and (
-                    self.places[rank][self.prog.names.index(x)] >= 0
-                    or self.places[rank][self.prog.names.index(x)] == PLACE_CMA):
-                return True
+            if spec.alias and spec.like == y:
+                place = self.places[rank][self.prog.names.index(x)]
+                if place >= 0 or place == PLACE_CMA:
+                    return True
         return False
 
 
