@@ -99,6 +99,59 @@ def test_a_timeout_says_what_the_peer_is_doing():
     assert "rank 1 is in no tilecomm call; its last was init #0" in out[0], out[0]
 
 
+_WARM = 8      # calls of one tensor after which the executor runs it on its memoized path
+
+
+def _repeated_then(comm, rank1_does):
+    """``_WARM`` all_reduce calls of one tensor, then rank 0 makes one more while rank 1 does
+    something else: what each says about the other shows what the executor's memoized native
+    path (``Executor._run_ready``) published. Returns (error type, text, whether the last
+    call of this rank took that path)."""
+    from tilecomm.backends.cpu.executor import Executor
+
+    t = torch.ones(2)
+    for _ in range(_WARM):
+        comm.all_reduce(t)
+    took = []
+    real = Executor._run_ready
+
+    def spy(self, *args):
+        took.append(True)
+        return real(self, *args)
+
+    Executor._run_ready = spy
+    try:
+        if comm.rank == 0:
+            comm.all_reduce(t)
+        elif rank1_does == "send":
+            comm.send(t, 0)
+        else:
+            import time
+            time.sleep(1.5)
+    except tilecomm.CommError as e:
+        return type(e).__name__, str(e), bool(took)
+    finally:
+        Executor._run_ready = real
+    return "ok", "", bool(took)
+
+
+def test_a_repeated_call_publishes_what_it_does_and_that_it_ended():
+    with tilecomm.RankGroup(2, timeout=0.5) as g:
+        idle = g.run(_repeated_then, "sleep")
+    # ended: rank 1's last all_reduce left it idle
+    assert idle[0][0] == "CommTimeout" and idle[0][2], idle[0]
+    assert f"rank 1 is in no tilecomm call; its last was all_reduce #{_WARM}" in idle[0][1], \
+        idle[0]
+    with tilecomm.RankGroup(2, timeout=20) as g:
+        crossed = g.run(_repeated_then, "send")
+    # in progress: rank 0's all_reduce was published while it waited
+    assert crossed[1][0] == "CommMismatch", crossed[1]
+    assert f"rank 0 is in all_reduce #{_WARM + 1}" in crossed[1][1], crossed[1]
+    assert crossed[0][0] == "CommMismatch" and crossed[0][2], crossed[0]
+    assert f"all_reduce #{_WARM + 1} on rank 0: rank 1 is in send #0 to rank 0" in \
+        crossed[0][1], crossed[0]
+
+
 def _rows(comm):
     t = torch.ones(4, 3) if comm.rank == 0 else torch.ones(6, 2)
     try:
