@@ -121,21 +121,39 @@ class Executor:
 
     # ---- entry points ---------------------------------------------------------------------
     def run(self, call: CollectiveCall) -> None:
-        # _guard written out: this is every collective's path, and a generator-based
-        # context manager costs about a microsecond per call
+        # _guard and Channel.begin/end written out: this is every collective's path, and at 8
+        # bytes the native runner's own work is about 0.3 us while each Python frame or numpy
+        # item access around it costs 30-80 ns (docs/benchmarks.md, "The per-call path")
         ch = self.ch
         if ch.broken:
             self._check_usable()
         seq = self.seq
         self.seq = seq + 1
         name = call.collective
+        # a memoized call (the Communicator hands the same call object back) keeps its native
+        # programs per scratch parity: no key to build and hash, no _run frame
+        ready = None
         if self.native and self.trace is None:
             per = call.info.get("native")
-            if per is not None and per[seq & 1] is not None and ch.owner == get_ident():
-                return self._run_ready(call, seq, per[seq & 1])
-        published = ch.begin(ACT_COLLECTIVE, COLL_IDS.get(name, 0), seq)
+            if per is not None:
+                ready = per[seq & 1]
+        me = ch.me
+        published = ch.owner == get_ident()     # NOTE [activity] in channel.py
+        if published:
+            me[_ACT_PEER] = COLL_IDS.get(name, 0)
+            me[_ACT_NUM] = seq
+            me[_ACT_KIND] = ACT_COLLECTIVE
+            ch.next_seq = seq + 1
         try:
-            self._run(call, seq)
+            if ready is None:
+                self._run(call, seq)
+            else:
+                prog, bases = ready
+                res = prog.run(bases[1], seq, ch.step)
+                ch.step = prog.step
+                if res != RUN_DONE:
+                    self._row_shape = call.row_shape     # for _explain_mismatch
+                    self._run_native(call, seq, prog, bases, res)
         except PeerReadError as e:
             e = PeerReadError(e.peer, e.detail, f"{name} #{seq} on rank {self.rank}")
             self._failed(name, seq, e)
@@ -144,36 +162,7 @@ class Executor:
             self._failed(name, seq, e)
             raise
         finally:
-            if published and not self.ch.broken:   # a broken one shows where it stopped
-                self.ch.end()
-
-    def _run_ready(self, call: CollectiveCall, seq: int, ready) -> None:
-        """``run`` of a memoized call whose native program for this scratch parity is built
-        (the repeated small call): Channel.begin/end and ``_run_native``'s first step written
-        out, since at 8 bytes the runner's own work is about 0.3 us and each Python frame and
-        numpy item access around it costs 30-80 ns (docs/benchmarks.md, "The per-call path")."""
-        ch = self.ch
-        me = ch.me
-        me[_ACT_PEER] = COLL_IDS.get(call.collective, 0)
-        me[_ACT_NUM] = seq
-        me[_ACT_KIND] = ACT_COLLECTIVE
-        ch.next_seq = seq + 1
-        prog, bases = ready
-        try:
-            res = prog.run(bases[1], seq, ch.step)
-            ch.step = prog.step
-            if res != RUN_DONE:
-                self._row_shape = call.row_shape     # for _explain_mismatch
-                self._run_native(call, seq, prog, bases, res)
-        except PeerReadError as e:
-            e = PeerReadError(e.peer, e.detail, f"{call.collective} #{seq} on rank {self.rank}")
-            self._failed(call.collective, seq, e)
-            raise e from None
-        except BaseException as e:
-            self._failed(call.collective, seq, e)
-            raise
-        finally:
-            if not ch.broken:       # a broken one shows where it stopped
+            if published and not ch.broken:   # a broken one shows where it stopped
                 me[_ACT_KIND] = ACT_IDLE
 
     def _failed(self, name: str, seq: int, e: BaseException) -> None:
@@ -346,14 +335,8 @@ class Executor:
         return ops
 
     def _run(self, call: CollectiveCall, seq: int) -> None:
+        """``run`` of a call without a memoized native program for this parity."""
         self._row_shape = call.row_shape
-        if self.native and self.trace is None:
-            # a memoized call (the Communicator hands the same call object back) keeps its
-            # programs per scratch parity: no key to build and hash
-            per = call.info.get("native")
-            if per is not None and per[seq & 1] is not None:
-                prog, bases = per[seq & 1]
-                return self._run_native(call, seq, prog, bases)
         if call.collective == "all_to_all_v":
             with np.errstate(all="ignore"):   # overflow is the data's business, as in torch
                 return self._run_variable(call, seq)
@@ -430,7 +413,7 @@ class Executor:
                     res: int | None = None) -> None:
         """The whole call through the native runner; waits that outlast its spin, and errors,
         come back here (see native.py). ``res``: the result of the program's first run, when
-        the caller started it (``_run_ready``)."""
+        the caller started it (``run``, for a memoized call)."""
         ch = self.ch
         addr = bases[1]
         if res is None:
