@@ -45,6 +45,38 @@ def test_fp8_rows_and_scales_travel_together():
     S.check(res, tokens, seed=2, fp8=True, e=12)
 
 
+def _quantize_one_pass(x):
+    """fp8.quantize as one pass over x, written out: |x|, block amax, scale, divide, cast."""
+    from tilecomm.moe import fp8
+    t, h = x.shape
+    xf = x.to(torch.float32).reshape(t, h // 128, 128)
+    amax = xf.abs().amax(dim=-1)
+    scales = torch.where(amax > 0, amax * fp8._INV_MAX, torch.ones((), dtype=torch.float32))
+    return (xf / scales.unsqueeze(-1)).to(fp8.DTYPE).reshape(t, h), scales
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fp8_quantize_in_passes_gives_the_one_pass_bytes(dtype):
+    from tilecomm.moe import fp8
+    h = 256
+    rows = fp8._CPU_CHUNK_BYTES // (4 * h)
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn((2 * rows + 3, h), generator=g) * 10.0 ** torch.randint(
+        -40, 30, (2 * rows + 3, h), generator=g)).to(dtype)   # three passes, the last short
+    x[1, :128] = 0.0                     # a zero block: scale 1
+    x[2, 128:] = -0.0
+    x[3, 7] = float("nan")
+    x[4, 9] = float("inf")
+    x[rows, 200] = -float("inf")         # first row of the second pass
+    x[rows + 1, :128] = torch.finfo(dtype).tiny / 4       # subnormals
+    keep = x.clone()
+    q, s = fp8.quantize(x)
+    assert torch.equal(x.view(torch.uint8), keep.view(torch.uint8))   # x is not touched
+    q1, s1 = _quantize_one_pass(x)
+    assert torch.equal(q.view(torch.uint8), q1.view(torch.uint8))
+    assert torch.equal(s.view(torch.int32), s1.view(torch.int32))
+
+
 def test_low_latency_with_headroom_and_repeated_calls():
     def run(comm):
         out = [S.roundtrip(comm, [3, 5], seed=s, layouts=("low_latency",), m=8)
