@@ -36,7 +36,7 @@ def _run(comm, ep, x, idx, w, dtype, fp8, mode, m):
             y[le] = S.expert_output(xs[le], torch.full((xs.shape[1],), le, device=xs.device),
                                     comm.rank)
         out = ep.combine(y, d)
-        return [d.count, d.slot, out]
+        return [d.count, d.src_rank, d.src_token, out]   # slots: -1 where unused, both engines
     y = S.normal_rows(d, comm.rank, dtype)
     out = ep.combine(y, d)
     got = [d.x, d.src_rank, d.src_token, d.topk_idx, d.topk_weights, d.tokens_per_expert, out]

@@ -117,6 +117,91 @@ def test_gradients_through_the_kernel_engine(kernel_group):
     S.check_grads(res, tokens, 4)
 
 
+def _low_latency_steps(comm):
+    """Decode steps on two layers of one shape: each layer's first low-latency call agrees
+    on M with the peers (one host exchange), every later call talks to the host not at all
+    (NOTE [low latency on the device]); the layers share the buffers."""
+    layers = [ExpertParallel(comm, num_experts=4, hidden=16, dtype=torch.float32)
+              for _ in range(2)]
+    exchanges = []
+    real = comm.exchange
+
+    def spy(values):
+        exchanges.append(list(values))
+        return real(values)
+
+    out, per_step = [], []
+    comm.exchange = spy
+    try:
+        for s in range(3):
+            for i, ep in enumerate(layers):
+                x, idx, w = S.inputs(comm.rank, [3, 2][comm.rank], h=16, e=4,
+                                     dtype=torch.float32, seed=10 + 2 * s + i)
+                out.append({"low_latency": S.low_latency_step(comm, ep, x, idx, w, 4, False,
+                                                              torch.float32)})
+                per_step.append(len(exchanges))
+    finally:
+        comm.exchange = real
+    return out, per_step
+
+
+def test_low_latency_on_the_device_talks_to_the_host_once_per_layer(kernel_group):
+    res = kernel_group(2).run(_low_latency_steps)
+    for r in range(2):
+        assert res[r][1] == [1, 2, 2, 2, 2, 2], res[r][1]     # exchanges after each call
+    for j in range(6):
+        S.check([res[0][0][j], res[1][0][j]], [3, 2], seed=10 + j, dtype=torch.float32, m=4,
+                e=4, h=16)
+
+
+def _ll_refusal(comm, what):
+    """Rank 1 makes a bad low-latency call; then both make a good one."""
+    ep = ExpertParallel(comm, num_experts=4, hidden=16, dtype=torch.float32)
+    x, idx, w = S.inputs(comm.rank, 3, h=16, k=2, e=4, dtype=torch.float32, seed=4)
+    got = None
+    try:
+        if comm.rank == 1 and what == "tokens":
+            ep.dispatch(torch.ones((5, 16)), idx.repeat(2, 1)[:5], w.repeat(2, 1)[:5],
+                        mode="low_latency", max_tokens_per_rank=4)
+        elif comm.rank == 1 and what == "range":
+            bad = idx.clone()
+            bad[1, 0] = 9
+            ep.dispatch(x, bad, w, mode="low_latency", max_tokens_per_rank=4)
+        elif comm.rank == 1 and what == "m":
+            ep.dispatch(x, idx, w, mode="low_latency", max_tokens_per_rank=5)
+        elif comm.rank == 1 and what == "k":
+            ep.dispatch(x, idx[:, :1].contiguous(), w[:, :1].contiguous(), mode="low_latency",
+                        max_tokens_per_rank=4)
+        elif what == "m-later":
+            S.low_latency_step(comm, ep, x, idx, w, 4, False, torch.float32)
+            ep.dispatch(x, idx, w, mode="low_latency",
+                        max_tokens_per_rank=5 if comm.rank == 1 else 4)
+        else:
+            ep.dispatch(x, idx, w, mode="low_latency", max_tokens_per_rank=4)
+    except Exception as e:              # noqa: BLE001 -- the test inspects it
+        got = (type(e).__name__, str(e))
+    ok = S.roundtrip(comm, [3, 3], seed=4, dtype=torch.float32, layouts=("low_latency",),
+                     m=4, e=4, h=16)
+    return got, ok
+
+
+@pytest.mark.parametrize("what,mine,peer", [
+    ("tokens", "more tokens than max_tokens_per_rank", "rank 1 rejected its call"),
+    ("range", "token 1", "rank 1 rejected its call"),
+    ("m", "max_tokens_per_rank (fixed by a layer's first low-latency call): rank 0: 4, rank 1: 5",
+     "rank 0: 4, rank 1: 5"),
+    ("m-later", "max_tokens_per_rank 4 (fixed by its first one), got 5",
+     "rank 1 rejected its call"),
+    ("k", "K (topk columns): rank 0: 2, rank 1: 1", "K (topk columns): rank 0: 2, rank 1: 1"),
+], ids=["tokens", "range", "m-first-call", "m-later", "k"])
+def test_low_latency_bad_call_raises_on_every_rank_and_the_layer_goes_on(kernel_group, what,
+                                                                         mine, peer):
+    res = kernel_group(2).run(_ll_refusal, what)
+    assert res[1][0] is not None and mine in res[1][0][1], res[1][0]
+    assert res[0][0] is not None and peer in res[0][0][1], res[0][0]
+    S.check([res[0][1], res[1][1]], [3, 3], seed=4, dtype=torch.float32, m=4, e=4, h=16)
+
+
 def _bad_call(comm, what):
     ep = ExpertParallel(comm, num_experts=4, hidden=8, dtype=torch.float32)
     x = torch.ones((3, 8))

@@ -49,6 +49,7 @@ PROBLEMS = {
     12: (ValueError, "max_tokens_per_rank must be a positive int"),
     13: (ValueError, "bad mode"),
     14: (ValueError, "gradients are not recorded in this mode"),
+    15: (ValueError, "max_tokens_per_rank differs from the layer's"),
 }
 
 

@@ -28,6 +28,7 @@ import torch
 from ..errors import CommMismatch
 from . import checks, fp8 as fp8mod, routing
 from .dispatched import Dispatched, Grouped, Layout, weighted_rows
+from .low_latency import capturing
 
 _IDS = itertools.count(1)
 
@@ -73,6 +74,8 @@ class ExpertParallel:
         self._calls = 0
         self._engines: dict[str, object] = {}
         self._ll: dict[tuple, list] = {}
+        #: M of this layer's low-latency calls on the device (fixed by its first one)
+        self._ll_m: int | None = None
 
     @property
     def experts_per_rank(self) -> int:
@@ -117,6 +120,12 @@ class ExpertParallel:
             isinstance(v, torch.Tensor) and v.requires_grad for v in (x, topk_weights))
         problem, token, detail = self._check_dispatch(x, topk_idx, topk_weights, mode,
                                                       max_tokens_per_rank, fp8, grad)
+        if (mode == "low_latency" and isinstance(x, torch.Tensor)
+                and x.device.type in ("cpu", "cuda")
+                and hasattr(self._engine(x.device), "ll_dispatch")):
+            # the engine does it on the device: no handshake, no count read by the host
+            return self._dispatch_ll_device(problem, detail, x, topk_idx, topk_weights,
+                                            max_tokens_per_rank, fp8)
         ok = problem == 0
         w = self.world
         t = x.shape[0] if ok else 0
@@ -159,6 +168,43 @@ class ExpertParallel:
                           tokens_per_expert=routing.tokens_per_expert(lidx, self.el),
                           layout=layout, scales=mv.scales)
 
+    def _dispatch_ll_device(self, problem, detail, x, topk_idx, topk_weights, m,
+                            fp8) -> Dispatched:
+        """Low-latency mode on an engine that does it on the device (the kernel engine; NOTE
+        [low latency on the device] in low_latency.py): no handshake per call. A bad
+        topk_idx or too many tokens raise here and void the call on every rank (the rank
+        takes part without rows); a bad type or shape raises here only, and the peers'
+        bounded waits time out naming this rank."""
+        eng = self._engine(x.device)
+        if not problem and self._ll_m is not None and m != self._ll_m:
+            problem, detail = 15, (f"this layer's low-latency calls have max_tokens_per_rank "
+                                   f"{self._ll_m} (fixed by its first one), got {m}")
+        if problem:
+            exc, text = checks.PROBLEMS[problem]
+            sound = (isinstance(topk_idx, torch.Tensor)
+                     and isinstance(topk_weights, torch.Tensor) and x.dim() == 2 and x.shape[1] == self.hidden and x.dtype == self.dtype
+                     and topk_idx.dim() == 2 and topk_idx.dtype == torch.int64
+                     and topk_idx.shape[1] >= 1 and topk_idx.device == x.device
+                     and topk_weights.dtype == torch.float32 and topk_weights.device == x.device
+                     and isinstance(m, int) and m > 0 and not (fp8 and self.hidden % 128))
+            if sound:       # take part with no rows: the peers' call fails too, at once
+                empty = x[:0]
+                k = topk_idx.shape[1]
+                eng.ll_dispatch(self, *(fp8mod.quantize(empty) if fp8 else (empty, None)),
+                                topk_idx[:0], torch.zeros((0, k), device=x.device), m,
+                                refuse=True)
+            raise exc(f"moe dispatch: {text}: {detail}")
+        xs, scales = fp8mod.quantize(x) if fp8 else (x.contiguous(), None)
+        out_x, out_s, src_rank, src_token, count, handle = eng.ll_dispatch(
+            self, xs, scales, topk_idx.contiguous(), topk_weights.contiguous(), m)
+        layout = Layout(rank=self.comm.rank, world=self.world, el=self.el, hidden=self.hidden,
+                        dtype=self.dtype, counts=None, tokens=None, send_tokens=None, call=-1,
+                        groups=self.groups, extra=dict(ep=self._id, low_latency=handle))
+        return Dispatched(x=out_x, src_rank=src_rank, src_token=src_token, topk_idx=None,
+                          topk_weights=None, tokens_per_expert=count, layout=layout,
+                          mode="low_latency", scales=out_s, count=count, slot=None,
+                          max_tokens_per_rank=m)
+
     def _check_dispatch(self, x, idx, wts, mode, m, fp8, grad) -> tuple[int, int, str]:
         """This rank's first problem: ``(id, token or -1, detail)`` (ids: checks.PROBLEMS)."""
         if mode not in ("normal", "low_latency"):
@@ -194,6 +240,8 @@ class ExpertParallel:
                 return 12, -1, f"got {m!r}"
             if x.shape[0] > m:
                 return 7, -1, f"{x.shape[0]} tokens, max_tokens_per_rank is {m}"
+        if mode == "low_latency" and capturing(x.device):
+            return 0, -1, ""    # reading idx would synchronize; the kernel skips bad entries
         bad = routing.check_topk(idx, self.num_experts)
         if bad is not None:
             return 6, bad[0], bad[1]
@@ -256,6 +304,8 @@ class ExpertParallel:
         Returns ``[T, H]`` in the layer's dtype: per token the float32 sum over the ranks it
         was sent to (:func:`routing.combine_groups` order), rounded once; 0 for a token that
         chose no expert."""
+        if isinstance(d, Dispatched) and d.layout.extra.get("low_latency") is not None:
+            return self._combine_ll_device(y, d)
         grouped = isinstance(d, Grouped)
         disp = d.dispatched if grouped else d
         problem, detail = self._check_combine(y, d, disp, grouped)
@@ -275,6 +325,22 @@ class ExpertParallel:
             return combine_recorded(self, mine, detail, rows, lay)
         device = y.device if isinstance(y, torch.Tensor) else torch.device("cpu")
         return self._combine(self.hidden, self.dtype, mine, detail, rows, lay, device)
+
+    def _combine_ll_device(self, y, d: Dispatched) -> torch.Tensor:
+        """combine of a device low-latency dispatch (checked here only: no handshake)."""
+        if d.layout.extra.get("ep") != self._id:
+            raise ValueError("moe combine: pass the Dispatched this layer's dispatch returned")
+        want = (self.el, d.x.shape[1], self.hidden)
+        if not isinstance(y, torch.Tensor) or tuple(y.shape) != want or \
+                y.dtype != self.dtype or y.device != d.x.device:
+            got = (f"{tuple(y.shape)} {y.dtype} on {y.device}" if isinstance(y, torch.Tensor)
+                   else type(y).__name__)
+            raise ValueError(f"moe combine: y is {got}, expected {want} {self.dtype} on "
+                             f"{d.x.device}")
+        if torch.is_grad_enabled() and y.requires_grad:
+            raise ValueError("moe combine: low-latency mode is for inference; combine under "
+                             "torch.no_grad()")
+        return self._engine(y.device).ll_combine(self, y, d.layout.extra["low_latency"])
 
     def _combine(self, h, dtype, mine, detail, rows, layout, device) -> torch.Tensor:
         """Move ``rows [layout.rows, h]`` back to their tokens: ``[T, h]`` ``dtype``."""

@@ -43,19 +43,16 @@ import weakref
 
 import torch
 
-from ..errors import CommError
+from ..errors import CommError, CommMismatch
 from ..settings import settings
 from . import checks
 from .cpu import Moved
+from .low_latency import (_ALIGN, DESC_WORDS, LowLatency, _up, capturing, ll_buffers,
+                          ll_positions)
 from .routing import dest_mask
 
 _STATE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_ALIGN = 256
 _WORDS = ((8, torch.int64), (4, torch.int32), (2, torch.int16), (1, torch.uint8))
-
-
-def _up(n: int, a: int = _ALIGN) -> int:
-    return -(-n // a) * a
 
 
 def _kernels(device: torch.device):
@@ -106,6 +103,8 @@ class _State:
         self.pads = {op: self.heap.signal_pad(self.programs * w) for op in checks.OPS}
         self.epochs = {op: 0 for op in checks.OPS}
         self._bufs = SymmetricBuffers(self.heap, _ALIGN)
+        #: low-latency buffers per shape (low_latency.ll_key) (NOTE [low latency on the device])
+        self.ll: dict = {}
 
     def next_epoch(self, op: str) -> int:
         self.epochs[op] += 1
@@ -206,6 +205,129 @@ class KernelEngine:
             torch.arange(w, dtype=torch.int64),
             torch.tensor([counts[s][me] for s in range(w)], dtype=torch.int64)).to(dev)
         return Moved(out_x, out_s, out_i, out_w, src_rank, src_tok, call, counts)
+
+    # ---- low-latency mode on the device (NOTE [low latency on the device]) ------------------
+    def ll_dispatch(self, ep, x, scales, idx, wts, m: int, refuse: bool = False):
+        """Device low-latency dispatch (NOTE [low latency on the device]): returns the
+        ``Dispatched`` fields ``(x, scales, src_rank, src_token, count, LowLatency)``.
+        ``refuse``: this rank rejected its arguments (``x`` etc. then have no rows): it still
+        runs the kernel, so the epochs stay in step, with count -1 for every expert."""
+        st, comm = self.st, self.comm
+        me, w, el, h = comm.rank, comm.world_size, ep.el, ep.hidden
+        dev = x.device
+        t, k = idx.shape
+        fp8 = scales is not None
+        nb = scales.shape[1] if fp8 else 0
+        bufs = ll_buffers(self, ep, m)
+        m = ep._ll_m
+        row_bytes = h * x.element_size()
+        wsize, word = _word(row_bytes)
+        rw = row_bytes // wsize
+        mw = bufs.meta_words
+        valid, e, pos, cnt = ll_positions(idx, ep.num_experts)
+        if refuse:
+            cnt = torch.full_like(cnt, -1)
+        # int32 meta words per token: the token index (int64), the fp8 scales, padding
+        cols = [torch.arange(t, dtype=torch.int64, device=dev).unsqueeze(1).view(torch.int32)]
+        if fp8:
+            cols.append(scales.contiguous().view(torch.int32))
+        cols.append(torch.zeros((t, mw - 2 - nb), dtype=torch.int32, device=dev))
+        meta = torch.cat(cols, dim=1) if t else torch.zeros((1, mw), dtype=torch.int32,
+                                                            device=dev)
+        flat_e = torch.where(valid, e, -1).reshape(-1) if t else \
+            torch.full((1,), -1, dtype=torch.int64, device=dev)
+        flat_pos = pos.reshape(-1) if t else torch.zeros(1, dtype=torch.int64, device=dev)
+        desc = torch.tensor([int(fp8), k], dtype=torch.int64, device=dev)
+        xw = _words(x, t, row_bytes, word)
+        half = bufs.calls["dispatch"] % 2
+        bufs.calls["dispatch"] += 1
+        rx, rmeta, rcnt = bufs.parts(half)
+        epoch = bufs.epochs["dispatch"]
+        epoch.add_(1)
+        aligned = int(row_bytes % 16 == 0 and _aligned(xw, meta, rx, rmeta))
+        heap = st.heap
+        st.k.moe_ll_dispatch_push[(st.programs, w)](
+            xw, meta, flat_e, flat_pos, cnt, desc, rx.view(word), rmeta.view(torch.int32),
+            rcnt.view(torch.int64), bufs.pads["dispatch"], epoch, heap.bases, me, heap.errors,
+            heap.timeout_ns, t * k, k, el, m, rw, mw, WORLD=w, BX=self._block(rw),
+            BM=self._block(mw, 64), ALIGNED=aligned)
+        words = rcnt.view(torch.int64)[:(el + DESC_WORDS) * w].view(el + DESC_WORDS, w)
+        n = words[:el]
+        if not capturing(dev):
+            heap.check(f"moe low-latency dispatch (call {bufs.calls['dispatch']})")
+            self._ll_agreed(words, el, refuse)
+        n = n.clamp(min=0)          # a refusing rank (seen only outside capture): no rows
+        out_x = rx.view(word)[:el * w * m * rw].view(x.dtype).view(el, w * m, h)
+        mv = rmeta.view(torch.int32)[:el * w * m * mw].view(el, w, m, mw)
+        ok = torch.arange(m, device=dev).view(1, 1, m) < n.unsqueeze(-1)
+        ranks = torch.arange(w, dtype=torch.int64, device=dev).view(1, w, 1).expand(el, w, m)
+        src_rank = torch.where(ok, ranks, -1).reshape(el, w * m)
+        tok = mv[..., 0:2].contiguous().view(torch.int64).squeeze(-1)
+        src_token = torch.where(ok, tok, -1).reshape(el, w * m)
+        out_s = mv[..., 2:2 + nb].contiguous().view(torch.float32).reshape(el, w * m, nb) \
+            if fp8 else None
+        dest = torch.div(e, el, rounding_mode="floor")
+        flat = torch.where(valid, e * m + pos, 0)
+        handle = LowLatency(bufs, m, k, t, valid, dest, flat, wts, n)
+        return out_x, out_s, src_rank, src_token, n.sum(1), handle
+
+    def _ll_agreed(self, words: torch.Tensor, el: int, refuse: bool) -> None:
+        """After a low-latency dispatch, outside capture: every source's call against this
+        rank's (``words [El + 2, W]``: counts, then each source's fp8 and K)."""
+        rows = words.tolist()
+        w = self.comm.world_size
+        refused = [s for s in range(w) if any(rows[le][s] < 0 for le in range(el))]
+        if refused and not refuse:
+            raise ValueError(f"moe low-latency dispatch: rank {refused[0]} rejected its call "
+                             f"(its error names the argument); the call is void on every rank")
+        for i, label in enumerate(("fp8", "K (topk columns)")):
+            vals = rows[el + i]
+            if len(set(vals)) > 1 and not refused:
+                raise CommMismatch(f"moe low-latency dispatch: ranks disagree on {label}: " +
+                                   ", ".join(f"rank {r}: {v}" for r, v in enumerate(vals)))
+
+    def ll_combine(self, ep, y: torch.Tensor, handle: LowLatency) -> torch.Tensor:
+        """Device low-latency combine: ``y [El, W*M, H]`` (unweighted, per slot) back to the
+        sources, then on the source per token ``round(sum over ranks in order of round(sum over
+        its k on that rank, in k order, of w * y)))`` in float32 (weighted_rows, then the rank-
+        order sum of normal mode: the same bits)."""
+        st, comm = self.st, self.comm
+        me, w, el, h = comm.rank, comm.world_size, ep.el, ep.hidden
+        m, k, bufs = handle.m, handle.k, handle.bufs
+        dev = y.device
+        row_bytes = h * ep.itemsize
+        wsize, word = _word(row_bytes)
+        rw = row_bytes // wsize
+        yw = y.contiguous().view(torch.uint8).reshape(el * w * m, row_bytes).view(word)
+        half = bufs.calls["combine"] % 2
+        bufs.calls["combine"] += 1
+        comb = bufs.comb[half * bufs.comb_half:(half + 1) * bufs.comb_half]
+        epoch = bufs.epochs["combine"]
+        epoch.add_(1)
+        aligned = int(row_bytes % 16 == 0 and _aligned(yw, comb))
+        heap = st.heap
+        st.k.moe_ll_combine_push[(st.programs, w)](
+            yw, handle.recv_cnt, comb.view(word), bufs.pads["combine"], epoch, heap.bases, me,
+            heap.errors, heap.timeout_ns, el, m, rw, WORLD=w, BLOCK=self._block(rw * 4),
+            ALIGNED=aligned)
+        if not capturing(dev):
+            heap.check(f"moe low-latency combine (call {bufs.calls['combine']})")
+        t = handle.tokens
+        if t == 0:
+            return torch.empty((0, h), dtype=ep.dtype, device=dev)
+        rows = comb.view(word)[:w * el * m * rw].view(ep.dtype).view(w * el * m, h)
+        pairs = rows[handle.flat.reshape(-1)].view(t, k, h).to(torch.float32)
+        prod = pairs * handle.weights.to(torch.float32).unsqueeze(-1)
+        out = torch.zeros((t, h), dtype=torch.float32, device=dev)
+        zero = torch.zeros((), dtype=torch.float32, device=dev)
+        for r in range(w):               # one host: combine_groups is rank order
+            acc = torch.zeros((t, h), dtype=torch.float32, device=dev)
+            on = handle.valid & (handle.dest == r)
+            for j in range(k):           # adding +0 where a pair is absent: acc is never -0
+                acc = acc + torch.where(on[:, j:j + 1], prod[:, j], zero)
+            part = acc.to(ep.dtype).to(torch.float32)
+            out = out + torch.where(on.any(1, keepdim=True), part, zero)
+        return out.to(ep.dtype)
 
     def _block(self, words: int, cap: int | None = None) -> int:
         """Words per block of a row copy: the row's next power of two, at most the GPU block

@@ -142,6 +142,94 @@ def moe_combine_sum(recv, pos, out, tokens, hidden, WORLD: tl.constexpr, BT: tl.
              acc.to(out.dtype.element_ty), mask=rm[:, None] & cm[None, :])
 
 
+# ---- low-latency mode (no host round trip per call) -----------------------------------------
+# Fixed buffers per (M, K, fp8), agreed once; a per-call epoch the host bumps *on the device*
+# (``epoch.add_(1)`` before the launch, read by the kernel), so a captured CUDA graph replays
+# with fresh epochs. Receive layouts, on every rank:
+#   recv_x    [El, W, M, row_words]   source s's rows for local expert le at [le, s, 0:n]
+#   recv_meta [El, W, M, meta_words]  int32 words per slot: token index (int64), fp8 scales
+#   recv_cnt  [El + 2, W] int64       n, then the source's (fp8, K), written before its signal
+#   comb      [E, M, row_words]       (combine, on the source) expert e's output of the
+#                                     token at position p of (this rank -> e) at [e, p]
+
+SITE_LL_DISPATCH = tl.constexpr(3)
+SITE_LL_COMBINE = tl.constexpr(4)
+
+
+@triton.jit(do_not_specialize=_INTS + ("pairs", "el", "m"))
+def moe_ll_dispatch_push(x, meta, idx, pos, cnt, desc, recv_x, recv_meta, recv_cnt, pad,
+                         epoch_ptr,
+                         bases, rank, err, timeout_ns, pairs, topk, el, m, row_words,
+                         meta_words, WORLD: tl.constexpr, BX: tl.constexpr, BM: tl.constexpr,
+                         ALIGNED: tl.constexpr):
+    """Grid ``(P, W)``; program ``(pid, j)`` serves ``dst = rank + j``: for the (token, k)
+    pairs ``pid, pid + P, ...`` of ``idx [T*K]`` (int64 experts, -1 or out of range: none)
+    whose expert lives on ``dst``, the token's x row and meta row go to dst's slot
+    ``[le, rank, pos]`` (``pos [T*K]``: the pair's position among this rank's tokens for that
+    expert, computed on the device); program 0 writes ``cnt [E]`` (this rank's tokens per
+    expert) for dst's experts and ``desc [2]`` (this call's fp8, K) into dst's
+    ``recv_cnt[:, rank]``. Then signal dst and wait for
+    ``src = rank - j`` (bounded), as the normal-mode kernels do."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    j = tl.program_id(1)
+    dst = (rank + j) % WORLD
+    src = (rank + WORLD - j) % WORLD
+    epoch = tl.load(epoch_ptr)
+    rw = _row_stride(row_words, 128 // x.dtype.element_ty.primitive_bitwidth, ALIGNED)
+    mw = tl.multiple_of(tl.cast(meta_words, tl.int64), 4)
+    m64 = tl.cast(m, tl.int64)
+    rx = lang.peer_ptr(recv_x, dst, bases, rank)
+    rm = lang.peer_ptr(recv_meta, dst, bases, rank)
+    lo = tl.cast(dst, tl.int64) * el
+    for i in range(pid, pairs, nprog):
+        e = tl.load(idx + i)
+        p = tl.load(pos + i)
+        if (e >= lo) & (e < lo + el) & (p < m64):      # never outside the slots
+            t = i // topk
+            row = ((e - lo) * WORLD + rank) * m64 + p
+            copy_blocks(rx + row * rw, x + t * rw, rw, 0, BX, BX)
+            copy_blocks(rm + row * mw, meta + t * mw, mw, 0, BM, BM)
+    if pid == 0:
+        rc = lang.peer_ptr(recv_cnt, dst, bases, rank)
+        for le in range(0, el):
+            tl.store(rc + le * WORLD + rank, tl.load(cnt + lo + le))
+        for i in range(0, 2):
+            tl.store(rc + (el + i) * WORLD + rank, tl.load(desc + i))
+    if j != 0:
+        lang.signal_set(pad, pid * WORLD + rank, epoch, dst, bases, rank)
+        lang.wait_ge(pad, pid * WORLD + src, epoch, src, err, rank, timeout_ns,
+                     SITE_LL_DISPATCH)
+
+
+@triton.jit(do_not_specialize=_INTS + ("el", "m"))
+def moe_ll_combine_push(y, recv_cnt, comb, pad, epoch_ptr, bases, rank, err, timeout_ns, el,
+                        m, row_words, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                        ALIGNED: tl.constexpr):
+    """Grid ``(P, W)``; program ``(pid, j)`` returns to ``dst = rank + j`` the outputs of the
+    rows dst sent: for each local expert ``le``, the ``n = recv_cnt[le, dst]`` rows
+    ``y[le, dst, 0:n]`` (``y [El, W, M, row_words]``) go to dst's ``comb[rank*El + le, 0:n]``
+    (blocks ``pid, pid + P, ...`` of each); then signal and wait as above."""
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    j = tl.program_id(1)
+    dst = (rank + j) % WORLD
+    src = (rank + WORLD - j) % WORLD
+    epoch = tl.load(epoch_ptr)
+    rw = _row_stride(row_words, 128 // y.dtype.element_ty.primitive_bitwidth, ALIGNED)
+    m64 = tl.cast(m, tl.int64)
+    d = lang.peer_ptr(comb, dst, bases, rank)
+    for le in range(0, el):
+        n = tl.load(recv_cnt + le * WORLD + dst)
+        first = (tl.cast(rank, tl.int64) * el + le) * m64
+        copy_blocks64(d + first * rw, y + ((le * WORLD + dst) * m64) * rw, n * rw, pid, nprog,
+                      BLOCK)
+    if j != 0:
+        lang.signal_set(pad, pid * WORLD + rank, epoch, dst, bases, rank)
+        lang.wait_ge(pad, pid * WORLD + src, epoch, src, err, rank, timeout_ns,
+                     SITE_LL_COMBINE)
+
+
 #: programs per destination and block sizes on a GPU (not tuned: nothing has run on a GPU);
 #: the interpreter uses one program per destination (its programs run one after another)
 GPU_PROGRAMS = 8
