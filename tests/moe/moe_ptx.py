@@ -62,7 +62,8 @@ def report(k):
 res = {}
 entries = {(e[0].__name__, e[2].get("ALIGNED", 1), e[1].get("x", e[1].get("y",
            e[1].get("recv")))): e for e in moe.COMPILE}
-for key, name in (("dispatch", "moe_dispatch_push"), ("combine", "moe_combine_push")):
+for key, name in (("dispatch", "moe_dispatch_push"), ("combine", "moe_combine_push"),
+                  ("ll_dispatch", "moe_ll_dispatch_push"), ("ll_combine", "moe_ll_combine_push")):
     kernel, sig, consts = entries[(name, 1, "*i64")]
     res[key] = report(compile_aligned(kernel, sig, consts))
 kernel, sig, consts = entries[("moe_combine_sum", 1, "*bf16")]

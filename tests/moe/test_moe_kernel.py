@@ -244,7 +244,7 @@ def test_kernels_compile_for_sm90_with_release_acquire_and_vector_copies():
         pytest.skip(r.stderr.strip())
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     res = json.loads([x for x in r.stdout.splitlines() if x.startswith("RESULT ")][-1][7:])
-    for name in ("dispatch", "combine"):
+    for name in ("dispatch", "combine", "ll_dispatch", "ll_combine"):
         k = res[name]
         assert k["ordering"] == [], k     # the release after bar.sync, bar.sync after acquire
         assert k["release_sys"] >= 1, k   # signal_set: atom.release.sys
@@ -292,3 +292,35 @@ def test_a_peer_that_never_pushes_is_a_bounded_commtimeout_naming_it():
     msgs = tilecomm.launch(_silent_peer, 2, timeout=60)
     assert msgs[1] is None                                 # the mute rank waits on nobody
     assert msgs[0] and "moe dispatch (epoch 1)" in msgs[0] and "for rank 1" in msgs[0], msgs
+
+
+def _silent_peer_low_latency(comm):
+    """Low-latency mode: after a good call, rank 1's next dispatch kernel launches nothing;
+    rank 0's bounded device wait gives up naming the call and the peer."""
+    from tilecomm import CommTimeout
+    os.environ["TRITON_INTERPRET"] = "1"
+    comm.use_cpu_kernels("triton")
+    ep = ExpertParallel(comm, num_experts=4, hidden=16, dtype=torch.float32)
+    x, idx, w = S.inputs(comm.rank, 3, h=16, k=2, e=4, dtype=torch.float32, drop=0.0)
+    S.low_latency_step(comm, ep, x, idx, w, 4, False, torch.float32)
+    eng = ep._engine(x.device)
+    eng.st.heap.timeout = 1.0
+    if comm.rank == 1:
+        class _Mute:
+            def __getitem__(self, grid):
+                return lambda *a, **kw: None
+        real = eng.st.k
+        eng.st.k = type("K", (), {"moe_ll_dispatch_push": _Mute(),
+                                  "BLOCK_GPU": real.BLOCK_GPU})()
+    try:
+        ep.dispatch(x, idx, w, mode="low_latency", max_tokens_per_rank=4)
+    except CommTimeout as e:
+        return str(e)
+    return None
+
+
+def test_a_silent_peer_in_low_latency_mode_is_a_bounded_commtimeout_naming_it():
+    msgs = tilecomm.launch(_silent_peer_low_latency, 2, timeout=60)
+    assert msgs[1] is None
+    assert msgs[0] and "moe low-latency dispatch (call 2)" in msgs[0] and "for rank 1" in \
+        msgs[0], msgs

@@ -255,6 +255,19 @@ def _compile_entries():
                          "bases": "*i64", "rank": "i32", "err": "*i64", "timeout_ns": "i64",
                          "epoch": "i64", "row_words": "i32"},
                         {"WORLD": 8, "BLOCK": BLOCK_GPU, "ALIGNED": aligned}))
+        out.append((moe_ll_dispatch_push,
+                    {"x": f"*{word}", "meta": "*i32", "idx": "*i64", "pos": "*i64",
+                     "cnt": "*i64", "desc": "*i64", "recv_x": f"*{word}", "recv_meta": "*i32",
+                     "recv_cnt": "*i64", "pad": "*i64", "epoch_ptr": "*i64", "bases": "*i64",
+                     "rank": "i32", "err": "*i64", "timeout_ns": "i64", "pairs": "i32",
+                     "topk": "i32", "el": "i32", "m": "i32", "row_words": "i32",
+                     "meta_words": "i32"},
+                    {"WORLD": 8, "BX": BLOCK_GPU, "BM": 64, "ALIGNED": 1}))
+        out.append((moe_ll_combine_push,
+                    {"y": f"*{word}", "recv_cnt": "*i64", "comb": f"*{word}", "pad": "*i64",
+                     "epoch_ptr": "*i64", "bases": "*i64", "rank": "i32", "err": "*i64",
+                     "timeout_ns": "i64", "el": "i32", "m": "i32", "row_words": "i32"},
+                    {"WORLD": 8, "BLOCK": BLOCK_GPU, "ALIGNED": 1}))
     bt, bh = SUM_BLOCKS_GPU
     for dt in ("bf16", "fp16", "fp32"):
         out.append((moe_combine_sum, {"recv": f"*{dt}", "pos": "*i32", "out": f"*{dt}",
