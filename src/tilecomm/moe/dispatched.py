@@ -70,7 +70,10 @@ class Dispatched:
     valid rows per expert, ``src_rank``/``src_token [El, W*M]`` (-1 in unused slots), ``scales
     [El, W*M, H/128]`` under fp8; ``topk_idx``/``topk_weights`` are the per-row ones, as in
     normal mode, and ``slot [R, K]`` says where (flat index into ``El * W*M``) row r's k-th
-    entry sits (-1: not this rank's expert).
+    entry sits (-1: not this rank's expert). On the kernel engine (no host round trip: NOTE
+    [low latency on the device]) ``topk_idx``, ``topk_weights`` and ``slot`` are None (their
+    number of rows is data) and ``x``/``scales`` are views of the receive buffer, valid until
+    this rank's next low-latency dispatch.
     """
     x: torch.Tensor
     src_rank: torch.Tensor

@@ -182,7 +182,8 @@ class ExpertParallel:
         if problem:
             exc, text = checks.PROBLEMS[problem]
             sound = (isinstance(topk_idx, torch.Tensor)
-                     and isinstance(topk_weights, torch.Tensor) and x.dim() == 2 and x.shape[1] == self.hidden and x.dtype == self.dtype
+                     and isinstance(topk_weights, torch.Tensor) and x.dim() == 2
+                     and x.shape[1] == self.hidden and x.dtype == self.dtype
                      and topk_idx.dim() == 2 and topk_idx.dtype == torch.int64
                      and topk_idx.shape[1] >= 1 and topk_idx.device == x.device
                      and topk_weights.dtype == torch.float32 and topk_weights.device == x.device

@@ -103,7 +103,7 @@ class _State:
         self.pads = {op: self.heap.signal_pad(self.programs * w) for op in checks.OPS}
         self.epochs = {op: 0 for op in checks.OPS}
         self._bufs = SymmetricBuffers(self.heap, _ALIGN)
-        #: low-latency buffers per shape (low_latency.ll_key) (NOTE [low latency on the device])
+        #: low-latency buffers per (M, E, H, dtype size) (NOTE [low latency on the device])
         self.ll: dict = {}
 
     def next_epoch(self, op: str) -> int:
@@ -237,7 +237,9 @@ class KernelEngine:
         flat_e = torch.where(valid, e, -1).reshape(-1) if t else \
             torch.full((1,), -1, dtype=torch.int64, device=dev)
         flat_pos = pos.reshape(-1) if t else torch.zeros(1, dtype=torch.int64, device=dev)
-        desc = torch.tensor([int(fp8), k], dtype=torch.int64, device=dev)
+        desc = torch.empty(2, dtype=torch.int64, device=dev)    # fills: capturable, unlike
+        desc[0].fill_(int(fp8))                                   # a copy from the host
+        desc[1].fill_(k)
         xw = _words(x, t, row_bytes, word)
         half = bufs.calls["dispatch"] % 2
         bufs.calls["dispatch"] += 1

@@ -40,8 +40,8 @@ from ...errors import CommError, CommMismatch, CommTimeout
 from ...heap.base import SegmentLayout
 from ...types import OP_BY_ID, OP_ID
 from ..base import CollectiveCall, check_split_sizes
-from .channel import (ACT_COLLECTIVE, ACT_IDLE, COLL_IDS, COLL_NAMES, D_ALGO, D_COLL, D_COUNT, D_DTYPE, D_EXTRA, D_MSGLEN,
-                      D_OP, D_PIECE, D_PLACE, D_ROOT, D_ADDR, D_SEQ, ERROR_ID, NUM_PLACES, Channel,
+from .channel import (ACT_COLLECTIVE, ACT_IDLE, COLL_IDS, COLL_NAMES, D_ALGO, D_COLL, D_COUNT,
+                      D_DTYPE, D_EXTRA, D_MSGLEN, D_OP, D_PIECE, D_PLACE, D_ROOT, D_ADDR, D_SEQ, ERROR_ID, NUM_PLACES, Channel,
                       algo_id)
 from . import native as native_runner
 from .cma import SINGLE_COPY_YES
@@ -87,7 +87,8 @@ def _bounded_put(cache: dict, key, value) -> None:
     cache[key] = value
 
 
-_ACT_KIND, _ACT_PEER, _ACT_NUM = SegmentLayout.ACT_KIND, SegmentLayout.ACT_PEER, SegmentLayout.ACT_NUM
+_ACT_KIND, _ACT_PEER, _ACT_NUM = (SegmentLayout.ACT_KIND, SegmentLayout.ACT_PEER,
+                                  SegmentLayout.ACT_NUM)
 
 
 class Executor:
