@@ -33,6 +33,9 @@ counts (the same on every rank) and happens after a heap barrier (no peer still 
 writes the old buffer). Signals: one pad per operation, slot ``pid * W + p`` set to the
 epoch by rank ``p`` only; epochs only grow, so pads are never reset.
 
+Low-latency mode takes no host round trip after a layer's first call: ``ll_dispatch`` /
+``ll_combine`` and NOTE [low latency on the device] in :mod:`.low_latency`.
+
 Limits: one host (the heap maps the peers' memory); the combine sums in rank order (the one
 host order of :func:`routing.combine_groups`).
 """

@@ -1,4 +1,5 @@
-"""Triton kernels of MoE dispatch/combine (:mod:`tilecomm.moe.kernel`, normal mode).
+"""Triton kernels of MoE dispatch/combine (:mod:`tilecomm.moe.kernel`; normal mode here, the
+low-latency kernels ``moe_ll_*`` below).
 
 Written on the device API (:mod:`tilecomm.device.lang`); importing this module imports triton.
 The host (``tilecomm.moe.kernel.KernelEngine``) runs the handshake first, so every rank knows
@@ -156,26 +157,29 @@ SITE_LL_DISPATCH = tl.constexpr(3)
 SITE_LL_COMBINE = tl.constexpr(4)
 
 
+@triton.jit
+def _ll_peers(epoch_ptr, rank, WORLD: tl.constexpr):
+    """Program ``(pid, j)`` of a low-latency kernel: ``(pid, P, j, dst, src, epoch)``, its
+    peers as in :func:`_peers_and_plan` and this call's epoch, read from the device."""
+    j = tl.program_id(1)
+    return (tl.program_id(0), tl.num_programs(0), j, (rank + j) % WORLD,
+            (rank + WORLD - j) % WORLD, tl.load(epoch_ptr))
+
+
 @triton.jit(do_not_specialize=_INTS + ("pairs", "el", "m"))
 def moe_ll_dispatch_push(x, meta, idx, pos, cnt, desc, recv_x, recv_meta, recv_cnt, pad,
-                         epoch_ptr,
-                         bases, rank, err, timeout_ns, pairs, topk, el, m, row_words,
-                         meta_words, WORLD: tl.constexpr, BX: tl.constexpr, BM: tl.constexpr,
-                         ALIGNED: tl.constexpr):
+                         epoch_ptr, bases, rank, err, timeout_ns, pairs, topk, el, m,
+                         row_words, meta_words, WORLD: tl.constexpr, BX: tl.constexpr,
+                         BM: tl.constexpr, ALIGNED: tl.constexpr):
     """Grid ``(P, W)``; program ``(pid, j)`` serves ``dst = rank + j``: for the (token, k)
     pairs ``pid, pid + P, ...`` of ``idx [T*K]`` (int64 experts, -1 or out of range: none)
     whose expert lives on ``dst``, the token's x row and meta row go to dst's slot
     ``[le, rank, pos]`` (``pos [T*K]``: the pair's position among this rank's tokens for that
     expert, computed on the device); program 0 writes ``cnt [E]`` (this rank's tokens per
     expert) for dst's experts and ``desc [2]`` (this call's fp8, K) into dst's
-    ``recv_cnt[:, rank]``. Then signal dst and wait for
-    ``src = rank - j`` (bounded), as the normal-mode kernels do."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    j = tl.program_id(1)
-    dst = (rank + j) % WORLD
-    src = (rank + WORLD - j) % WORLD
-    epoch = tl.load(epoch_ptr)
+    ``recv_cnt[:, rank]``. Then signal dst and wait for ``src = rank - j`` (bounded), as the
+    normal-mode kernels do."""
+    pid, nprog, j, dst, src, epoch = _ll_peers(epoch_ptr, rank, WORLD)
     rw = _row_stride(row_words, 128 // x.dtype.element_ty.primitive_bitwidth, ALIGNED)
     mw = tl.multiple_of(tl.cast(meta_words, tl.int64), 4)
     m64 = tl.cast(m, tl.int64)
@@ -196,9 +200,7 @@ def moe_ll_dispatch_push(x, meta, idx, pos, cnt, desc, recv_x, recv_meta, recv_c
             tl.store(rc + le * WORLD + rank, tl.load(cnt + lo + le))
         for i in range(0, 2):
             tl.store(rc + (el + i) * WORLD + rank, tl.load(desc + i))
-    if j != 0:
-        lang.signal_set(pad, pid * WORLD + rank, epoch, dst, bases, rank)
-        lang.wait_ge(pad, pid * WORLD + src, epoch, src, err, rank, timeout_ns,
+    _signal_and_wait(pad, pid, j, dst, src, epoch, bases, rank, err, timeout_ns, WORLD,
                      SITE_LL_DISPATCH)
 
 
@@ -210,12 +212,7 @@ def moe_ll_combine_push(y, recv_cnt, comb, pad, epoch_ptr, bases, rank, err, tim
     rows dst sent: for each local expert ``le``, the ``n = recv_cnt[le, dst]`` rows
     ``y[le, dst, 0:n]`` (``y [El, W, M, row_words]``) go to dst's ``comb[rank*El + le, 0:n]``
     (blocks ``pid, pid + P, ...`` of each); then signal and wait as above."""
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    j = tl.program_id(1)
-    dst = (rank + j) % WORLD
-    src = (rank + WORLD - j) % WORLD
-    epoch = tl.load(epoch_ptr)
+    pid, nprog, j, dst, src, epoch = _ll_peers(epoch_ptr, rank, WORLD)
     rw = _row_stride(row_words, 128 // y.dtype.element_ty.primitive_bitwidth, ALIGNED)
     m64 = tl.cast(m, tl.int64)
     d = lang.peer_ptr(comb, dst, bases, rank)
@@ -224,9 +221,7 @@ def moe_ll_combine_push(y, recv_cnt, comb, pad, epoch_ptr, bases, rank, err, tim
         first = (tl.cast(rank, tl.int64) * el + le) * m64
         copy_blocks64(d + first * rw, y + ((le * WORLD + dst) * m64) * rw, n * rw, pid, nprog,
                       BLOCK)
-    if j != 0:
-        lang.signal_set(pad, pid * WORLD + rank, epoch, dst, bases, rank)
-        lang.wait_ge(pad, pid * WORLD + src, epoch, src, err, rank, timeout_ns,
+    _signal_and_wait(pad, pid, j, dst, src, epoch, bases, rank, err, timeout_ns, WORLD,
                      SITE_LL_COMBINE)
 
 
