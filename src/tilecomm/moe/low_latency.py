@@ -48,6 +48,8 @@ class LowLatency:
 
 #: words per source after the counts in ``recv_cnt``: the source's (fp8, K) for this call
 DESC_WORDS = 2
+#: first value of the exchange that fixes a layer's M ("LLM" in ASCII)
+_AGREE_TAG = 0x4C4C4D
 
 
 class _LowLatencyBuffers:
@@ -97,9 +99,13 @@ def ll_buffers(engine, ep, m: int) -> _LowLatencyBuffers:
     followed by its combine). Later calls find them without any host exchange."""
     st, comm = engine.st, engine.comm
     if ep._ll_m is None:
-        mine = [m, ep.num_experts, ep.hidden, ep.itemsize]
-        descs = comm.exchange(mine)
-        vals = [d[0] for d in descs]
+        # a length and tag of its own: paired with another layer call's exchange (a rank
+        # that made a different call) it is a mismatch, not a misread
+        descs = comm.exchange([_AGREE_TAG, m, ep.num_experts, ep.hidden, ep.itemsize])
+        if any(d[0] != _AGREE_TAG for d in descs):
+            raise CommMismatch("moe low-latency dispatch: ranks made different calls (a "
+                               "layer's first low-latency dispatch on some, not on others)")
+        vals = [d[1] for d in descs]
         if len(set(vals)) > 1:
             raise CommMismatch("moe low-latency dispatch: ranks disagree on "
                                "max_tokens_per_rank (fixed by a layer's first low-latency "
