@@ -40,6 +40,11 @@ ERROR_ID = 99
 
 #: SegmentLayout.ACT_KIND values
 ACT_IDLE, ACT_COLLECTIVE, ACT_SEND, ACT_RECV = range(4)
+# the activity slots as module constants: begin/end run on every collective, where a class
+# attribute lookup per slot shows (docs/benchmarks.md, "The per-call path")
+_ACT_KIND, _ACT_PEER, _ACT_NUM = (SegmentLayout.ACT_KIND, SegmentLayout.ACT_PEER,
+                                  SegmentLayout.ACT_NUM)
+_get_ident = threading.get_ident
 
 
 
@@ -87,18 +92,18 @@ class Channel:
     def begin(self, kind: int, peer: int, num: int) -> bool:
         """Publish what this rank is doing (see SegmentLayout.ACT_KIND); False (nothing
         published) on a thread other than the channel's."""
-        if threading.get_ident() != self.owner:
+        if _get_ident() != self.owner:
             return False
         me = self.me
-        me[SegmentLayout.ACT_PEER] = peer
-        me[SegmentLayout.ACT_NUM] = num
-        me[SegmentLayout.ACT_KIND] = kind
+        me[_ACT_PEER] = peer
+        me[_ACT_NUM] = num
+        me[_ACT_KIND] = kind
         if kind == ACT_COLLECTIVE:
             self.next_seq = num + 1
         return True
 
     def end(self) -> None:
-        self.me[SegmentLayout.ACT_KIND] = ACT_IDLE
+        self.me[_ACT_KIND] = ACT_IDLE
 
     def activity(self, rank: int) -> tuple[int, int, int]:
         s = self.slots[rank]

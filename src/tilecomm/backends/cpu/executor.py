@@ -30,7 +30,6 @@ import re
 import zlib
 import time
 from contextlib import contextmanager
-from threading import get_ident
 
 import numpy as np
 
@@ -40,9 +39,9 @@ from ...errors import CommError, CommMismatch, CommTimeout
 from ...heap.base import SegmentLayout
 from ...types import OP_BY_ID, OP_ID
 from ..base import CollectiveCall, check_split_sizes
-from .channel import (ACT_COLLECTIVE, ACT_IDLE, COLL_IDS, COLL_NAMES, D_ALGO, D_COLL, D_COUNT,
-                      D_DTYPE, D_EXTRA, D_MSGLEN, D_OP, D_PIECE, D_PLACE, D_ROOT, D_ADDR, D_SEQ, ERROR_ID, NUM_PLACES, Channel,
-                      algo_id)
+from .channel import (ACT_COLLECTIVE, COLL_IDS, COLL_NAMES, D_ALGO, D_COLL, D_COUNT, D_DTYPE,
+                      D_EXTRA, D_MSGLEN, D_OP, D_PIECE, D_PLACE, D_ROOT, D_ADDR, D_SEQ, ERROR_ID,
+                      NUM_PLACES, Channel, algo_id)
 from . import native as native_runner
 from .cma import SINGLE_COPY_YES
 from .native import (RUN_ABORTED, RUN_DONE, RUN_MISMATCH, RUN_PLACES, RUN_READ_ERROR, RUN_WAIT,
@@ -87,10 +86,6 @@ def _bounded_put(cache: dict, key, value) -> None:
     cache[key] = value
 
 
-_ACT_KIND, _ACT_PEER, _ACT_NUM = (SegmentLayout.ACT_KIND, SegmentLayout.ACT_PEER,
-                                  SegmentLayout.ACT_NUM)
-
-
 class Executor:
     """Executes collective schedules for one rank of a shared-memory communicator."""
 
@@ -122,9 +117,9 @@ class Executor:
 
     # ---- entry points ---------------------------------------------------------------------
     def run(self, call: CollectiveCall) -> None:
-        # _guard and Channel.begin/end written out: this is every collective's path, and at 8
-        # bytes the native runner's own work is about 0.3 us while each Python frame or numpy
-        # item access around it costs 30-80 ns (docs/benchmarks.md, "The per-call path")
+        # _guard written out: this is every collective's path, and at 8 bytes the native
+        # runner's own work is about 0.3 us while each Python frame around it costs 30-80 ns
+        # (docs/benchmarks.md, "The per-call path")
         ch = self.ch
         if ch.broken:
             self._check_usable()
@@ -138,13 +133,7 @@ class Executor:
             per = call.info.get("native")
             if per is not None:
                 ready = per[seq & 1]
-        me = ch.me
-        published = ch.owner == get_ident()     # NOTE [activity] in channel.py
-        if published:
-            me[_ACT_PEER] = COLL_IDS.get(name, 0)
-            me[_ACT_NUM] = seq
-            me[_ACT_KIND] = ACT_COLLECTIVE
-            ch.next_seq = seq + 1
+        published = ch.begin(ACT_COLLECTIVE, COLL_IDS.get(name, 0), seq)
         try:
             if ready is None:
                 self._run(call, seq)
@@ -164,7 +153,7 @@ class Executor:
             raise
         finally:
             if published and not ch.broken:   # a broken one shows where it stopped
-                me[_ACT_KIND] = ACT_IDLE
+                ch.end()
 
     def _failed(self, name: str, seq: int, e: BaseException) -> None:
         """A timeout or an interruption leaves the ranks out of step, so the communicator is
