@@ -324,3 +324,26 @@ def test_a_silent_peer_in_low_latency_mode_is_a_bounded_commtimeout_naming_it():
     assert msgs[1] is None
     assert msgs[0] and "moe low-latency dispatch (call 2)" in msgs[0] and "for rank 1" in \
         msgs[0], msgs
+
+
+def _ll_bad_y(comm):
+    """Every rank hands the device low-latency combine a bad y (shape, then dtype): the same
+    checks and messages as normal mode, raised before any kernel; then the right y works."""
+    ep = ExpertParallel(comm, num_experts=4, hidden=16, dtype=torch.float32)
+    x, idx, w = S.inputs(comm.rank, 3, h=16, k=2, e=4, dtype=torch.float32, seed=5)
+    d = ep.dispatch(x, idx, w, mode="low_latency", max_tokens_per_rank=4)
+    got = []
+    for y in (d.x[:, :3], d.x.to(torch.float64)):
+        try:
+            ep.combine(y, d)
+        except (TypeError, ValueError) as e:
+            got.append((type(e).__name__, str(e)))
+    out = ep.combine(d.x, d)
+    return got, out.shape
+
+
+def test_low_latency_combine_checks_y_as_normal_mode(kernel_group):
+    for got, shape in kernel_group(2).run(_ll_bad_y):
+        assert [g[0] for g in got] == ["ValueError", "TypeError"], got
+        assert "y has the wrong shape" in got[0][1] and "y has the wrong dtype" in got[1][1]
+        assert tuple(shape) == (3, 16)

@@ -181,13 +181,10 @@ class ExpertParallel:
                                    f"{self._ll_m} (fixed by its first one), got {m}")
         if problem:
             exc, text = checks.PROBLEMS[problem]
-            sound = (isinstance(topk_idx, torch.Tensor)
-                     and isinstance(topk_weights, torch.Tensor) and x.dim() == 2
-                     and x.shape[1] == self.hidden and x.dtype == self.dtype
-                     and topk_idx.dim() == 2 and topk_idx.dtype == torch.int64
-                     and topk_idx.shape[1] >= 1 and topk_idx.device == x.device
-                     and topk_weights.dtype == torch.float32 and topk_weights.device == x.device
-                     and isinstance(m, int) and m > 0 and not (fp8 and self.hidden % 128))
+            # _check_dispatch tests types and shapes before token counts and topk contents
+            # (6, 7; 15 only once it found nothing), and gradients (14) before all of them
+            sound = problem in (6, 7, 15) or (problem == 14 and self._check_dispatch(
+                x, topk_idx, topk_weights, "low_latency", m, fp8, False)[0] in (0, 6, 7))
             if sound:       # take part with no rows: the peers' call fails too, at once
                 empty = x[:0]
                 k = topk_idx.shape[1]
@@ -329,15 +326,10 @@ class ExpertParallel:
 
     def _combine_ll_device(self, y, d: Dispatched) -> torch.Tensor:
         """combine of a device low-latency dispatch (checked here only: no handshake)."""
-        if d.layout.extra.get("ep") != self._id:
-            raise ValueError("moe combine: pass the Dispatched this layer's dispatch returned")
-        want = (self.el, d.x.shape[1], self.hidden)
-        if not isinstance(y, torch.Tensor) or tuple(y.shape) != want or \
-                y.dtype != self.dtype or y.device != d.x.device:
-            got = (f"{tuple(y.shape)} {y.dtype} on {y.device}" if isinstance(y, torch.Tensor)
-                   else type(y).__name__)
-            raise ValueError(f"moe combine: y is {got}, expected {want} {self.dtype} on "
-                             f"{d.x.device}")
+        problem, detail = self._check_combine(y, d, d, False)
+        if problem:
+            exc, text = checks.PROBLEMS[problem]
+            raise exc(f"moe combine: {text}: {detail}")
         if torch.is_grad_enabled() and y.requires_grad:
             raise ValueError("moe combine: low-latency mode is for inference; combine under "
                              "torch.no_grad()")
