@@ -323,15 +323,20 @@ class KernelEngine:
         rows = comb.view(word)[:w * el * m * rw].view(ep.dtype).view(w * el * m, h)
         pairs = rows[handle.flat.reshape(-1)].view(t, k, h).to(torch.float32)
         prod = pairs * handle.weights.to(torch.float32).unsqueeze(-1)
-        out = torch.zeros((t, h), dtype=torch.float32, device=dev)
         zero = torch.zeros((), dtype=torch.float32, device=dev)
+        # on[t, k, r]: pair (t, k) went to rank r. Per (token, rank) the pairs in k order, one
+        # op per k for all ranks at once (K + W launches, not K * W); adding +0 where a pair
+        # went elsewhere changes nothing, as acc is never -0
+        on = handle.valid.unsqueeze(-1) & (handle.dest.unsqueeze(-1) ==
+                                           torch.arange(w, device=dev))
+        acc = torch.zeros((t, w, h), dtype=torch.float32, device=dev)
+        for j in range(k):
+            acc = acc + torch.where(on[:, j, :, None], prod[:, j, None, :], zero)
+        part = acc.to(ep.dtype).to(torch.float32)
+        has = on.any(1)
+        out = torch.zeros((t, h), dtype=torch.float32, device=dev)
         for r in range(w):               # one host: combine_groups is rank order
-            acc = torch.zeros((t, h), dtype=torch.float32, device=dev)
-            on = handle.valid & (handle.dest == r)
-            for j in range(k):           # adding +0 where a pair is absent: acc is never -0
-                acc = acc + torch.where(on[:, j:j + 1], prod[:, j], zero)
-            part = acc.to(ep.dtype).to(torch.float32)
-            out = out + torch.where(on.any(1, keepdim=True), part, zero)
+            out = out + torch.where(has[:, r:r + 1], part[:, r], zero)
         return out.to(ep.dtype)
 
     def _block(self, words: int, cap: int | None = None) -> int:
