@@ -102,6 +102,19 @@ class Settings:
     #: and the device error word is polled without blocking; comm.synchronize() and close
     #: wait for the device and read it.
     device_check_every: int = 64
+    #: TILECOMM_GPU_CTAS: the most CTAs one kernel launch of a rank may use on a GPU (every
+    #: rank must set the same value). 0 (default): derived from the ranks' devices so that
+    #: the grids of all ranks sharing a GPU fit on it at once (a kernel that waits for a peer
+    #: progresses only if the peer's kernel is resident): the SMs a rank may use (its MPS
+    #: share where CUDA_MPS_ACTIVE_THREAD_PERCENTAGE is set) divided among the ranks on its
+    #: device; see tilecomm.device.budget.
+    gpu_ctas: int = 0
+    #: TILECOMM_MPS: whether tilecomm bench --device cuda and scripts/gpu_check.py run ranks
+    #: that share a GPU under an MPS control daemon (tilecomm.mps; started if none runs,
+    #: quit afterwards): "auto" (default: when ranks share a GPU), "on" (always try), "off".
+    mps: str = "auto"
+    #: TILECOMM_MPS_CONTROL: the MPS control program tilecomm.mps runs.
+    mps_control: str = "nvidia-cuda-mps-control"
     #: TILECOMM_GLOO_HOST: the address the inter-host Gloo groups bind to when ranks span
     #: hosts. Empty (default): 127.0.0.1 when MASTER_ADDR is a loopback address (simulated
     #: hosts on one machine: no traffic leaves it), else Gloo's default (this host's name).
@@ -160,6 +173,10 @@ def settings() -> Settings:
         raise ValueError(f"TILECOMM_TIMEOUT={out.timeout!r}: must be > 0 seconds")
     if out.flight_records < 0:
         raise ValueError(f"TILECOMM_FLIGHT_RECORDS={out.flight_records!r}: must be >= 0")
+    if out.mps not in ("auto", "on", "off"):
+        raise ValueError(f"TILECOMM_MPS={out.mps!r}: use auto, on or off")
+    if out.gpu_ctas < 0:
+        raise ValueError(f"TILECOMM_GPU_CTAS={out.gpu_ctas!r}: must be >= 0 (0: derived)")
     if out.device_timeout <= 0:
         raise ValueError(f"TILECOMM_DEVICE_TIMEOUT={out.device_timeout!r}: must be > 0 seconds")
     return out

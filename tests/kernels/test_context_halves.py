@@ -56,21 +56,6 @@ def test_growing_the_halves_waits_for_every_rank():
     assert heap.barriers == 1                 # the old buffer is dropped only after a barrier
 
 
-def test_grid_is_the_same_on_every_rank_and_fits_a_shared_gpu():
-    from tilecomm.backends.triton.context import grid_limits
-
-    # one GPU per rank, different SM counts: every rank takes the smallest (program i of a
-    # launch meets program i of its peers, so grids must be equal), one CTA per SM
-    assert grid_limits([[132, 1], [114, 2], [132, 3]]) == (114, 1)
-    # 8 ranks on one H200 (132 SMs): all grids together within one CTA per SM
-    mx, sharing = grid_limits([[132, 7]] * 8)
-    assert (mx, sharing) == (16, 8) and mx * sharing <= 132
-    # 4 ranks on 2 GPUs
-    assert grid_limits([[132, 1], [132, 1], [132, 2], [132, 2]]) == (66, 2)
-    # more ranks than SMs: one program each
-    assert grid_limits([[4, 1]] * 8) == (1, 8)
-
-
 def test_programs_of_a_two_dimensional_grid_stay_within_the_cap():
     ctx = KernelContext(_FakeHeap(), host=None, interpret=True)
     ctx.max_programs, ctx.sharing = 16, 8

@@ -46,6 +46,7 @@ import weakref
 
 import torch
 
+from ..device.budget import cta_budget
 from ..errors import CommError, CommMismatch
 from ..settings import settings
 from . import checks
@@ -101,8 +102,12 @@ class _State:
         self.k = _kernels(device)
         self.heap = DeviceHeap.create(comm, device=device, nbytes=settings().device_heap_bytes)
         self.interpret = device.type == "cpu"
-        self.programs = 1 if self.interpret else self.k.GPU_PROGRAMS
         w = comm.world_size
+        # a launch is a (programs, W) grid: programs * W CTAs within the rank's CTA budget
+        # (NOTE [CTA budget] in tilecomm.device.budget), at most GPU_PROGRAMS
+        self.programs = 1 if self.interpret else min(
+            self.k.GPU_PROGRAMS, cta_budget(comm.exchange, self.heap.device,
+                                            interpret=False).programs(10**9, width=w))
         self.pads = {op: self.heap.signal_pad(self.programs * w) for op in checks.OPS}
         self.epochs = {op: 0 for op in checks.OPS}
         self._bufs = SymmetricBuffers(self.heap, _ALIGN)

@@ -21,6 +21,7 @@ import weakref
 
 import torch
 
+from ..device.budget import cta_budget
 from ..settings import settings
 from . import checks
 
@@ -53,11 +54,11 @@ class _Engine:
         self.heap = DeviceHeap.create(comm, device=device,
                                       nbytes=settings().device_heap_bytes)
         self.interpret = device.type == "cpu"
-        if self.interpret:
-            self.programs = 4
-        else:
-            self.programs = torch.cuda.get_device_properties(self.heap.device) \
-                .multi_processor_count
+        #: persistent GEMM programs per launch: the rank's CTA budget (NOTE [CTA budget] in
+        #: tilecomm.device.budget: a rank's programs wait for its peers' chunks, so every
+        #: rank's grid must be resident at once, also when ranks share a GPU)
+        self.programs = cta_budget(comm.exchange, self.heap.device,
+                                   interpret=self.interpret).ctas
         self._bufs = SymmetricBuffers(self.heap, _ALIGN)
         self._epochs = {"ag": 0, "rs": 0}
 

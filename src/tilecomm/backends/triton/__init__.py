@@ -80,7 +80,8 @@ def make_cooperative(fn) -> bool:
 
 
 def cooperative_launches() -> list[str]:
-    """NOTE [co-residency] (context.grid_limits): on CUDA every collective kernel is launched
+    """NOTE [co-residency] (NOTE [CTA budget] in tilecomm.device.budget): on CUDA every
+    collective kernel is launched
     cooperatively, so a grid that cannot be resident at once fails at launch (CUDA error
     "too many blocks in cooperative launch") instead of spinning on programs that never get
     an SM. Applies to the ``JITFunction`` objects defined in the registered kernel families

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ...device.budget import cta_budget
 from ...types import lookup_dtype
 
 #: signal groups allocated up front (``groups * world`` int64 slots); grown on demand
@@ -36,19 +37,15 @@ class KernelContext:
         self.interpret = interpret
         #: elements per block, and the most programs a launch uses (persistent programs loop
         #: over blocks): small in the interpreter (each program costs a signal exchange and
-        #: every op ~0.2 ms), one CTA per SM on a GPU (NOTE [co-residency])
+        #: every op ~0.2 ms), the rank's CTA budget on a GPU (NOTE [CTA budget] in
+        #: tilecomm.device.budget: all ranks' grids resident at once)
         self.block = 128 if interpret else 1024
-        #: ranks sharing this rank's device (the most on any device); > 1 caps the grid
-        self.sharing = 1
-        if interpret:
-            self.max_programs = 4
-        else:
-            # collective (the context is built by every rank's TritonBackend): every rank
-            # must launch the same grid, since program i waits for program i of its peers
-            rows = host.all_gather(torch.tensor([_sm_count(heap.device),
-                                                 _device_key(heap.device)], dtype=torch.int64))
-            rows = rows.reshape(self.world_size, 2).tolist()
-            self.max_programs, self.sharing = grid_limits(rows)
+        #: collective on a GPU (the context is built by every rank's TritonBackend): every
+        #: rank must launch the same grid, since program i waits for program i of its peers
+        self.budget = cta_budget(self.host_all_gather, heap.device, interpret=interpret)
+        self.max_programs = self.budget.ctas
+        #: ranks sharing this rank's device (the most on any device)
+        self.sharing = self.budget.sharing
         #: keyword options every kernel launch of this context takes (cooperative on CUDA, see
         #: :func:`tilecomm.backends.triton.cooperative_launches`)
         self.launch_options: dict = {}
@@ -136,7 +133,7 @@ class KernelContext:
         """Programs for ``n`` elements (at least 1, at most ``max_programs``). ``width``: CTAs
         the launch makes per program (a ``(P, W)`` grid has ``width=W``); the whole grid
         (``P * width`` CTAs) stays within ``max_programs``, so it is co-resident (see
-        :func:`grid_limits`; on CUDA it is launched cooperatively, which checks that)."""
+        NOTE [CTA budget]; on CUDA it is launched cooperatively, which checks that)."""
         b = block or self.block
         limit = max(1, self.max_programs // max(1, int(width)))
         return max(1, min(limit, -(-int(n) // b)))
@@ -258,29 +255,6 @@ class KernelContext:
         return out.reshape(self.world_size, -1).tolist()
 
 
-def grid_limits(rows) -> tuple[int, int]:
-    """``(max_programs, sharing)`` from every rank's ``[sm_count, device key]``.
-
-    Every rank gets the same answer (program ``i`` of a launch meets program ``i`` of its
-    peers: unequal grids leave programs waiting for peers' programs that never run).
-
-    NOTE [co-residency]: a program may spin on a peer's program of the same id, so every
-    program of every rank's launch must be resident at once; a grid larger than what fits
-    relied on CUDA dispatching CTAs in order (done in practice, never promised). So a launch
-    has at most one CTA per SM: ``sms`` (the smallest SM count of all ranks) with one GPU per
-    rank, ``sms // sharing`` when ``sharing`` ranks share a GPU (with MPS their kernels run
-    concurrently; without it their contexts time-slice and the cap only costs bandwidth on a
-    GPU that is shared anyway). The launches are cooperative on CUDA
-    (``launch_cooperative_grid``), so a grid that cannot be co-resident fails at launch
-    instead of hanging (another process's kernels occupying SMs are not accounted for)."""
-    sms = min(int(r[0]) for r in rows)
-    counts: dict = {}
-    for r in rows:
-        counts[int(r[1])] = counts.get(int(r[1]), 0) + 1
-    sharing = max(counts.values())
-    return max(1, sms // sharing), sharing
-
-
 _ITEMSIZE: dict = {}
 
 
@@ -290,27 +264,6 @@ def _itemsize(dtype: torch.dtype) -> int:
     if n is None:
         n = _ITEMSIZE[dtype] = torch.empty((), dtype=dtype).element_size()
     return n
-
-
-def _device_key(device: torch.device) -> int:
-    """An integer naming the physical GPU (its UUID; the PCI bus otherwise), the same in every
-    process whatever CUDA_VISIBLE_DEVICES renumbers."""
-    import zlib
-
-    try:
-        p = torch.cuda.get_device_properties(device)
-        key = str(getattr(p, "uuid", "") or getattr(p, "pci_bus_id", "") or
-                  f"{p.pci_domain_id}:{p.pci_bus_id}:{p.pci_device_id}")
-    except Exception:  # noqa: BLE001 - a CPU device heap
-        key = str(device)
-    return zlib.crc32(key.encode()) & 0x7FFFFFFF
-
-
-def _sm_count(device: torch.device) -> int:
-    try:
-        return int(torch.cuda.get_device_properties(device).multi_processor_count)
-    except Exception:  # noqa: BLE001 - a CPU device heap
-        return 8
 
 
 def np_of(t: torch.Tensor) -> np.ndarray:
