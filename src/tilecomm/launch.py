@@ -44,15 +44,43 @@ def _make_comm(rank: int, layout: SegmentLayout, paths: list[str], timeout: floa
     return comm
 
 
+class _Leave(BaseException):
+    """Raised in a rank by SIGTERM when its group asked for clean leaves (see RankGroup)."""
+
+
+def _leave_on_sigterm() -> None:
+    def handler(signum, frame):
+        raise _Leave()
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _finish_device_work() -> None:
+    """Before a rank process exits: wait for the kernels it queued (their waits are bounded),
+    so its CUDA context is torn down idle. A client killed with kernels in flight can leave
+    an MPS server unusable for the other ranks."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001 - a sticky CUDA error: nothing left to wait for
+        pass
+
+
 def _rank_main(rank: int, layout: SegmentLayout, paths: list[str], timeout: float, conn,
                first_task, deterministic: bool | None = None, parent_pid: int | None = None,
-               main_thread: bool = False) -> None:
+               main_thread: bool = False, env: dict | None = None,
+               clean_leave: bool = False) -> None:
     """Body of a rank process: build the communicator, then run tasks from the launcher.
 
     The rank ends with its launcher (see ``orphan.py``): ``parent_pid`` is the launcher's pid
-    when it is the parent, ``main_thread`` whether the launcher's main thread started it."""
+    when it is the parent, ``main_thread`` whether the launcher's main thread started it.
+    ``env``: variables set before anything else (before CUDA starts: MPS). ``clean_leave``:
+    SIGTERM unwinds the rank (its kernels finished first) instead of killing it."""
     code = 0
     try:
+        os.environ.update(env or {})
+        if clean_leave:
+            _leave_on_sigterm()
         orphan.watch_parent(parent_pid, orphan.unlink_all(paths))
         import torch
         torch.set_num_threads(1)  # one core per rank: ranks, not threads, share the machine
@@ -75,11 +103,15 @@ def _rank_main(rank: int, layout: SegmentLayout, paths: list[str], timeout: floa
                 # maps only when it unpickles, i.e. after this process may have exited (a
                 # returned tensor then failed with "exited with code 0 before returning").
                 _send(conn, ("ok", result))
+            except _Leave:
+                raise
             except BaseException as e:  # noqa: BLE001 - reported to the launcher
                 _send(conn, ("err", type(e).__name__, str(e), traceback.format_exc(),
                              tuple(getattr(e, "missing", ()))))
             if first_task is not None:
                 break
+    except _Leave:
+        code = 128 + signal.SIGTERM
     except BaseException as e:  # noqa: BLE001
         try:
             _send(conn, ("err", type(e).__name__, str(e), traceback.format_exc()))
@@ -87,6 +119,8 @@ def _rank_main(rank: int, layout: SegmentLayout, paths: list[str], timeout: floa
             pass
         code = 1
     finally:
+        if clean_leave:
+            _finish_device_work()
         _trace.flush()       # TILECOMM_TRACE: os._exit skips the atexit hook that writes it
         sys.stdout.flush()
         sys.stderr.flush()
@@ -132,10 +166,17 @@ class RankGroup:
 
     def __init__(self, world_size: int, *, timeout: float | None = None,
                  heap_bytes: int | None = None, scratch_bytes: int | None = None,
-                 start_method: str | None = None, deterministic: bool | None = None):
+                 start_method: str | None = None, deterministic: bool | None = None,
+                 env: dict[str, str] | None = None, leave_grace: float = 0.0):
+        """``env``: environment variables every rank sets before anything else (e.g.
+        :meth:`tilecomm.mps.MpsDaemon.rank_env`). ``leave_grace``: seconds :meth:`stop`
+        gives ranks that did not exit when asked to unwind after SIGTERM (finishing their
+        queued GPU kernels) before it kills them; 0 (default) kills them at once."""
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(f"world_size must be a positive int, got {world_size!r}")
         self.world_size = world_size
+        self.env = dict(env or {})
+        self.leave_grace = float(leave_grace)
         self.timeout = settings().timeout if timeout is None else float(timeout)
         self.layout = _layout(world_size, heap_bytes, scratch_bytes)
         self.deterministic = deterministic
@@ -159,7 +200,8 @@ class RankGroup:
                 parent, child = self.ctx.Pipe()
                 p = self.ctx.Process(target=_rank_main, name=f"tilecomm-rank-{r}", daemon=True,
                                      args=(r, self.layout, self.paths, self.timeout, child,
-                                           first_task, self.deterministic, launcher, main))
+                                           first_task, self.deterministic, launcher, main,
+                                           self.env, self.leave_grace > 0))
                 p.start()
                 child.close()
                 self.procs.append(p)
@@ -263,6 +305,11 @@ class RankGroup:
             except (OSError, ValueError):
                 pass
         _join_all(self.procs, grace)
+        if self.leave_grace > 0:          # unwind first: a killed GPU client can wedge MPS
+            for p in self.procs:
+                if p.is_alive():
+                    p.terminate()
+            _join_all(self.procs, self.leave_grace)
         for p in self.procs:
             if p.is_alive():
                 p.kill()
@@ -296,7 +343,8 @@ def _join_all(procs, seconds: float) -> None:
 
 def launch(fn: Callable, world_size: int, *args, timeout: float | None = None,
            heap_bytes: int | None = None, scratch_bytes: int | None = None,
-           start_method: str | None = None, deterministic: bool | None = None) -> list:
+           start_method: str | None = None, deterministic: bool | None = None,
+           mps: bool = False) -> list:
     """Run ``fn(comm, *args)`` in ``world_size`` new local processes; return results by rank.
 
     ``timeout`` bounds every wait inside a collective (default ``TILECOMM_TIMEOUT``). If a rank
@@ -304,15 +352,33 @@ def launch(fn: Callable, world_size: int, *args, timeout: float | None = None,
     rank's number and traceback. With the default ``fork`` start method ``fn`` may be any
     callable; with ``spawn`` it must be importable. ``deterministic``: the communicators'
     deterministic mode (default ``TILECOMM_DETERMINISTIC``; see ``Communicator.deterministic``).
+    ``mps``: the ranks use CUDA and share GPUs (rank r on ``cuda:{r % device_count}``): run
+    them under an MPS control daemon (:mod:`tilecomm.mps`: started if none runs, each rank
+    given its share of the GPU, quit afterwards; without one the ranks run in time slices)
+    and let them finish their kernels before they are stopped.
     """
-    group = RankGroup(world_size, timeout=timeout, heap_bytes=heap_bytes,
-                      scratch_bytes=scratch_bytes, start_method=start_method,
-                      deterministic=deterministic)
-    group.start(first_task=(fn, args))
-    try:
-        return group.collect()
-    finally:
-        group.stop()
+    if not mps:
+        group = RankGroup(world_size, timeout=timeout, heap_bytes=heap_bytes,
+                          scratch_bytes=scratch_bytes, start_method=start_method,
+                          deterministic=deterministic)
+        group.start(first_task=(fn, args))
+        try:
+            return group.collect()
+        finally:
+            group.stop()
+    from .mps import MpsDaemon, ranks_per_device
+
+    import torch
+    with MpsDaemon(ranks_per_device(world_size, torch.cuda.device_count())) as daemon:
+        group = RankGroup(world_size, timeout=timeout, heap_bytes=heap_bytes,
+                          scratch_bytes=scratch_bytes, start_method=start_method,
+                          deterministic=deterministic, env=daemon.rank_env(),
+                          leave_grace=settings().device_timeout + 5)
+        group.start(first_task=(fn, args))
+        try:
+            return group.collect()
+        finally:
+            group.stop()
 
 
 def init(*, timeout: float | None = None, heap_bytes: int | None = None,
