@@ -357,28 +357,26 @@ def launch(fn: Callable, world_size: int, *args, timeout: float | None = None,
     given its share of the GPU, quit afterwards; without one the ranks run in time slices)
     and let them finish their kernels before they are stopped.
     """
-    if not mps:
-        group = RankGroup(world_size, timeout=timeout, heap_bytes=heap_bytes,
-                          scratch_bytes=scratch_bytes, start_method=start_method,
-                          deterministic=deterministic)
-        group.start(first_task=(fn, args))
-        try:
-            return group.collect()
-        finally:
-            group.stop()
-    from .mps import MpsDaemon, ranks_per_device
+    daemon, env, grace = None, {}, 0.0
+    if mps:
+        import torch
 
-    import torch
-    with MpsDaemon(ranks_per_device(world_size, torch.cuda.device_count())) as daemon:
+        from .mps import MpsDaemon, ranks_per_device
+        daemon = MpsDaemon(ranks_per_device(world_size, torch.cuda.device_count()))
+        daemon.start()
+        env, grace = daemon.rank_env(), settings().device_timeout + 5
+    try:
         group = RankGroup(world_size, timeout=timeout, heap_bytes=heap_bytes,
                           scratch_bytes=scratch_bytes, start_method=start_method,
-                          deterministic=deterministic, env=daemon.rank_env(),
-                          leave_grace=settings().device_timeout + 5)
+                          deterministic=deterministic, env=env, leave_grace=grace)
         group.start(first_task=(fn, args))
         try:
             return group.collect()
         finally:
             group.stop()
+    finally:
+        if daemon is not None:
+            daemon.stop()
 
 
 def init(*, timeout: float | None = None, heap_bytes: int | None = None,

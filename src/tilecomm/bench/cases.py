@@ -57,7 +57,7 @@ class Case:
     #: elements of the output (None: in place)
     out_count: Callable[[int, int], int] | None
     run: Callable            # (comm, bufs, algo) -> None
-    baseline: Callable       # (dist, bufs) -> None  (torch.distributed)
+    baseline: Callable       # (dist, bufs, group=None) -> None  (torch.distributed)
     expected: Callable       # (inputs: list[Tensor], rank, world, bufs) -> Tensor
     reduces: bool = False
     #: the call writes its result over its input (all_reduce, broadcast, reduce)
@@ -71,6 +71,11 @@ def _red(xs, bufs):
     """Every rank's inputs reduced as the kernels and the executor do: in rank order, 16-bit
     floats accumulated in float32, avg divided before the one rounding."""
     return reference.rank_order_reduced(xs, bufs.redop)
+
+
+def _first(dist, group) -> int:
+    """The global rank of ``group``'s rank 0 (the baselines' root)."""
+    return 0 if group is None else dist.get_global_rank(group, 0)
 
 
 def _a2a_expected(inputs, r, w, b):
@@ -110,14 +115,14 @@ def _a2av(comm, b, algo):
     comm.all_to_all_v(b.inp, send, recv, out=b.out, algo=algo)
 
 
-def _a2av_baseline(dist, b):
-    w, r = dist.get_world_size(), dist.get_rank()
+def _a2av_baseline(dist, b, group=None):
+    w, r = dist.get_world_size(group), dist.get_rank(group)
     n = b.inp.numel()
     send = uneven_rows(n, w, r)
     recv = [uneven_rows(n, w, j)[r] for j in range(w)]
     if b.out is None or b.out.numel() != sum(recv):
-        b.out = torch.empty(sum(recv), dtype=b.inp.dtype)
-    dist.all_to_all_single(b.out, b.inp, recv, send)
+        b.out = torch.empty(sum(recv), dtype=b.inp.dtype, device=b.inp.device)
+    dist.all_to_all_single(b.out, b.inp, recv, send, group=group)
 
 
 def _a2av_expected(inputs, r, w, b):
@@ -139,12 +144,14 @@ def _sendrecv(comm, b, algo):
         comm.send(b.inp, nxt)
 
 
-def _sendrecv_baseline(dist, b):
-    w, r = dist.get_world_size(), dist.get_rank()
+def _sendrecv_baseline(dist, b, group=None):
+    w, r = dist.get_world_size(group), dist.get_rank(group)
     if w == 1:
         b.out.copy_(b.inp)
         return
-    reqs = [dist.isend(b.inp, (r + 1) % w), dist.irecv(b.out, (r - 1) % w)]
+    peer = (lambda q: q) if group is None else (lambda q: dist.get_global_rank(group, q))
+    reqs = [dist.isend(b.inp, peer((r + 1) % w), group=group),
+            dist.irecv(b.out, peer((r - 1) % w), group=group)]
     for q in reqs:
         q.wait()
 
@@ -152,28 +159,28 @@ def _sendrecv_baseline(dist, b):
 CASES: dict[str, Case] = {c.name: c for c in [
     Case("all_reduce", lambda n, w: n, None,
          lambda comm, b, algo: comm.all_reduce(b.inp, b.redop, algo=algo),
-         lambda dist, b: dist.all_reduce(b.inp),
+         lambda dist, b, group=None: dist.all_reduce(b.inp, group=group),
          lambda xs, r, w, b: _red(xs, b), reduces=True, in_place=True),
     Case("all_gather", lambda n, w: n // w, lambda n, w: n,
          lambda comm, b, algo: comm.all_gather(b.inp, b.out, algo=algo),
-         lambda dist, b: dist.all_gather_into_tensor(b.out, b.inp),
+         lambda dist, b, group=None: dist.all_gather_into_tensor(b.out, b.inp, group=group),
          lambda xs, r, w, b: torch.cat(xs)),
     Case("reduce_scatter", lambda n, w: n, lambda n, w: n // w,
          lambda comm, b, algo: comm.reduce_scatter(b.inp, b.redop, out=b.out, algo=algo),
-         lambda dist, b: dist.reduce_scatter_tensor(b.out, b.inp),
+         lambda dist, b, group=None: dist.reduce_scatter_tensor(b.out, b.inp, group=group),
          lambda xs, r, w, b: _red(xs, b).chunk(w)[r], reduces=True),
     Case("broadcast", lambda n, w: n, None,
          lambda comm, b, algo: comm.broadcast(b.inp, b.root, algo=algo),
-         lambda dist, b: dist.broadcast(b.inp, 0),
+         lambda dist, b, group=None: dist.broadcast(b.inp, _first(dist, group), group=group),
          lambda xs, r, w, b: xs[b.root], in_place=True),
     Case("reduce", lambda n, w: n, None,
          lambda comm, b, algo: comm.reduce(b.inp, b.root, b.redop, algo=algo),
-         lambda dist, b: dist.reduce(b.inp, 0),
+         lambda dist, b, group=None: dist.reduce(b.inp, _first(dist, group), group=group),
          lambda xs, r, w, b: _red(xs, b) if r == b.root else xs[r], reduces=True,
          in_place=True),
     Case("all_to_all", lambda n, w: n, lambda n, w: n,
          lambda comm, b, algo: comm.all_to_all(b.inp, b.out, algo=algo),
-         lambda dist, b: dist.all_to_all_single(b.out, b.inp),
+         lambda dist, b, group=None: dist.all_to_all_single(b.out, b.inp, group=group),
          _a2a_expected),
     Case("all_to_all_v", lambda n, w: n, None, _a2av, _a2av_baseline, _a2av_expected),
     Case("send_recv", lambda n, w: n, lambda n, w: n,
@@ -242,7 +249,7 @@ def _dtype_name(dt: torch.dtype) -> str:
     return str(dt).removeprefix("torch.")
 
 
-def _callable(dt: str, red: str) -> bool:
+def redop_applies(dt: str, red: str) -> bool:
     """The Communicator accepts this dtype with this reduction (avg needs a float dtype)."""
     from ..types import ReduceOp, lookup_dtype
     try:
@@ -277,7 +284,7 @@ def kernel_table(kernels: dict, world: int, sizes: list[int], *, mems=("user", "
             ops = [o for o in ops if o in redops]
         for dt in names:
             for red in ops:
-                if CASES[op].reduces and not _callable(dt, red):
+                if CASES[op].reduces and not redop_applies(dt, red):
                     continue
                 if cover and red != "sum" and dt not in ("float32", "bfloat16"):
                     continue

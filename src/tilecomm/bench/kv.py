@@ -254,7 +254,7 @@ def run(cfg: KVBenchConfig) -> dict:
     """Start the ranks (local processes, or simulated hosts with ``cfg.hosts``), run
     :func:`rank_kv` on each, and summarize."""
     from ..launch import RankGroup
-    from .runner import _free_port, _rank_init_gloo
+    from .runner import free_port, rank_init_gloo
 
     cfg.check()
     if cfg.hosts:
@@ -263,7 +263,7 @@ def run(cfg: KVBenchConfig) -> dict:
     else:
         group_cm = RankGroup(cfg.world_size, timeout=cfg.timeout, heap_bytes=cfg.heap_bytes)
     with group_cm as group:
-        group.run(_rank_init_gloo, _free_port())
+        group.run(rank_init_gloo, free_port())
         per_rank = group.run(rank_kv, cfg)
     return summarize(cfg, per_rank)
 

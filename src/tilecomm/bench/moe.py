@@ -123,52 +123,66 @@ def _tilecomm_round(comm, cfg, ep, x, idx, w):
     return out, td, tc, rows
 
 
-def _permuted_round(comm, cfg, x, idx, w, el, a2a):
-    """The all_to_all layer: ``a2a(tensor, send_counts, recv_counts)`` moves rows."""
+def permuted_dispatch(x, idx, w, el: int, world: int, fp8: bool, a2a, group=None):
+    """The all_to_all layer's dispatch: permute the rows by destination rank (each token once
+    per rank it goes to), exchange the counts (``all_to_all_single`` on ``group``, on ``x``'s
+    device), move rows, topk ids and weights with ``a2a(tensor, send_counts, recv_counts)``.
+    Returns ``(send_tok, send, recv, got)``: ``got`` what arrived per part
+    (:func:`received_rows` makes the rows of it)."""
     import torch.distributed as dist
-    world = comm.world_size
-
-    def dispatch():
-        mask = routing.dest_mask(idx, el, world)
-        send_tok = torch.cat([mask[:, r].nonzero(as_tuple=True)[0] for r in range(world)])
-        send = routing.send_counts(mask)
-        counts = torch.tensor(send, dtype=torch.int64)
-        recv_t = torch.empty_like(counts)
-        dist.all_to_all_single(recv_t, counts)                # the count exchange
-        recv = recv_t.tolist()
-        if cfg.fp8:
-            q, s = fp8mod.quantize(x.index_select(0, send_tok))
-            parts = [q.view(torch.uint8), s]
-        else:
-            parts = [x.index_select(0, send_tok)]
-        parts += [idx.index_select(0, send_tok), w.index_select(0, send_tok)]
-        got = [a2a(p, send, recv) for p in parts]
-        return send_tok, send, recv, got
-
-    (send_tok, send, recv, got), td = _timed(comm, dispatch)
-    if cfg.fp8:
-        y = fp8mod.dequantize(got[0].view(torch.float8_e4m3fn), got[1], x.dtype)
+    mask = routing.dest_mask(idx, el, world)
+    send_tok = torch.cat([mask[:, r].nonzero(as_tuple=True)[0] for r in range(world)])
+    counts = mask.sum(0).to(torch.int64)
+    recv_t = torch.empty_like(counts)
+    dist.all_to_all_single(recv_t, counts, group=group)       # the count exchange
+    send, recv = counts.tolist(), recv_t.tolist()
+    if fp8:
+        q, s = fp8mod.quantize(x.index_select(0, send_tok))
+        parts = [q.view(torch.uint8), s]
     else:
-        y = got[0]
+        parts = [x.index_select(0, send_tok)]
+    parts += [idx.index_select(0, send_tok), w.index_select(0, send_tok)]
+    return send_tok, send, recv, [a2a(p, send, recv) for p in parts]
 
-    def combine():
-        back = a2a(y, recv, send)
-        acc = torch.zeros((x.shape[0], x.shape[1]), dtype=torch.float32)
-        acc.index_add_(0, send_tok, back.to(torch.float32))
-        return acc.to(x.dtype)
 
-    out, tc = _timed(comm, combine)
+def received_rows(got, fp8: bool, dtype):
+    """The rows :func:`permuted_dispatch` received, in the layer's dtype (what the experts
+    read; untimed, as tilecomm's ``dequantized``)."""
+    return fp8mod.dequantize(got[0].view(torch.float8_e4m3fn), got[1], dtype) if fp8 \
+        else got[0]
+
+
+def permuted_combine(y, x, send_tok, send, recv, a2a):
+    """The all_to_all layer's combine: the rows back, then one ``index_add_`` per token in
+    float32 on ``x``'s device."""
+    back = a2a(y, recv, send)
+    acc = torch.zeros((x.shape[0], x.shape[1]), dtype=torch.float32, device=x.device)
+    acc.index_add_(0, send_tok, back.to(torch.float32))
+    return acc.to(x.dtype)
+
+
+def _permuted_round(comm, cfg, x, idx, w, el, a2a):
+    """One timed round of the all_to_all layer: ``a2a(tensor, send_counts, recv_counts)``
+    moves rows."""
+    world = comm.world_size
+    (send_tok, send, recv, got), td = _timed(
+        comm, lambda: permuted_dispatch(x, idx, w, el, world, cfg.fp8, a2a))
+    y = received_rows(got, cfg.fp8, x.dtype)
+    out, tc = _timed(comm, lambda: permuted_combine(y, x, send_tok, send, recv, a2a))
     return out, td, tc
 
 
-def _gloo_a2a(t, send, recv):
+def a2a_single(t, send, recv, group=None):
+    """``all_to_all_single`` of rows (``send``/``recv`` counts per rank) on ``group``; 16-bit
+    rows travel as bytes (Gloo has no 16-bit types)."""
     import torch.distributed as dist
     t = t.contiguous()
-    out = torch.empty((sum(recv),) + tuple(t.shape[1:]), dtype=t.dtype)
-    if t.dtype in (torch.bfloat16, torch.float16):     # Gloo has no 16-bit types: bytes
-        dist.all_to_all_single(out.view(torch.uint8), t.view(torch.uint8), recv, send)
+    out = torch.empty((sum(recv),) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+    if t.dtype in (torch.bfloat16, torch.float16) and t.device.type == "cpu":
+        dist.all_to_all_single(out.view(torch.uint8), t.view(torch.uint8), recv, send,
+                               group=group)
     else:
-        dist.all_to_all_single(out, t, recv, send)
+        dist.all_to_all_single(out, t, recv, send, group=group)
     return out
 
 
@@ -189,7 +203,7 @@ def rank_moe(comm, cfg: MoEBenchConfig) -> dict:
             res["rows"] = rows
         if cfg.baselines and cfg.mode == "normal":
             a2a_v = lambda t, send, recv: comm.all_to_all_v(t.contiguous(), send, recv)  # noqa
-            for name, a2a in (("gloo all_to_all_single", _gloo_a2a),
+            for name, a2a in (("gloo all_to_all_single", a2a_single),
                               ("tilecomm all_to_all_v", a2a_v)):
                 for rnd in range(cfg.rounds + 1):
                     out, td, tc = _permuted_round(comm, cfg, x, idx, w, el, a2a)
@@ -243,7 +257,7 @@ def run(cfg: MoEBenchConfig) -> dict:
     """Start the ranks (local processes, or simulated hosts with ``cfg.hosts``), run
     :func:`rank_moe` on each, and summarize."""
     from ..launch import RankGroup
-    from .runner import _free_port, _rank_init_gloo
+    from .runner import free_port, rank_init_gloo
 
     cfg.check()
     if cfg.hosts:
@@ -252,7 +266,7 @@ def run(cfg: MoEBenchConfig) -> dict:
     else:
         group_cm = RankGroup(cfg.world_size, timeout=cfg.timeout, heap_bytes=cfg.heap_bytes)
     with group_cm as group:
-        group.run(_rank_init_gloo, _free_port())
+        group.run(rank_init_gloo, free_port())
         per_rank = group.run(rank_moe, cfg)
     return summarize(cfg, per_rank)
 

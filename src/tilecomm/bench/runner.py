@@ -18,6 +18,7 @@ is read with CUDA events.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
@@ -70,7 +71,7 @@ def auto_iters(nbytes: int) -> int:
 
 
 # ---- rank side ------------------------------------------------------------------------------
-def _rank_init_gloo(comm, port: int) -> bool:
+def rank_init_gloo(comm, port: int) -> bool:
     import warnings
 
     import torch.distributed as dist
@@ -99,7 +100,7 @@ def rank_device(comm, device: str = "cpu") -> torch.device:
     return dev
 
 
-def _rank_setup(comm, device: str, device_heap_bytes: int | None) -> str:
+def rank_setup(comm, device: str, device_heap_bytes: int | None) -> str:
     """Before the first collective on the device: the device heap's size, then the device."""
     if device_heap_bytes and "cuda" not in comm._backends:
         from ..settings import settings
@@ -306,7 +307,7 @@ def _rank_bench(comm, cfg: BenchConfig, case: BenchCase) -> dict:
 
 
 # ---- launcher side --------------------------------------------------------------------------
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -397,18 +398,23 @@ def run(cfg: BenchConfig, progress=None) -> list[dict]:
     rows = []
     itemsize = DTYPE_BY_NAME[cfg.dtype].itemsize
     table = cfg.table()
+    mps = _mps_for(cfg, dev)
     if cfg.hosts:
         from .hosts_group import HostsGroup
         group_cm = HostsGroup(cfg.hosts, timeout=cfg.timeout, heap_bytes=heap,
                               deterministic=cfg.deterministic)
     else:
+        from ..settings import settings
         group_cm = RankGroup(cfg.world_size, timeout=cfg.timeout, heap_bytes=heap,
-                             deterministic=cfg.deterministic)
-    with group_cm as group:
-        group.run(_rank_setup, cfg.device,
+                             deterministic=cfg.deterministic, env=mps.rank_env(),
+                             leave_grace=settings().device_timeout + 5 if mps.state.active
+                             else 0.0)
+    with contextlib.ExitStack() as stack, group_cm as group:
+        stack.callback(mps.stop)          # after the ranks are stopped (ExitStack exits last)
+        group.run(rank_setup, cfg.device,
                   device_heap_bytes_for(cfg.sizes, cfg.mem) if dev.type == "cuda" else None)
         if "gloo" in cfg.vs:
-            group.run(_rank_init_gloo, _free_port())
+            group.run(rank_init_gloo, free_port())
         rates = None
         if cfg.bound and cfg.op not in ("send_recv", "all_to_all_v"):
             per = group.run(measure_rates) if dev.type == "cpu" else \
@@ -425,6 +431,20 @@ def run(cfg: BenchConfig, progress=None) -> list[dict]:
         if progress:
             progress(done, total, "done")
     return rows
+
+
+def _mps_for(cfg: BenchConfig, dev: torch.device):
+    """The MPS daemon of a run whose CUDA ranks share a GPU (started; TILECOMM_MPS=auto),
+    else one that was never started (``rank_env()`` empty). NOTE in tilecomm.mps."""
+    from ..mps import MpsDaemon, ranks_per_device
+    from ..settings import settings
+
+    share = ranks_per_device(cfg.world_size, torch.cuda.device_count(), cfg.device) \
+        if dev.type == "cuda" else 1
+    daemon = MpsDaemon(share)
+    if dev.type == "cuda" and settings().mps != "off" and (share > 1 or settings().mps == "on"):
+        daemon.start()
+    return daemon
 
 
 def _traced(cfg: BenchConfig, progress) -> list[dict]:
