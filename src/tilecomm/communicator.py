@@ -136,6 +136,22 @@ class Communicator:
                                                        ordered=False), e)
                     raise
 
+    def recover_device(self) -> None:
+        """After a device error that a test or check harness chooses to survive (a GPU
+        collective that raised CommTimeout, wrong results it detected): every rank waits for
+        its queued kernels, clears its device error record, and all ranks continue from a
+        common epoch above every one used so far. Collective: every rank calls it at the same
+        point. A job should make a new communicator instead (the failed calls' results are
+        undefined)."""
+        self._check_open()
+        seen = set()
+        for be in list(self._backends.values()):
+            realign = getattr(be, "realign", None)
+            if id(be) not in seen and realign is not None:
+                seen.add(id(be))
+                realign()
+        self.barrier()
+
     def dump_flight(self, path: str | None = None) -> str:
         """Write this process's flight records (every communicator's) as JSON to ``path``
         (default ``TILECOMM_DEBUG_DIR/flight-rank{R}.json``); returns the path. Local."""

@@ -105,6 +105,15 @@ class DeviceHeap(abc.ABC):
         self._epoch += 1
         return self._epoch
 
+    @property
+    def epoch(self) -> int:
+        """The epoch of the last launch (host count)."""
+        return self._epoch
+
+    def skip_to(self, epoch: int) -> None:
+        """Continue the host count from ``epoch`` (never backwards: signals only grow)."""
+        self._epoch = max(self._epoch, int(epoch))
+
     @abc.abstractmethod
     def alloc(self, shape: int | Sequence[int], dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """A zero-filled symmetric tensor (collective: same sizes, same order on all ranks)."""

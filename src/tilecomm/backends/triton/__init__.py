@@ -394,6 +394,15 @@ class TritonBackend(Backend):
         err.seq = seq
         raise err
 
+    def realign(self) -> None:
+        """After a device error a harness chose to survive (collective): wait for this rank's
+        kernels, drop the error record and what the rolling digest holds, and take a common
+        epoch above every one used (``KernelContext.realign``)."""
+        self.ctx.realign(self.ctx.host_all_gather)
+        self.heap.clear_errors()
+        self._digest, self._digest_from, self._force_check = 0, self.calls + 1, False
+        self.host.barrier()
+
     # ---- the rest goes to the host backend ---------------------------------------------------
     def reject(self, collective: str, message: str) -> None:
         """A call this rank refused before launching (bad argument). Debug mode: announced on

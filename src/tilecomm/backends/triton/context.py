@@ -99,6 +99,21 @@ class KernelContext:
         elif self.exact_upto is None:
             self.exact_upto = self.epoch
 
+    def realign(self, exchange) -> int:
+        """After a failed call (collective; a synchronization): every rank takes the same epoch,
+        above every epoch any rank used, on the host and on the device; stale signals stay
+        below it since signals only grow. ``exchange``: the host all-gather of small ints.
+        Returns the new epoch."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        mine = max(self.epoch, self.heap.epoch, self.device_epoch())
+        top = max(r[0] for r in exchange([mine])) + 2
+        self.heap.skip_to(top)
+        self.epoch = top
+        self.epoch_dev.fill_(top)
+        self.exact_upto = None
+        return top
+
     def capturing(self) -> bool:
         """True while the current CUDA stream is being captured into a graph."""
         return self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
@@ -113,7 +128,7 @@ class KernelContext:
         device epoch."""
         dev = self.device_epoch()
         if dev > self.epoch:
-            self.heap._epoch = dev
+            self.heap.skip_to(dev)
             self.epoch = dev
         self.exact_upto = None
         return dev
