@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -174,3 +175,17 @@ def test_ranks_leave_cleanly_when_stopped(tmp_path):
     assert time.monotonic() - t0 < 8
     assert marker.read_text() == "unwound"
     assert procs[1].exitcode == 128 + signal.SIGTERM, procs[1].exitcode
+
+
+def test_launch_with_mps_gives_the_ranks_their_share_and_quits(fake, monkeypatch):
+    prog, calls = fake
+    from tilecomm.settings import settings
+    monkeypatch.setenv("TILECOMM_MPS_CONTROL", prog)
+    settings.cache_clear()
+    try:
+        envs = tilecomm.launch(_rank_env, 2, timeout=20, mps=True)
+    finally:
+        settings.cache_clear()
+    assert envs[0] == envs[1] and envs[0]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    assert envs[0]["CUDA_MPS_PIPE_DIRECTORY"].startswith(tempfile.gettempdir())
+    assert len(_quits(calls)) == 1

@@ -55,13 +55,15 @@ class FakeHeap:
 
 
 class FakeHost:
-    """The host communicator KernelContext asks for SM counts (132 SMs, one GPU per rank)."""
+    """The host communicator KernelContext asks for its CTA budget (every rank: 132 SMs, its
+    own GPU, no MPS share, no TILECOMM_GPU_CTAS)."""
 
     def __init__(self, rank: int, world: int):
         self.rank, self.world = rank, world
 
     def all_gather(self, t):
-        return torch.cat([torch.tensor([132, r], dtype=torch.int64) for r in range(self.world)])
+        return torch.cat([torch.tensor([132, r, 100, 0], dtype=torch.int64)
+                          for r in range(self.world)])
 
 
 def context(rank: int, world: int, epoch: int):
