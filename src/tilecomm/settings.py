@@ -109,6 +109,11 @@ class Settings:
     #: share where CUDA_MPS_ACTIVE_THREAD_PERCENTAGE is set) divided among the ranks on its
     #: device; see tilecomm.device.budget.
     gpu_ctas: int = 0
+    #: TILECOMM_GPU_COOPERATIVE: 1 (default) launches the collective kernels cooperatively
+    #: on CUDA, so a grid that cannot be resident at once fails at launch instead of hanging
+    #: (NOTE [co-residency]); 0 launches them plainly (for a driver or MPS setup that refuses
+    #: cooperative launches: the GPU check sets it when its probe's cooperative launch fails).
+    gpu_cooperative: bool = True
     #: TILECOMM_MPS: whether tilecomm bench --device cuda and scripts/gpu_check.py run ranks
     #: that share a GPU under an MPS control daemon (tilecomm.mps; started if none runs,
     #: quit afterwards): "auto" (default: when ranks share a GPU), "on" (always try), "off".

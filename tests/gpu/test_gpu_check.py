@@ -138,9 +138,9 @@ def test_dry_run_passes_every_phase_and_reports_the_case_table(tmp_path):
     moe = [c for c in checks if c["phase"] == "moe"]
     assert {c["kernel"] for c in moe if c["ok"]} == {"moe/normal", "moe/low_latency"}, moe
     mt = [t for t in recs if t["phase"] == "moe" and "ms" in t]
-    assert len(mt) == 3 and all(t["ms"]["tilecomm dispatch"] > 0 for t in mt), mt
-    assert {(t["mode"], t["fp8"]) for t in mt} == {("normal", False), ("normal", True),
-                                                  ("low_latency", False)}
+    assert len(mt) == 4 and all(t["ms"]["tilecomm dispatch"] > 0 for t in mt), mt
+    assert {(t["mode"], t["fp8"]) for t in mt} == {(m, f) for m in ("normal", "low_latency")
+                                                  for f in (False, True)}
     lat = next(t for t in recs if t["phase"] == "latency")
     assert lat["us"] and all(v > 0 for v in lat["us"].values()) and not lat["errors"], lat
     graph = [c for c in recs if c["phase"] == "graph"]
@@ -332,3 +332,27 @@ def test_without_mps_ranks_sharing_a_device_get_correctness_only(tmp_path):
     assert not [t for t in res["records"] if "ms" in t or "us" in t]
     assert any(c["phase"] == "moe" and c["ok"] for c in res["records"])
     assert "correctness only" in r.stdout and "MPS: unavailable" in r.stdout
+
+
+def test_the_profile_reads_ncu_raw_csv_and_says_why_it_did_not_run(tmp_path):
+    from tilecomm.bench.gpucheck import config, profile
+    head = ['"ID"', '"Process ID"', '"Kernel Name"', f'"{profile.DRAM}"', f'"{profile.DURATION}"',
+            f'"{profile.OCCUPANCY}"',
+            '"smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio"',
+            '"smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio"',
+            '"smsp__average_warps_issue_stalled_wait_per_issue_active.ratio"',
+            '"smsp__average_warps_issue_stalled_membar_per_issue_active.ratio"']
+    text = "\n".join(["==PROF== Connected to process 1", ",".join(head),
+                      '"","","","%","usecond","%","","","",""',
+                      '"0","1","one_shot_all_reduce_kernel","45.2","12.5","30.1","5.5","0.2",'
+                      '"1,200.5","3.0"'])
+    got = profile.parse(text)
+    assert got == [{"kernel": "one_shot_all_reduce_kernel", "dram_pct": "45.2",
+                    "occupancy_pct": "30.1", "duration": "12.5",
+                    "top_stalls": "wait 1200.5, long_scoreboard 5.5, membar 3.0"}]
+    assert profile.parse("no csv here") == []
+    cfg = config(False)
+    assert "not found" in profile.run(cfg, None, str(tmp_path), 60, str(tmp_path))["status"]
+    assert profile.run(dict(cfg, profile=False), "ncu", str(tmp_path), 60,
+                       str(tmp_path))["status"] == "off"
+    assert "n/a" in profile.run(config(True), "ncu", str(tmp_path), 60, str(tmp_path))["status"]

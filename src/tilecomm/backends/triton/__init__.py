@@ -161,7 +161,8 @@ class TritonBackend(Backend):
         self.ctx = KernelContext(self.heap, self.host, interpret=interpreted())
         #: kernels launched cooperatively (CUDA; NOTE [co-residency])
         self.cooperative: list[str] = []
-        if self.device.type == "cuda" and not interpreted() and cooperative_supported():
+        if self.device.type == "cuda" and not interpreted() and settings().gpu_cooperative \
+                and cooperative_supported():
             registry.load()
             self.cooperative = cooperative_launches()
             self.ctx.launch_options = {"launch_cooperative_grid": True}

@@ -47,8 +47,6 @@ PHASES = [("correctness", 0.26), ("bits", 0.07), ("determinism", 0.02), ("sequen
 TIMING_PHASES = ("timing", "latency")
 #: share of the whole budget the profile phase keeps (after the worlds)
 PROFILE_SHARE = 0.08
-#: seconds kept for the preflight, MPS and process start-up before the worlds' budget
-FIXED_S = 20.0
 
 
 def _worlds(cfg: dict, pf: dict) -> list[tuple[int, str]]:
@@ -62,6 +60,20 @@ def _bounds(pf: dict) -> dict:
     probe = pf.get("probe") or {}
     return dict(nvlink_GBps=(pf.get("nvidia_smi") or {}).get("nvlink_GBps"),
                 peer_copy_GBps=probe.get("peer_copy_GBps"))
+
+
+def _coop(pf: dict) -> str | None:
+    """What the latest probe said of a cooperative launch (under MPS when it ran as a client)."""
+    probe = pf.get("mps_probe") or pf.get("probe") or {}
+    return probe.get("cooperative_smoke")
+
+
+def _launch_env(pf: dict) -> dict:
+    """Plain launches for the ranks where the probe ran a kernel but not cooperatively."""
+    probe = pf.get("mps_probe") or pf.get("probe") or {}
+    if probe.get("triton_smoke") == "ok" and _coop(pf) not in (None, "ok"):
+        return {"TILECOMM_GPU_COOPERATIVE": "0"}
+    return {}
 
 
 def run_check(cfg: dict, out_dir: str, setup=None, log=print) -> tuple[dict, int]:
@@ -123,6 +135,11 @@ def run_check(cfg: dict, out_dir: str, setup=None, log=print) -> tuple[dict, int
                         f"(correct, but no speed figure)")
                 else:
                     pf["mps_probe"] = P.probe(mps.rank_env())
+            extra = _launch_env(pf)
+            if extra:
+                res.setdefault("notes", []).append(
+                    f"world {key}: a cooperative launch failed in the probe "
+                    f"({_coop(pf)}): the ranks launch plainly (TILECOMM_GPU_COOPERATIVE=0)")
             res["mps"] = mps.state.as_dict()
             log(f"[gpu_check] world {key} ({device}): {per_world:.0f} s budget")
             cfg_w = dict(cfg, bounds=dict(_bounds(pf), gpus=1 if device != "cuda" else count))
@@ -135,7 +152,8 @@ def run_check(cfg: dict, out_dir: str, setup=None, log=print) -> tuple[dict, int
                     f"world {key}: no MPS ({mps.state.reason}): correctness only, no timing")
             try:
                 summary, status = run_world(w, device, cfg_w, per_world, work, run_phases,
-                                            dict(rank_env(), **mps.rank_env()), setup, log)
+                                            dict(rank_env(), **mps.rank_env(), **extra),
+                                            setup, log)
             finally:
                 mps.stop()
                 res["mps"] = mps.state.as_dict()
@@ -177,7 +195,7 @@ def main(argv=None) -> int:
                    help="CPU dry run: Triton interpreter, 2 CPU ranks, small sizes")
     p.add_argument("--worlds", default=None, help="comma-separated world sizes (default 2,4)")
     p.add_argument("--budget", type=float, default=None,
-                   help="seconds for the whole check (default 420 on a GPU, 600 interpret)")
+                   help="seconds for the whole check (default 390 on a GPU, 600 interpret)")
     p.add_argument("--out", default=None, help="output folder (default $OUT or ./gpu_check_out)")
     p.add_argument("--kernels", default=None,
                    help="comma-separated op/algo to check (default: every registered one)")

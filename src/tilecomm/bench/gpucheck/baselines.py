@@ -118,8 +118,11 @@ class Baselines:
         c = CASES[case.op]
         _, in_n, out_n = self.rk.runner.case_counts(case)
         dt = getattr(torch, case.dtype)
-        b = Buffers(torch.ones(in_n, dtype=dt, device=self.rk.dev),
-                    torch.zeros(out_n, dtype=dt, device=self.rk.dev) if out_n else None)
+        try:
+            b = Buffers(torch.ones(in_n, dtype=dt, device=self.rk.dev),
+                        torch.zeros(out_n, dtype=dt, device=self.rk.dev) if out_n else None)
+        except Exception as e:  # noqa: BLE001 - e.g. out of memory: the row says so
+            return f"{type(e).__name__}: {str(e)[:300]}"
 
         def fn():
             c.baseline(self.dist, b, group=self.nccl)

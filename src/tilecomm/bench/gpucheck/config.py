@@ -37,7 +37,7 @@ def config(interpret: bool) -> dict:
             overlap_iters=1, overlap_rounds=2,
             profile=False, mps="off")
     return dict(
-        interpret=False, worlds=[[2, "cuda:0"], [4, "cuda:0"]], budget=420.0,
+        interpret=False, worlds=[[2, "cuda:0"], [4, "cuda:0"]], budget=390.0,
         device_timeout=5.0,
         check_sizes=[4, 4012, 262164, 4 << 20], full_sizes=[4012, 262164],
         plan_sizes=[4012, 262164], mix_mems=False, cover=False,

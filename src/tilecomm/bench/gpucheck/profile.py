@@ -31,7 +31,8 @@ SECTIONS = ("SpeedOfLight", "Occupancy", "WarpStateStats")
 DRAM = "dram__throughput.avg.pct_of_peak_sustained_elapsed"
 OCCUPANCY = "sm__warps_active.avg.pct_of_peak_sustained_active"
 DURATION = "gpu__time_duration.sum"
-STALL = "smsp__average_warp_latency_issue_stalled_"
+#: the warp-state metrics name their stall reason after this (the WarpStateStats section)
+STALL = "issue_stalled_"
 
 
 def workload(rank: int, world: int, store_path: str) -> None:
@@ -76,14 +77,16 @@ def parse(text: str) -> list[dict]:
         if len(r) != len(cols):
             continue
         d = dict(zip(cols, r))
-        stalls = []
+        by_reason: dict[str, float] = {}
         for k, v in d.items():
-            if k.startswith(STALL):
-                try:
-                    stalls.append((float(v.replace(",", "")), k[len(STALL):].split(".")[0]))
-                except ValueError:
-                    pass
-        stalls.sort(reverse=True)
+            if STALL not in k:
+                continue
+            name = k.split(STALL, 1)[1].split(".")[0].removesuffix("_per_issue_active")
+            try:
+                by_reason[name] = max(by_reason.get(name, 0.0), float(v.replace(",", "")))
+            except ValueError:
+                pass
+        stalls = sorted(((v, n) for n, v in by_reason.items()), reverse=True)
         out.append({"kernel": d.get("Kernel Name", "?")[:60],
                     "dram_pct": d.get(DRAM), "occupancy_pct": d.get(OCCUPANCY),
                     "duration": d.get(DURATION),
@@ -111,8 +114,8 @@ def run(cfg: dict, ncu: str | None, out_dir: str, budget_s: float, work_dir: str
     t0 = time.time()
     p0 = subprocess.Popen(cmd0, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           env=env)
-    p1 = subprocess.Popen(me + ["--rank", "1"], stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True, env=env)
+    peer_log = open(os.path.join(work_dir, "profile_peer.log"), "w")   # never a full pipe
+    p1 = subprocess.Popen(me + ["--rank", "1"], stdout=peer_log, stderr=peer_log, env=env)
     status = "ok"
     try:
         out0, err0 = p0.communicate(timeout=budget_s)
@@ -127,12 +130,15 @@ def run(cfg: dict, ncu: str | None, out_dir: str, budget_s: float, work_dir: str
             except subprocess.TimeoutExpired:
                 p.kill()
         out0, err0 = (p0.stdout.read() if p0.stdout else ""), ""
+    peer_log.close()
     with open(csv_path, "w") as f:
         f.write(out0 or "")
     kernels = parse(out0 or "")
     if status == "ok" and (p0.returncode or p1.returncode):
+        with open(os.path.join(work_dir, "profile_peer.log"), errors="replace") as f:
+            peer = f.read().strip()[-300:]
         status = f"ncu rank exited {p0.returncode}, peer {p1.returncode}: " \
-                 f"{(err0 or '').strip()[-300:]}"
+                 f"{(err0 or '').strip()[-300:]} | peer: {peer}"
     if status == "ok" and not kernels:
         status = "no kernel profiled: " + (err0 or "").strip()[-300:]
     log(f"[gpu_check] profile: {status} ({len(kernels)} kernels, {time.time() - t0:.0f} s)")

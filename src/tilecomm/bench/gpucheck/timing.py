@@ -102,6 +102,14 @@ def measure(rk, label: str, fn, row: dict, **kw) -> None:
     row["us"][label] = rk.slowest_median(per_rank) * 1e6
 
 
+def agreed(rk, fn):
+    """``fn`` where every rank has a callable, else every rank's reason (collective)."""
+    if rk.all_ok(not isinstance(fn, str)):
+        return fn
+    return fn if isinstance(fn, str) and fn.startswith("n/a") else \
+        rk.failed_elsewhere(fn if isinstance(fn, str) else None)
+
+
 def _fill_for(case: BenchCase, t: torch.Tensor):
     """``(refill, chunk)`` keeping an in-place sum of ones in ``t`` finite (both None when the
     data does not grow)."""
@@ -129,6 +137,7 @@ def kernel_rows(rk, deadline: float, bounds: dict) -> list[dict]:
         except Exception as e:  # noqa: BLE001
             fn = f"{type(e).__name__}: {str(e)[:300]}"
             refill = chunk = None
+        fn = agreed(rk, fn)
         measure(rk, "tilecomm", fn, rec, graph=False, refill=refill, chunk=chunk)
         _finish(rk, rec, case, bounds)
         bufs = None
@@ -138,11 +147,38 @@ def kernel_rows(rk, deadline: float, bounds: dict) -> list[dict]:
     return out
 
 
+def arena_buffers(arena, case: BenchCase, runner):
+    """``case``'s buffers as views at the start of the two heap arenas (input, output): the
+    same offsets on every rank (zero copy), and no heap growth per row (the device heap
+    returns nothing until the communicator closes)."""
+    from ..cases import Buffers
+    _, in_n, out_n = runner.case_counts(case)
+    dt = getattr(torch, case.dtype)
+    item = torch.empty((), dtype=dt).element_size()
+    inp = arena[0][:in_n * item].view(dt)
+    out = arena[1][:out_n * item].view(dt) if out_n is not None else None
+    return Buffers(inp, out, redop=case.redop)
+
+
+def _arena(rk, cases):
+    """Two uint8 heap tensors as large as the largest input and output of ``cases``."""
+    need_in = need_out = 1
+    for c in cases:
+        _, i, o = rk.runner.case_counts(c)
+        item = torch.empty((), dtype=getattr(torch, c.dtype)).element_size()
+        need_in, need_out = max(need_in, i * item), max(need_out, (o or 0) * item)
+    return (rk.runner.heap_alloc(rk.comm, need_in, torch.uint8, rk.dev),
+            rk.runner.heap_alloc(rk.comm, need_out, torch.uint8, rk.dev))
+
+
 def sweep_rows(rk, deadline: float, bounds: dict) -> list[dict]:
     """Part 3: every collective, auto, heap tensors, 8 B..256 MB, eager and graph, beside
     NCCL and (all_reduce) SymmetricMemory."""
     base = rk.baselines()
     out = []
+    cases = [BenchCase(op, "auto", "float32", n, "heap", "sum", rk.w)
+             for op in rk.cfg["sweep_ops"] for n in rk.cfg["sweep_sizes"]]
+    arena = _arena(rk, cases)
     modes = ["eager"] + (["graph"] if rk.cuda else [])
     for op in rk.cfg["sweep_ops"]:
         for n in rk.cfg["sweep_sizes"]:
@@ -155,13 +191,12 @@ def sweep_rows(rk, deadline: float, bounds: dict) -> list[dict]:
                     out.append(rec)
                     continue
                 graph = mode == "graph"
-                bufs = rk.runner.make_buffers(rk.comm, case, rk.dev)
-                bufs.root, bufs.split_seed = 0, 0
+                bufs = arena_buffers(arena, case, rk.runner)
                 refill, chunk = _fill_for(case, bufs.inp)
                 measure(rk, "tilecomm", lambda b=bufs: CASES[op].run(rk.comm, b, "auto"),
                         rec, graph=graph, refill=refill, chunk=chunk)
                 bufs = None
-                fn = base.nccl_call(case)
+                fn = agreed(rk, base.nccl_call(case))
                 if not isinstance(fn, str):
                     refill, chunk = _fill_for(case, fn.bufs.inp)
                 measure(rk, "nccl", fn, rec, graph=graph, refill=refill, chunk=chunk)
