@@ -10,40 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from tilecomm.moe import ExpertParallel, routing
+from tilecomm.moe import ExpertParallel, routing  # noqa: F401 - routing: for the tests
+from tilecomm.moe.synthetic import expert_output, inputs, normal_rows  # noqa: F401
 
 H, K, E = 256, 4, 8
-
-
-def inputs(rank: int, tokens: int, *, h=H, k=K, e=E, dtype=torch.bfloat16, seed=0,
-           integer=False, drop=0.2):
-    """x [T, H], topk_idx [T, K] (distinct experts, some -1), topk_weights [T, K] float32."""
-    g = torch.Generator().manual_seed(seed * 1000 + rank)
-    if integer:
-        x = torch.randint(-8, 9, (tokens, h), generator=g).to(dtype)
-    else:
-        x = torch.randn((tokens, h), generator=g).to(dtype)
-    idx = routing.random_topk(tokens, k, e, generator=g, drop=drop)
-    if tokens:
-        idx[0] = -1                       # a token that chose no expert at all
-    w = torch.rand((tokens, k), generator=g).to(torch.float32)
-    return x, idx, w
-
-
-def expert_output(x_rows: torch.Tensor, local_expert: torch.Tensor, rank: int) -> torch.Tensor:
-    """A stand-in expert: ``(e + 1) * x + rank`` per row, in x's dtype."""
-    f = (local_expert.to(torch.float32) + 1).unsqueeze(1)
-    return (x_rows.to(torch.float32) * f + rank).to(x_rows.dtype)
-
-
-def normal_rows(d, rank: int, dtype) -> torch.Tensor:
-    """The caller's normal-mode ``y``: its experts' outputs, weighted, summed in k order."""
-    from tilecomm.moe.dispatched import weighted_rows
-    rows, ks = (d.topk_idx >= 0).nonzero(as_tuple=True)
-    xr = d.dequantized(dtype)[rows] if d.scales is not None else d.x[rows]
-    pairs = expert_output(xr, d.topk_idx[rows, ks], rank)
-    return weighted_rows(d.x.shape[0], ks, rows, d.topk_weights[rows, ks], pairs,
-                         d.topk_idx.shape[1], dtype)
 
 
 def roundtrip(comm, tokens, seed=0, dtype=torch.bfloat16, integer=False, fp8=False,

@@ -24,36 +24,9 @@ import time
 
 import torch
 
-from ...moe import ExpertParallel, reference as R, routing
-from ...moe.dispatched import weighted_rows
-
-
-# ---- scenarios: inputs from (seed, rank), experts as functions of rows -------------------------
-def inputs(rank: int, tokens: int, *, h: int, k: int, e: int, dtype=torch.bfloat16, seed=0,
-           drop=0.2):
-    """x [T, H], topk_idx [T, K] (distinct experts, some -1), topk_weights [T, K] float32."""
-    g = torch.Generator().manual_seed(seed * 1000 + rank)
-    x = torch.randn((tokens, h), generator=g).to(dtype)
-    idx = routing.random_topk(tokens, k, e, generator=g, drop=drop)
-    if tokens:
-        idx[0] = -1                       # a token that chose no expert at all
-    w = torch.rand((tokens, k), generator=g).to(torch.float32)
-    return x, idx, w
-
-
-def expert_output(x_rows: torch.Tensor, local_expert: torch.Tensor, rank: int) -> torch.Tensor:
-    """A stand-in expert: ``(e + 1) * x + rank`` per row, in x's dtype."""
-    f = (local_expert.to(torch.float32) + 1).unsqueeze(1)
-    return (x_rows.to(torch.float32) * f + rank).to(x_rows.dtype)
-
-
-def normal_rows(d, rank: int, dtype) -> torch.Tensor:
-    """The caller's normal-mode ``y``: its experts' outputs, weighted, summed in k order."""
-    rows, ks = (d.topk_idx >= 0).nonzero(as_tuple=True)
-    xr = d.dequantized(dtype)[rows] if d.scales is not None else d.x[rows]
-    pairs = expert_output(xr, d.topk_idx[rows, ks], rank)
-    return weighted_rows(d.x.shape[0], ks, rows, d.topk_weights[rows, ks], pairs,
-                         d.topk_idx.shape[1], dtype)
+from ...moe import ExpertParallel, reference as R
+from ...moe.synthetic import expert_output, inputs, normal_rows
+from .rank import checks_then_timings
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -310,8 +283,4 @@ def timings(rk, deadline: float) -> list[dict]:
 
 
 def run(rk, deadline: float) -> list[dict]:
-    t0 = time.time()
-    if not rk.cfg.get("timings", True):       # time slices: no speed to measure
-        return checks(rk, deadline)
-    rows = checks(rk, t0 + 0.55 * (deadline - t0))
-    return rows + timings(rk, deadline)
+    return checks_then_timings(rk, deadline, checks, timings, 0.55)

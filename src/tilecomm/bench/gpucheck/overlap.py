@@ -19,6 +19,8 @@ import time
 
 import torch
 
+from .rank import checks_then_timings
+
 #: tolerance of the kernels against the references, ``|got - want| <= atol + rtol * |want|``:
 #: another K order moves a 16-bit result by about one rounding of the output (and of each
 #: partial of the reduce-scatter)
@@ -197,11 +199,8 @@ def timings(rk, deadline: float) -> list[dict]:
 
 
 def run(rk, deadline: float) -> list[dict]:
-    t0 = time.time()
-    if not rk.cfg.get("timings", True):       # time slices: no speed to measure
-        return checks(rk, deadline)
-    rows = checks(rk, t0 + 0.5 * (deadline - t0))
-    return rows + timings(rk, deadline)
+    return checks_then_timings(rk, deadline, checks, timings, 0.5)
+
 
 
 def text_lines(rows) -> list[str]:

@@ -139,3 +139,14 @@ class RankCheck:
         if self.partial:
             with open(self.partial, "a") as f:
                 f.write(json.dumps(rec, default=str) + "\n")
+
+
+def checks_then_timings(rk, deadline: float, checks, timings, share: float) -> list[dict]:
+    """A phase that checks, then times: ``checks(rk, t)`` in the first ``share`` of the time
+    left, ``timings(rk, deadline)`` in the rest; the checks alone where the world cannot time
+    (``cfg["timings"]`` false: ranks time-slicing a GPU without MPS)."""
+    t0 = time.time()
+    if not rk.cfg.get("timings", True):
+        return checks(rk, deadline)
+    rows = checks(rk, t0 + share * (deadline - t0))
+    return rows + timings(rk, deadline)
