@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 
 from tilecomm.moe import ExpertParallel, routing  # noqa: F401 - routing: for the tests
-from tilecomm.moe.synthetic import expert_output, inputs, normal_rows  # noqa: F401
+from tilecomm.moe.synthetic import (expert_output, inputs, normal_rows,  # noqa: F401
+                                    reference_combined)
 
 H, K, E = 256, 4, 8
 
@@ -86,19 +87,8 @@ def check(results, tokens, *, seed=0, dtype=torch.bfloat16, integer=False, fp8=F
         for key in ("x", "src_rank", "src_token", "topk_idx", "topk_weights",
                     "tokens_per_expert") + (("scales",) if fp8 else ()):
             assert torch.equal(bits(got[key]), bits(ref[r][key])), (r, key)
-    # the caller's rows are a function of the dispatched rows, so the reference's y is rebuilt
-    # from the reference dispatch (an engine that moved a wrong row fails above first)
     el = e // w
-    ys = []
-    for r in range(w):
-        d = ref[r]
-        xr = d["x"]
-        if fp8:
-            from tilecomm.moe.fp8 import dequantize
-            xr = dequantize(d["x"], d["scales"], dtype)
-        ys.append(R.weighted(lambda i, j: expert_output(xr[i:i + 1], d["topk_idx"][i, j:j + 1],
-                                                        r)[0], d, dtype))
-    outs = R.combine(ys, ref, tokens, dtype, host_of=host_of)
+    outs = reference_combined(ref, tokens, dtype, fp8, host_of=host_of)
     for r in range(w):
         for lay, got in results[r].items():
             assert torch.equal(bits(got["out"]), bits(outs[r])), (r, lay)

@@ -44,3 +44,19 @@ def normal_rows(d, rank: int, dtype) -> torch.Tensor:
     pairs = expert_output(xr, d.topk_idx[rows, ks], rank)
     return weighted_rows(d.x.shape[0], ks, rows, d.topk_weights[rows, ks], pairs,
                          d.topk_idx.shape[1], dtype)
+
+
+def reference_combined(ref: list[dict], tokens: list[int], dtype, fp8: bool = False,
+                       host_of: list[int] | None = None) -> list[torch.Tensor]:
+    """Every source rank's combined output when each rank runs the stand-in experts on its
+    rows of the reference dispatch ``ref`` (:func:`.reference.dispatch`) and weights them:
+    the caller's rows are a function of the dispatched rows, so they are rebuilt from the
+    reference (an engine that moved a wrong row fails the dispatch comparison first)."""
+    from . import reference as R
+    from .fp8 import dequantize
+    ys = []
+    for q, d in enumerate(ref):
+        xq = dequantize(d["x"], d["scales"], dtype) if fp8 else d["x"]
+        ys.append(R.weighted(lambda i, j, xq=xq, d=d, q=q: expert_output(
+            xq[i:i + 1], d["topk_idx"][i, j:j + 1], q)[0], d, dtype))
+    return R.combine(ys, ref, list(tokens), dtype, host_of=host_of)

@@ -25,7 +25,7 @@ import time
 import torch
 
 from ...moe import ExpertParallel, reference as R
-from ...moe.synthetic import expert_output, inputs, normal_rows
+from ...moe.synthetic import expert_output, inputs, normal_rows, reference_combined
 from .rank import checks_then_timings
 
 
@@ -90,16 +90,7 @@ def _mismatches(rk, ep, case, seed) -> list[str]:
                 sl = slice(s * m, s * m + n)
                 if not torch.equal(_bits(got_x[le, sl]), _bits(want["x"][le, sl])):
                     bad.append(f"x[{le}, from {s}]")
-    ys = []
-    for q in range(w):
-        dq = ref[q]
-        xq = dq["x"]
-        if fp8:
-            from ...moe.fp8 import dequantize
-            xq = dequantize(dq["x"], dq["scales"], dtype)
-        ys.append(R.weighted(lambda i, j, xq=xq, dq=dq, q=q: expert_output(
-            xq[i:i + 1], dq["topk_idx"][i, j:j + 1], q)[0], dq, dtype))
-    outs = R.combine(ys, ref, list(tokens), dtype)
+    outs = reference_combined(ref, tokens, dtype, fp8)
     if not torch.equal(_bits(out), _bits(outs[r])):
         bad.append("combined output")
     return bad
