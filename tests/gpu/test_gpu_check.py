@@ -336,20 +336,17 @@ def test_without_mps_ranks_sharing_a_device_get_correctness_only(tmp_path):
 
 def test_the_profile_reads_ncu_raw_csv_and_says_why_it_did_not_run(tmp_path):
     from tilecomm.bench.gpucheck import config, profile
-    head = ['"ID"', '"Process ID"', '"Kernel Name"', f'"{profile.DRAM}"', f'"{profile.DURATION}"',
-            f'"{profile.OCCUPANCY}"',
-            '"smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio"',
-            '"smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio"',
-            '"smsp__average_warps_issue_stalled_wait_per_issue_active.ratio"',
-            '"smsp__average_warps_issue_stalled_membar_per_issue_active.ratio"']
+    head = ['"ID"', '"Process ID"', '"Kernel Name"', f'"{profile.DRAM}"',
+            f'"{profile.DURATION}"', f'"{profile.OCCUPANCY}"']
     text = "\n".join(["==PROF== Connected to process 1", ",".join(head),
-                      '"","","","%","usecond","%","","","",""',
-                      '"0","1","one_shot_all_reduce_kernel","45.2","12.5","30.1","5.5","0.2",'
-                      '"1,200.5","3.0"'])
+                      '"","","","%","usecond","%"',
+                      '"0","1","one_shot_all_reduce_kernel","45.2","12.5","30.1"',
+                      '"1","1","moe_dispatch_push","71.0","1,250.0","12.5"'])
     got = profile.parse(text)
-    assert got == [{"kernel": "one_shot_all_reduce_kernel", "dram_pct": "45.2",
-                    "occupancy_pct": "30.1", "duration": "12.5",
-                    "top_stalls": "wait 1200.5, long_scoreboard 5.5, membar 3.0"}]
+    assert got == [{"kernel": "one_shot_all_reduce_kernel", "duration": "12.5",
+                    "dram_pct": "45.2", "occupancy_pct": "30.1"},
+                   {"kernel": "moe_dispatch_push", "duration": "1,250.0", "dram_pct": "71.0",
+                    "occupancy_pct": "12.5"}]
     assert profile.parse("no csv here") == []
     cfg = config(False)
     assert "not found" in profile.run(cfg, None, str(tmp_path), 60, str(tmp_path))["status"]

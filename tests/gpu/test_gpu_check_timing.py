@@ -28,7 +28,7 @@ def _fake_cuda(monkeypatch, log):
     capturing = []
 
     @contextlib.contextmanager
-    def graph(g):
+    def graph(g, capture_error_mode="global"):
         capturing.append(g)
         try:
             yield
@@ -89,3 +89,28 @@ def test_bound_per_operation():
     assert timing.bound_us("all_gather", 2, 1000, dict(gb, gpus=2, nvlink_GBps=500.0)) == \
         ("nvlink", pytest.approx(500 / 500.0 / 1e3))
     assert timing.bound_us("all_to_all", 2, 1000, {}) == (None, None)
+
+
+def _one_rank_raises_before_a_barrier(comm):
+    from tilecomm.bench.gpucheck.rank import RankCheck
+    rk = RankCheck(comm, dict(interpret=False, device_heap_bytes=None), "cpu", None)
+    err = None
+    try:
+        if comm.rank == 1:
+            raise RuntimeError("rank 1's case failed before its barrier")
+        comm.barrier()                         # rank 0: a timed round's barrier
+    except Exception as e:  # noqa: BLE001 - as timing.measure does
+        err = f"{type(e).__name__}: {e}"
+    seen = rk.failed_elsewhere(err) if not rk.all_ok(err is None) else None
+    rk.comm.barrier()                          # and the world goes on in step
+    return seen, rk.gather([comm.rank])
+
+
+def test_a_rank_that_fails_before_its_peers_barrier_keeps_the_world_in_step(ranks):
+    """Rank 1's case raises before the barrier rank 0 is in: both calls fail as mismatched,
+    and the agreement after it still meets (RankCheck.gather retries once), so every rank
+    learns what happened instead of the world ending."""
+    got = ranks(2).run(_one_rank_raises_before_a_barrier)
+    assert got[1][0].startswith("RuntimeError: rank 1's case failed")
+    assert "CommMismatch" in got[0][0] or "failed on rank 1" in got[0][0], got
+    assert got[0][1] == got[1][1] == [[0], [1]]

@@ -9,8 +9,8 @@
   (``torch.ops.symm_mem.one_shot_all_reduce`` / ``two_shot_all_reduce_``) on
   ``symm_mem.empty`` tensors, with ``TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES=1`` (several
   ranks on one device).
-* **the device copy rate** (rank 0 alone: a large device-to-device copy, bytes copied over
-  time): the bound of the data-movement rows.
+* **the device copy rate** (every rank copying at once: the ranks' bytes copied over the
+  slowest rank's time): the bound of the data-movement rows.
 
 Every figure is *same device*: it measures the kernels, their signalling and one HBM, not
 NVLink. A baseline that is missing or fails says why and never fails the check (it is not the
@@ -20,7 +20,6 @@ code under test).
 from __future__ import annotations
 
 import os
-import statistics
 from datetime import timedelta
 
 import torch
@@ -52,13 +51,22 @@ class Baselines:
         self.nccl_reason = ""
         self.symm_reason = ""
         self.symm_group = None
+        self._symm_buf = None               # one rendezvoused buffer, grown to the largest
         if not rk.cuda:
             self.nccl_reason = self.symm_reason = "n/a: needs CUDA tensors (interpret mode)"
             return
-        if not dist.is_initialized():
-            store = dist.FileStore(store_path, rk.w)
-            dist.init_process_group("gloo", store=store, rank=rk.r, world_size=rk.w,
-                                    timeout=timedelta(seconds=60))
+        err = None
+        try:
+            if not dist.is_initialized():
+                store = dist.FileStore(store_path, rk.w)
+                dist.init_process_group("gloo", store=store, rank=rk.r, world_size=rk.w,
+                                        timeout=timedelta(seconds=60))
+        except Exception as e:  # noqa: BLE001 - every baseline then says why it is missing
+            err = f"{type(e).__name__}: {str(e)[:300]}"
+        if not rk.all_ok(err is None):
+            self.nccl_reason = self.symm_reason = \
+                f"unavailable: torch.distributed did not start: {rk.failed_elsewhere(err)}"
+            return
         self._nccl()
         self._symm()
 
@@ -129,17 +137,23 @@ class Baselines:
         fn.bufs = b
         return fn
 
-    def symm_call(self, algo: str, count: int, dtype: torch.dtype):
+    def symm_call(self, algo: str, count: int, dtype: torch.dtype, most: int | None = None):
         """``fn()`` of PyTorch's symmetric-memory ``one_shot`` / ``two_shot`` all_reduce of
-        ``count`` elements (collective: the buffer is allocated and rendezvoused here), or the
-        reason string."""
+        ``count`` elements, on a view of one symmetric buffer of ``most`` (default ``count``)
+        elements allocated and rendezvoused once (collective; a fresh buffer per size would
+        rendezvous every time, and a reused block could differ between ranks), or the reason
+        string. ``fn.bufs`` is the view."""
         if self.symm_group is None:
             return self.symm_reason
         err = None
         try:
-            t = self._symm_mod.empty(count, dtype=dtype, device=self.rk.dev)
-            t.fill_(1)
-            self._symm_mod.rendezvous(t, self.symm_group)
+            buf = self._symm_buf
+            if buf is None or buf.numel() < count or buf.dtype != dtype:
+                buf = self._symm_mod.empty(max(count, most or count), dtype=dtype,
+                                           device=self.rk.dev)
+                self._symm_mod.rendezvous(buf, self.symm_group)
+                self._symm_buf = buf
+            t = buf[:count]
             name = self.symm_group
             if algo == "one_shot":
                 op = torch.ops.symm_mem.one_shot_all_reduce    # returns a new tensor
@@ -157,33 +171,26 @@ class Baselines:
 
 
 def copy_rate(rk, nbytes: int) -> dict | None:
-    """Rank 0 alone: GB/s of one device-to-device copy of ``nbytes`` (bytes copied / time;
-    each byte is read once and written once), median of 5 rounds of 5 copies; on every rank
-    (None on a CPU device it is the host's memcpy)."""
-    res = None
-    if rk.r == 0:
-        n = nbytes // 4
-        a = torch.randn(n, device=rk.dev)
-        b = torch.empty_like(a)
-        clock = rk.runner.Clock(rk.dev)
-        b.copy_(a)
-        secs = []
-        for _ in range(5):
-            clock.reset()
-            clock.start()
-            for _ in range(5):
-                b.copy_(a)
-            clock.stop()
-            secs.append(clock.seconds() / 5)
-        us = statistics.median(secs) * 1e6
-        res = dict(bytes=n * 4, us=us, GBps=n * 4 / us / 1e3,
-                   read_plus_write_GBps=2 * n * 4 / us / 1e3)
-        del a, b
-    got = rk.gather([int((res or {}).get("GBps", 0) * 1000), int((res or {}).get("us", 0))])
-    if rk.r != 0:
-        g = got[0][0] / 1000
-        res = dict(bytes=nbytes, us=got[0][1], GBps=g, read_plus_write_GBps=2 * g) if g else None
-    return res
+    """The device copy rate with every rank copying ``nbytes`` at once (after a barrier; under
+    MPS each rank has only its share of the SMs, so one rank alone would understate what the
+    ranks together get from the one HBM): all ranks' bytes copied over the slowest rank's time
+    (each byte read once and written once), median of 5 rounds of 5 copies; the same on every
+    rank."""
+    n = nbytes // 4
+    a = torch.randn(n, device=rk.dev)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    rk.sync()
+    clock = rk.runner.Clock(rk.dev)
+    secs = rk.runner.time_rounds(rk.comm.barrier, lambda: b.copy_(a), 1, 5, 5, clock=clock)
+    a = b = None            # noqa: F841 - the copy's buffers go before the sweep
+    per = rk.gather_times(secs, 5)
+    if per is None:
+        return None
+    t = rk.slowest_median(per)
+    total = rk.w * n * 4
+    return dict(bytes_per_rank=n * 4, ranks=rk.w, us=t * 1e6, GBps=total / t / 1e9,
+                read_plus_write_GBps=2 * total / t / 1e9)
 
 
 def rank_env() -> dict[str, str]:

@@ -29,7 +29,7 @@ def run(rk, deadline: float) -> list[dict]:
         rk.sync()
         g = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(g):
+            with torch.cuda.graph(g, capture_error_mode="thread_local"):
                 rk.comm.all_reduce(x)
         except Exception as e:  # noqa: BLE001
             raise RuntimeError(f"capture failed: {type(e).__name__}: {str(e)[:300]}")

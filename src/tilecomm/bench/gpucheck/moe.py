@@ -125,7 +125,7 @@ def graph_case(rk) -> dict:
         rk.sync()
         rk.comm.barrier()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
             out = step()
         wrong = 0
         for i in range(3):
@@ -230,7 +230,7 @@ def timings(rk, deadline: float) -> list[dict]:
         except Exception as ex:  # noqa: BLE001
             err = f"{type(ex).__name__}: {str(ex)[:300]}"
         per = rk.gather([int(res.get(q, -1e-9) * 1e9) for q in ("dispatch", "combine", "copy")])
-        if any(p[0] < 0 for p in per):
+        if any(v < 0 for p in per for v in p):
             rec["errors"]["tilecomm"] = rk.failed_elsewhere(err)
             rk.recover()
             rows.append(rec)

@@ -5,12 +5,12 @@ Two rank processes meet through a file store (``tilecomm.launch.connect``); rank
 ``ncu`` (``--clock-control none``: the clocks are left alone), rank 1 does not: Nsight Compute
 serializes the kernel launches of the processes it profiles and does not support MPS clients,
 so a profiled peer would wait for a kernel that never starts. Per kernel (one_shot and
-two_shot all_reduce, all_gather direct, MoE dispatch): DRAM throughput as % of peak, achieved
-occupancy, duration, and the top warp stall reasons, kept raw in ``profile_ncu.csv``.
+two_shot all_reduce, all_gather direct, MoE dispatch): duration, DRAM throughput as % of
+peak and achieved occupancy, kept raw in ``profile_ncu.csv``.
 
-Caveat written into the record: Nsight Compute replays a kernel for its passes; the first pass
-includes waiting for the peer's signals, later passes find them set. Read the throughput of
-the memory traffic, not the wait.
+Only metrics one pass collects: for more passes ncu replays a kernel after restoring its
+memory, which rolls back the signals the unprofiled peer wrote once, so the replay would wait
+for them until the device timeout. Warp stall reasons need such passes; they are not taken.
 
     python -m tilecomm.bench.gpucheck.profile --rank 1 --world 2 --store FILE   # a rank
 """
@@ -27,12 +27,11 @@ import time
 
 #: the kernels profiled (a regular expression over Triton's kernel names)
 KERNELS = "one_shot_all_reduce|two_shot_all_reduce|all_gather_direct|moe_dispatch_push"
-SECTIONS = ("SpeedOfLight", "Occupancy", "WarpStateStats")
 DRAM = "dram__throughput.avg.pct_of_peak_sustained_elapsed"
 OCCUPANCY = "sm__warps_active.avg.pct_of_peak_sustained_active"
 DURATION = "gpu__time_duration.sum"
-#: the warp-state metrics name their stall reason after this (the WarpStateStats section)
-STALL = "issue_stalled_"
+#: collected in one pass (no replay: see the module docstring)
+METRICS = (DURATION, DRAM, OCCUPANCY)
 
 
 def workload(rank: int, world: int, store_path: str) -> None:
@@ -66,7 +65,7 @@ def workload(rank: int, world: int, store_path: str) -> None:
 
 
 def parse(text: str) -> list[dict]:
-    """Per profiled kernel: name, DRAM %, achieved occupancy %, duration, top 3 stalls."""
+    """Per profiled kernel (``ncu --csv --page raw``): name, duration, DRAM %, occupancy %."""
     rows = list(csv.reader(io.StringIO(text)))
     head = next((i for i, r in enumerate(rows) if "Kernel Name" in r), None)
     if head is None:
@@ -77,20 +76,8 @@ def parse(text: str) -> list[dict]:
         if len(r) != len(cols):
             continue
         d = dict(zip(cols, r))
-        by_reason: dict[str, float] = {}
-        for k, v in d.items():
-            if STALL not in k:
-                continue
-            name = k.split(STALL, 1)[1].split(".")[0].removesuffix("_per_issue_active")
-            try:
-                by_reason[name] = max(by_reason.get(name, 0.0), float(v.replace(",", "")))
-            except ValueError:
-                pass
-        stalls = sorted(((v, n) for n, v in by_reason.items()), reverse=True)
-        out.append({"kernel": d.get("Kernel Name", "?")[:60],
-                    "dram_pct": d.get(DRAM), "occupancy_pct": d.get(OCCUPANCY),
-                    "duration": d.get(DURATION),
-                    "top_stalls": ", ".join(f"{n} {v:.1f}" for v, n in stalls[:3])})
+        out.append({"kernel": d.get("Kernel Name", "?")[:60], "duration": d.get(DURATION),
+                    "dram_pct": d.get(DRAM), "occupancy_pct": d.get(OCCUPANCY)})
     return out
 
 
@@ -105,12 +92,12 @@ def run(cfg: dict, ncu: str | None, out_dir: str, budget_s: float, work_dir: str
         return dict(status=f"skipped: {budget_s:.0f} s left")
     store = os.path.join(work_dir, "profile.store")
     csv_path = os.path.join(out_dir, "profile_ncu.csv")
-    env = dict(os.environ, TILECOMM_DEVICE_TIMEOUT="60", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, TILECOMM_DEVICE_TIMEOUT="20", PYTHONUNBUFFERED="1")
     me = [sys.executable, "-m", __name__, "--world", "2", "--store", store]
     cmd0 = [ncu, "--target-processes", "application-only", "--clock-control", "none",
-            "--kernel-name", f"regex:{KERNELS}", "--launch-skip", "4", "--launch-count", "8",
-            *[a for s in SECTIONS for a in ("--section", s)], "--csv", "--page", "raw",
-            *me, "--rank", "0"]
+            "--cache-control", "none", "--kernel-name", f"regex:{KERNELS}",
+            "--launch-skip", "4", "--launch-count", "8", "--metrics", ",".join(METRICS),
+            "--csv", "--page", "raw", *me, "--rank", "0"]
     t0 = time.time()
     p0 = subprocess.Popen(cmd0, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           env=env)
@@ -143,8 +130,8 @@ def run(cfg: dict, ncu: str | None, out_dir: str, budget_s: float, work_dir: str
         status = "no kernel profiled: " + (err0 or "").strip()[-300:]
     log(f"[gpu_check] profile: {status} ({len(kernels)} kernels, {time.time() - t0:.0f} s)")
     return dict(status=status, kernels=kernels, csv=os.path.basename(csv_path),
-                caveat="ncu replays each kernel for its passes: the first pass includes the "
-                       "wait for the peer, later passes find its signals set",
+                caveat="one pass per kernel (a replay would wait for signals the peer wrote "
+                       "once); the duration includes waiting for the peer",
                 seconds=round(time.time() - t0, 1))
 
 

@@ -16,6 +16,8 @@ import time
 
 import torch
 
+from ...errors import CommMismatch
+
 #: bytes of a rank's error text that reach the other ranks (the report of "failed on rank q")
 ERROR_TEXT_BYTES = 320
 
@@ -46,8 +48,17 @@ class RankCheck:
 
     # ---- agreement among ranks (host executor, never the kernels under test) ----------------
     def gather(self, ints) -> list[list[int]]:
-        """Every rank's list of ints (the same length on every rank), in rank order."""
-        return self.comm.exchange([int(v) for v in ints])
+        """Every rank's list of ints (the same length on every rank), in rank order.
+
+        A rank whose case raised comes here while its peers may still be in the case's next
+        collective (a barrier between timed rounds): both calls then fail as mismatched, the
+        peers' inside their case (which they report and leave for this same agreement), this
+        rank's here; so a mismatch here is retried once, where the peers now are."""
+        values = [int(v) for v in ints]
+        try:
+            return self.comm.exchange(values)
+        except CommMismatch:
+            return self.comm.exchange(values)
 
     def gather_text(self, text: str | None, nbytes: int = ERROR_TEXT_BYTES) -> list[str]:
         """Every rank's ``text`` (its first ``nbytes`` UTF-8 bytes; "" for None)."""

@@ -1,10 +1,11 @@
 """Phase ``timing``: how fast every collective is, against baselines of the same run.
 
-1. **the device copy rate** (rank 0 alone): the bound of every row;
+1. **the device copy rate** (every rank copying at once): the bound of every row;
 2. **per kernel** (float32 sum, the table's sizes, ordinary and heap tensors): the bench's
    timed rounds (``runner.time_case``) of every fused kernel;
 3. **the sweep**: every collective with ``algo="auto"`` on heap tensors (zero copy, what a
-   CUDA graph can capture) from 8 B to 256 MB, **eager and under CUDA-graph replay**, beside
+   CUDA graph can capture) from 8 B to 256 MB, **eager** (every row, sizes ascending) **then
+   under CUDA-graph replay**, beside
    NCCL (same ranks, same GPU) and, for all_reduce, PyTorch's SymmetricMemory one-shot and
    two-shot (:mod:`.baselines`).
 
@@ -73,7 +74,9 @@ def timed(rk, fn, *, graph: bool, refill=None, chunk: int | None = None,
     rk.sync()
     rk.comm.barrier()
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    # thread_local: another thread's CUDA call during the capture (NCCL's watchdog polling
+    # the warm-up's event) must not invalidate it
+    with torch.cuda.graph(g, capture_error_mode="thread_local"):
         for _ in range(k):
             fn()
     reps = max(1, iters // k)
@@ -179,41 +182,44 @@ def sweep_rows(rk, deadline: float, bounds: dict) -> list[dict]:
     cases = [BenchCase(op, "auto", "float32", n, "heap", "sum", rk.w)
              for op in rk.cfg["sweep_ops"] for n in rk.cfg["sweep_sizes"]]
     arena = _arena(rk, cases)
-    modes = ["eager"] + (["graph"] if rk.cuda else [])
-    for op in rk.cfg["sweep_ops"]:
-        for n in rk.cfg["sweep_sizes"]:
-            case = BenchCase(op, "auto", "float32", n, "heap", "sum", rk.w)
-            for mode in modes:
-                rec = dict(K.record(rk.runner, case, "timing"), part="sweep", mode=mode,
-                           case=f"{case.id}/{mode}", us={}, errors={})
-                if not rk.in_time(deadline):
-                    rec["errors"]["tilecomm"] = "skipped: phase budget spent"
-                    out.append(rec)
-                    continue
-                graph = mode == "graph"
-                bufs = arena_buffers(arena, case, rk.runner)
-                refill, chunk = _fill_for(case, bufs.inp)
-                measure(rk, "tilecomm", lambda b=bufs: CASES[op].run(rk.comm, b, "auto"),
-                        rec, graph=graph, refill=refill, chunk=chunk)
-                bufs = None
-                fn = agreed(rk, base.nccl_call(case))
-                if not isinstance(fn, str):
-                    refill, chunk = _fill_for(case, fn.bufs.inp)
-                measure(rk, "nccl", fn, rec, graph=graph, refill=refill, chunk=chunk)
-                fn = None
-                if op == "all_reduce":
-                    count = rk.runner.case_counts(case)[0]
-                    for algo in ("one_shot", "two_shot"):
-                        fn = base.symm_call(algo, count, torch.float32)
-                        if not isinstance(fn, str):
-                            refill, chunk = _fill_for(case, fn.bufs)
-                        measure(rk, f"torch symm_mem {algo}", fn, rec, graph=graph,
-                                refill=refill, chunk=chunk)
-                        fn = None
-                _finish(rk, rec, case, bounds)
-                gc.collect()
+    most = max(rk.runner.case_counts(c)[0] for c in cases if c.op == "all_reduce") \
+        if "all_reduce" in rk.cfg["sweep_ops"] else None
+    # every eager row before any graph row: once a graph captured this communicator's
+    # kernels their scratch cannot grow (it would free memory the graph uses), and the eager
+    # rows, sizes ascending, grow it to the largest the graph rows need
+    for mode in ["eager"] + (["graph"] if rk.cuda else []):
+        for case in cases:
+            op = case.op
+            rec = dict(K.record(rk.runner, case, "timing"), part="sweep", mode=mode,
+                       case=f"{case.id}/{mode}", us={}, errors={})
+            if not rk.in_time(deadline):
+                rec["errors"]["tilecomm"] = "skipped: phase budget spent"
                 out.append(rec)
-                rk.log(rec)
+                continue
+            graph = mode == "graph"
+            bufs = arena_buffers(arena, case, rk.runner)
+            refill, chunk = _fill_for(case, bufs.inp)
+            measure(rk, "tilecomm", lambda b=bufs, op=op: CASES[op].run(rk.comm, b, "auto"),
+                    rec, graph=graph, refill=refill, chunk=chunk)
+            bufs = None
+            fn = agreed(rk, base.nccl_call(case))
+            if not isinstance(fn, str):
+                refill, chunk = _fill_for(case, fn.bufs.inp)
+            measure(rk, "nccl", fn, rec, graph=graph, refill=refill, chunk=chunk)
+            fn = None
+            if op == "all_reduce":
+                count = rk.runner.case_counts(case)[0]
+                for algo in ("one_shot", "two_shot"):
+                    fn = base.symm_call(algo, count, torch.float32, most)
+                    if not isinstance(fn, str):
+                        refill, chunk = _fill_for(case, fn.bufs)
+                    measure(rk, f"torch symm_mem {algo}", fn, rec, graph=graph,
+                            refill=refill, chunk=chunk)
+                    fn = None
+            _finish(rk, rec, case, bounds)
+            gc.collect()
+            out.append(rec)
+            rk.log(rec)
     return out
 
 
