@@ -15,18 +15,8 @@ import argparse
 import sys
 
 from .errors import CommError
+from .helpfmt import HelpFormatter
 from .units import parse_size, sizes
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows ``(default: X)`` only for a real default that the help text does not already
-    explain (``--gpus ... (default: --nodes x node)`` used to get a second ``(default: None)``)."""
-
-    def _get_help_string(self, action):
-        text = action.help or ""
-        if "default" in text or action.default in (None, False, argparse.SUPPRESS):
-            return text
-        return super()._get_help_string(action)
 
 
 def _description(doc: str) -> str:

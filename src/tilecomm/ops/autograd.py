@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import torch
 
+from .engines import engine_for
+
 
 class AllGatherMatmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a_shard, b, comm, copy="kernel"):
-        from .overlap import _engine
-        c, gathered = _engine(comm, a_shard).all_gather_matmul(
+        c, gathered = engine_for(comm, a_shard).all_gather_matmul(
             comm, a_shard.detach(), b.detach(), return_gathered=True, copy=copy)
         ctx.comm = comm
         ctx.save_for_backward(gathered, b)
@@ -30,12 +31,11 @@ class AllGatherMatmul(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_c, _grad_gathered):
-        from .overlap import _engine
         gathered, b = ctx.saved_tensors
         grad_c = grad_c.contiguous()
         grad_a = grad_b = None
         if ctx.needs_input_grad[0]:
-            grad_a = _engine(ctx.comm, grad_c).matmul_reduce_scatter(ctx.comm, grad_c, b.t())
+            grad_a = engine_for(ctx.comm, grad_c).matmul_reduce_scatter(ctx.comm, grad_c, b.t())
         if ctx.needs_input_grad[1]:
             grad_b = (gathered.float().t() @ grad_c.float()).to(b.dtype)
         return grad_a, grad_b, None, None
@@ -44,17 +44,15 @@ class AllGatherMatmul(torch.autograd.Function):
 class MatmulReduceScatter(torch.autograd.Function):
     @staticmethod
     def forward(ctx, a, b, comm):
-        from .overlap import _engine
         ctx.comm = comm
         ctx.save_for_backward(a, b)
-        return _engine(comm, a).matmul_reduce_scatter(comm, a.detach(), b.detach())
+        return engine_for(comm, a).matmul_reduce_scatter(comm, a.detach(), b.detach())
 
     @staticmethod
     def backward(ctx, grad_y):
-        from .overlap import _engine
         a, b = ctx.saved_tensors
         grad_y = grad_y.contiguous()
-        grad_a, grad_full = _engine(ctx.comm, grad_y).all_gather_matmul(
+        grad_a, grad_full = engine_for(ctx.comm, grad_y).all_gather_matmul(
             ctx.comm, grad_y, b.t(), return_gathered=True)
         grad_b = (a.float().t() @ grad_full.float()).to(b.dtype) \
             if ctx.needs_input_grad[1] else None

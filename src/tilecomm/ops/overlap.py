@@ -4,16 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from . import cpu
-
-
-def _engine(comm, a):
-    """The engine module for ``a``'s device: every rank must pick the same one (the
-    descriptor exchange compares it)."""
-    if isinstance(a, torch.Tensor) and (a.device.type != "cpu" or comm.cpu_kernels == "triton"):
-        from . import kernel
-        return kernel
-    return cpu
+from .engines import engine_for
 
 
 def _wants_grad(*ts) -> bool:
@@ -53,7 +44,7 @@ def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, comm, *,
                              "required (autograd needs a fresh output)")
         c, g = AllGatherMatmul.apply(a_shard, b, comm, copy)
         return (c, g) if return_gathered else c
-    return _engine(comm, a_shard).all_gather_matmul(comm, a_shard, b, out=out,
+    return engine_for(comm, a_shard).all_gather_matmul(comm, a_shard, b, out=out,
                                                     return_gathered=bool(return_gathered),
                                                     copy=copy)
 
@@ -75,4 +66,4 @@ def matmul_reduce_scatter(a: torch.Tensor, b: torch.Tensor, comm, *,
             raise ValueError("matmul_reduce_scatter: out= is not supported when a gradient is "
                              "required (autograd needs a fresh output)")
         return MatmulReduceScatter.apply(a, b, comm)
-    return _engine(comm, a).matmul_reduce_scatter(comm, a, b, out=out)
+    return engine_for(comm, a).matmul_reduce_scatter(comm, a, b, out=out)

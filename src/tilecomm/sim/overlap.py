@@ -10,7 +10,7 @@ and the dtype. Per rank:
   product reduce-scattered.
 
 GEMM time: the roofline of the GPU, ``max(flops / (peak * gemm_eff), bytes / HBM)`` with the
-dense tensor peak of :mod:`tilecomm.workloads.hardware` and one stated GEMM efficiency
+dense tensor peak of :mod:`tilecomm.topology.gpus` and one stated GEMM efficiency
 (:data:`GEMM_EFF`); collective time: the simulator (:func:`tilecomm.sim.api.best`, the fastest
 tilecomm algorithm on the system).
 
@@ -66,7 +66,7 @@ class OverlapPrediction:
 def gemm_us(m: int, k: int, n: int, spec, dtype: str = "bf16", gemm_eff: float = GEMM_EFF
             ) -> float:
     """Roofline time (us) of one ``[m, k] x [k, n]`` GEMM on ``spec``'s GPU."""
-    from ..workloads.hardware import gpu_of
+    from ..topology.gpus import gpu_of
 
     gpu = gpu_of(spec)
     peak = gpu.peak("bf16" if dtype == "fp32" else dtype)

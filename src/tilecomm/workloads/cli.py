@@ -14,7 +14,7 @@ from .models import model_names
 
 
 def add_model_parser(sub) -> None:
-    from ..cli import HelpFormatter
+    from ..helpfmt import HelpFormatter
 
     p = sub.add_parser("model", help="parallelism workload model (training / inference)",
                        formatter_class=HelpFormatter,

@@ -6,7 +6,7 @@ concurrent requests; ``dp`` splits the batch (attention data parallelism, as use
 
 NOTE [inference cost of one stage]
     time = max(compute, HBM traffic) + exposed collectives. Compute: the stage's FLOPs at the
-    GPU's stated efficiency (hardware.py). HBM: the stage's weights (MoE: only the experts the
+    GPU's stated efficiency (topology/gpus.py). HBM: the stage's weights (MoE: only the experts the
     batch touches, expected count E*(1-(1-k/E)^tokens)) plus the KV cache read, at
     ``HBM_EFF`` of the datasheet bandwidth. Collectives (TP all_reduce 2 per layer, EP MoE
     dispatch + combine per MoE layer (tilecomm.sim.moe), one PP send per stage boundary) are
@@ -34,7 +34,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 from .comm import Placement, collective_us, p2p_us
-from .hardware import HBM_EFF, gpu_of
+from ..topology.gpus import HBM_EFF, gpu_of
 from .layout import Layout, groups, validate
 from .models import ModelSpec, load_model
 from .training import ACT_BYTES, RESERVE, Coll, add_moe, stage_embedding

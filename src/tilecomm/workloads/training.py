@@ -54,7 +54,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..sim.overlap import exposed_comm
 from .comm import Placement, collective_us, moe_us, p2p_us
-from .hardware import GPU, HBM_EFF, gpu_of
+from ..topology.gpus import GPU, HBM_EFF, gpu_of
 from .layout import Layout, groups, validate
 from .models import ModelSpec, load_model
 

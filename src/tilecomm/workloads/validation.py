@@ -1,6 +1,6 @@
 """Published training throughputs a reader can check, and the model's prediction for each.
 
-Nothing here is fitted: every point uses the same per-GPU-type efficiency from hardware.py.
+Nothing here is fitted: every point uses the same per-GPU-type efficiency from topology/gpus.py.
 ``python -m tilecomm.workloads.validation`` prints the table in docs/model.md.
 
 Sources:
@@ -86,7 +86,7 @@ def evaluate(p: Point) -> dict:
     """Prediction for one point: TFLOP/s per GPU in the source's convention, and the error."""
     r = train_step(p.model, p.system, p.gpus, p.layout, p.global_batch, 1, p.seq)
     from .comm import _spec
-    from .hardware import gpu_of
+    from ..topology.gpus import gpu_of
     peak = gpu_of(_spec(p.system)).peak("bf16")
     pred = r.hw_tflops_per_gpu if p.convention == "megatron" else r.mfu * peak / 1e12
     return {"source": p.source, "point": p.label, "published": p.published_tflops,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tilecomm.topology import SystemSpec
+from .spec import SystemSpec
 
 
 @dataclass(frozen=True)
@@ -75,4 +75,4 @@ def gpu_of(spec: SystemSpec) -> GPU:
         if key in name:
             return GPUS[key]
     raise ValueError(f"system {spec.name!r} (gpu {spec.gpu!r}) has no compute peak in "
-                     f"tilecomm.workloads.hardware; known GPUs: {', '.join(GPUS)}")
+                     f"tilecomm.topology.gpus; known GPUs: {', '.join(GPUS)}")
