@@ -2,7 +2,7 @@
 
 What the hierarchical runtime's rail steps are made of (``hier/rails.py``): a round of a fixed
 4224-byte header block, then, for payloads over 4096 B, a round of the payload. Each round is
-``Rails._pairwise``: every member posts a Gloo send to every other member of its rail group and
+``Rails.pairwise``: every member posts a Gloo send to every other member of its rail group and
 a receive from each, then waits for all of them (up to 7x faster than Gloo's ``allgather``
 on loopback here, which is why the runtime uses them). This script
 times exactly that primitive, on 2 simulated hosts x 2 ranks (``tilecomm.simhosts``: the same
@@ -71,7 +71,7 @@ def worker(out_path: str, rounds: int, sizes: list[int], primitive: str) -> None
                 if primitive == "allgather":
                     dist.all_gather(outs, src, group=rails[mine])
                     return
-                # hier/rails.py Rails._pairwise: sends to every other member, then receives
+                # hier/rails.py Rails.pairwise: sends to every other member, then receives
                 works = [dist.isend(src, p, group=rails[mine]) for p in peers]
                 works += [dist.irecv(o, p, group=rails[mine]) for p, o in zip(peers, outs)]
                 for x in works:

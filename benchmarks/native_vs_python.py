@@ -25,7 +25,7 @@ from tilecomm.units import format_size, parse_size
 
 
 def _work(comm, sizes, rounds):
-    ex = comm._backend.executor
+    ex = comm.host.backend.executor
     rows = []
     for nbytes in sizes:
         x = torch.ones(max(1, nbytes // 4))

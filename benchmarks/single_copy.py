@@ -42,7 +42,7 @@ def _call(comm, op: str, x: torch.Tensor, out: torch.Tensor | None):
 
 
 def _work(comm, ops, sizes, rounds):
-    ex = comm._backend.executor
+    ex = comm.host.backend.executor
     comm.barrier()      # every rank has published what its start-up probe found
     can = {int(ex.ch.slots[r][SegmentLayout.CMA])
            for r in range(comm.world_size)} == {1}
@@ -62,10 +62,7 @@ def _work(comm, ops, sizes, rounds):
                     ex.cma_min_bytes = 1
                     # memoized calls keep the programs (and places) they were built with:
                     # forget them, or the first mode would time both
-                    comm._memos.clear()
-                    comm._last_memo[0] = None
-                    comm._last_pair[0] = None
-                    ex._ready.clear()
+                    comm.forget_calls()
                     for _ in range(5):
                         _call(comm, op, x, out)
                     times = []

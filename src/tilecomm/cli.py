@@ -214,7 +214,7 @@ def _doctor_check(comm):
     from .heap.base import SegmentLayout
     t = torch.full((1000,), float(comm.rank + 1))
     comm.all_reduce(t)          # after it, every rank has published its start-up probe
-    ch = comm._backend.executor.ch
+    ch = comm.host.backend.executor.ch
     return float(t[0]), max(int(ch.slots[r][SegmentLayout.CMA]) for r in range(comm.world_size))
 
 

@@ -24,6 +24,7 @@ from .backends.base import DEVICE_BACKENDS, Backend, CollectiveCall
 from .debug import attach as _attach_debug
 from .errors import CommError
 from .heap.allocator import HeapAllocator
+from .host import HostPort
 from .types import DType, ReduceOp, flat_view, lookup_dtype
 
 
@@ -79,6 +80,9 @@ class Communicator:
         seg = heap.segment(self._heap_rank)
         self._heap_lo = seg.ctypes.data + lay.heap_offset
         self._heap_hi = seg.ctypes.data + lay.heap_offset + lay.heap_bytes
+        #: the control path of the layers built on this communicator (tilecomm.host)
+        self.host = HostPort(self, backend, heap, self._heap_rank,
+                             (self._heap_lo, self._heap_hi), self._validating)
         #: the flight recorder of this communicator's calls (tilecomm.debug.flight)
         self.flight = _attach_debug(self, backend)
 
@@ -93,9 +97,20 @@ class Communicator:
     @deterministic.setter
     def deterministic(self, value: bool) -> None:
         self._deterministic = bool(value)
-        self._memos.clear()          # memoized calls hold algorithms resolved in the old mode
+        self.forget_calls()          # memoized calls hold algorithms resolved in the old mode
+
+    def forget_calls(self) -> None:
+        """Forget every validated call kept for reuse (the call memos, NOTE [call memo] and
+        NOTE [pair memo]) and what the backends built for them (ready-made steps, native
+        programs). The one place that does so: when the mode changes (deterministic), when
+        the engine of CPU tensors changes (:meth:`use_cpu_kernels`), at close. Local."""
+        self._memos.clear()
         self._last_memo[0] = None
         self._last_pair[0] = None
+        for be in {id(b): b for b in [self._backend, *self._backends.values()]}.values():
+            forget = getattr(be, "forget_calls", None)
+            if forget is not None:
+                forget()
 
     # ---- lifecycle ------------------------------------------------------------------------
     def close(self) -> None:
@@ -106,10 +121,8 @@ class Communicator:
                 self.synchronize()      # the device error word, read lazily (GPU kernels)
             except CommError as e:
                 pending = e             # raised once everything is released
+            self.forget_calls()
             self._closed = True
-            self._memos.clear()
-            self._last_memo[0] = None
-            self._last_pair[0] = None
             for be in self._backends.values():
                 if be is not self._backend:
                     be.close()
@@ -157,12 +170,10 @@ class Communicator:
         (default ``TILECOMM_DEBUG_DIR/flight-rank{R}.json``); returns the path. Local."""
         return self.flight.dump(path)
 
-    def _cancel_waits(self, reason: str) -> None:
-        """End every wait in progress (in any thread) with a CommError saying ``reason``;
-        for the torch backend, whose send/recv threads must not outlive a destroyed group."""
-        channel = getattr(self._backend, "channel", None)
-        if channel is not None:
-            channel.cancelled = reason
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` ran (every later call raises CommError)."""
+        return self._closed
 
     def __enter__(self) -> "Communicator":
         return self
@@ -625,7 +636,7 @@ class Communicator:
         """Run collectives on CPU tensors with ``"executor"`` (the schedule executor, default)
         or ``"triton"`` (the GPU kernels in the Triton interpreter; for tests). Same as
         TILECOMM_CPU_KERNELS, per communicator. Collective when it creates the kernel backend."""
-        from .backends.base import _triton_backend
+        from .backends.base import triton_backend
 
         if kind not in ("executor", "triton"):
             raise ValueError(f"use_cpu_kernels: kind must be 'executor' or 'triton', got {kind!r}")
@@ -634,10 +645,9 @@ class Communicator:
         if old is not None and (old is not self._backend) == want_triton:
             return
         retired = old is not None and old is not self._backend
+        self.forget_calls()     # memoized calls name the engine they were validated for
         if retired:
             old.close()
-        self._memos.clear()
-        self._last_memo[0] = None
         self._backends.pop("cpu", None)
         del old
         if retired:
@@ -646,7 +656,7 @@ class Communicator:
             # they would leave the heaps out of step (the next alloc then finds them diverged).
             # Every rank switches at the same point of its calls, so collect here.
             gc.collect()
-        self._backends["cpu"] = _triton_backend(self, "cpu") if want_triton else self._backend
+        self._backends["cpu"] = triton_backend(self, "cpu") if want_triton else self._backend
 
     @contextlib.contextmanager
     def _validating(self, collective: str, tensor=None):

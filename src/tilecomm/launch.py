@@ -39,7 +39,7 @@ def _make_comm(rank: int, layout: SegmentLayout, paths: list[str], timeout: floa
     backend = CpuBackend(heap, timeout=timeout, spin=settings().spin,
                          scratch_bytes=layout.scratch_bytes)
     comm = Communicator(backend, heap, timeout=timeout, deterministic=deterministic)
-    comm._backend.rendezvous("init", layout.total_bytes, 0)  # every rank has mapped every file
+    comm.host.rendezvous("init", layout.total_bytes, 0)  # every rank has mapped every file
     heap.unlink()
     return comm
 
@@ -433,12 +433,12 @@ def connect(store, rank: int, world_size: int, *, timeout: float | None = None,
     except BaseException:
         local.close()
         raise
-    comm = Communicator(be, local._heap, timeout=tmo, deterministic=deterministic,
+    comm = Communicator(be, local.host.heap, timeout=tmo, deterministic=deterministic,
                         heap_rank=local.rank, backends={"cpu": be, "cuda": be},
                         layout=layout)
     # the host's communicator is a step of the calls: its waits are recorded on them
-    local._backend.attach_debug(_flight.adopt_host_leg(local.flight, comm.flight, host),
-                                getattr(local._backend.channel, "trace", None))
+    local.host.attach_debug(_flight.adopt_host_leg(local.flight, comm.flight, host),
+                                getattr(local.host.channel, "trace", None))
     be.rendezvous("init", 0, 0)
     return comm
 

@@ -65,9 +65,9 @@ DTYPES: dict[torch.dtype, DType] = {d.torch: d for d in [
 DTYPE_BY_ID = {d.id: d for d in DTYPES.values()}
 DTYPE_BY_NAME = {d.name: d for d in DTYPES.values()}
 
-_NP_UFUNC = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PROD: np.multiply,
+NP_UFUNC = {ReduceOp.SUM: np.add, ReduceOp.AVG: np.add, ReduceOp.PROD: np.multiply,
              ReduceOp.MIN: np.minimum, ReduceOp.MAX: np.maximum}
-_TORCH_FN = {ReduceOp.SUM: torch.add, ReduceOp.AVG: torch.add, ReduceOp.PROD: torch.mul,
+TORCH_FN = {ReduceOp.SUM: torch.add, ReduceOp.AVG: torch.add, ReduceOp.PROD: torch.mul,
              ReduceOp.MIN: torch.minimum, ReduceOp.MAX: torch.maximum}
 OP_ID = {op: i for i, op in enumerate(ReduceOp, start=1)}
 OP_BY_ID = {i: op for op, i in OP_ID.items()}
@@ -109,9 +109,9 @@ def typed_view(raw: np.ndarray, d: DType):
 def combine(out, a, b, op: ReduceOp) -> None:
     """``out = a (op) b`` elementwise; ``out`` may alias ``a`` or ``b``."""
     if isinstance(out, np.ndarray):
-        _NP_UFUNC[op](a, b, out=out)
+        NP_UFUNC[op](a, b, out=out)
     else:
-        _TORCH_FN[op](a, b, out=out)
+        TORCH_FN[op](a, b, out=out)
 
 
 def scale_avg(out, world_size: int) -> None:

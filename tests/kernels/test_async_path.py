@@ -26,7 +26,7 @@ class _Counter:
         self.n = {"rendezvous": 0, "heap.check": 0, "error_words": 0, "poll_error_words": 0,
                   "torch.cuda.synchronize": 0, "errors.check": 0}
         self.undo = []
-        host = b.host._backend
+        host = b.host.backend
         self._wrap(host, "rendezvous", "rendezvous")
         self._wrap(b.heap, "check", "heap.check")
         self._wrap(b.heap, "error_words", "error_words")

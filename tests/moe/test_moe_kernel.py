@@ -262,7 +262,7 @@ def _silent_peer(comm):
     comm.use_cpu_kernels("triton")
     ep = ExpertParallel(comm, num_experts=4, hidden=16, dtype=torch.float32)
     x, idx, w = S.inputs(comm.rank, 4, h=16, k=2, e=4, dtype=torch.float32, drop=0.0)
-    eng = ep._engine(x.device)
+    eng = ep.engine_for(x.device)
     eng.st.heap.timeout = 1.0                              # seconds a device wait polls
     if comm.rank == 1:
         class _Mute:                                       # launches nothing
@@ -292,7 +292,7 @@ def _silent_peer_low_latency(comm):
     ep = ExpertParallel(comm, num_experts=4, hidden=16, dtype=torch.float32)
     x, idx, w = S.inputs(comm.rank, 3, h=16, k=2, e=4, dtype=torch.float32, drop=0.0)
     S.low_latency_step(comm, ep, x, idx, w, 4, False, torch.float32)
-    eng = ep._engine(x.device)
+    eng = ep.engine_for(x.device)
     eng.st.heap.timeout = 1.0
     if comm.rank == 1:
         class _Mute:

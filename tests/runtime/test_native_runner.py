@@ -18,7 +18,7 @@ from tilecomm import CommMismatch, CommTimeout
 from tilecomm.algorithms import algorithms
 from tilecomm.backends.cpu import native
 from tilecomm.backends.cpu.plan import _reduce_f32, _reduce_np
-from tilecomm.types import _NP_UFUNC, _TORCH_FN, DTYPES, ReduceOp
+from tilecomm.types import NP_UFUNC, TORCH_FN, DTYPES, ReduceOp
 
 from .data import random_values as _random
 
@@ -37,13 +37,13 @@ def _python_reduce(operands: list[torch.Tensor], op: ReduceOp, scale: int) -> to
     if d.numpy is None:
         n = out.numel()
         if len(operands) == 2 and not scale:
-            _TORCH_FN[op](operands[0], operands[1], out=out)
+            TORCH_FN[op](operands[0], operands[1], out=out)
         else:
             _reduce_f32(out, operands, op, scale, torch.empty(n), torch.empty(n))
         return out
     arrs = [t.numpy() for t in operands]
     with np.errstate(all="ignore"):
-        _reduce_np(out.numpy(), arrs, _NP_UFUNC[op], scale, np.empty_like(arrs[0]))
+        _reduce_np(out.numpy(), arrs, NP_UFUNC[op], scale, np.empty_like(arrs[0]))
     return out
 
 

@@ -66,15 +66,15 @@ def _cpu_backend(comm) -> "Backend":
     from ..settings import settings
 
     if settings().cpu_kernels == "triton":   # the GPU kernels in the Triton interpreter
-        return _triton_backend(comm, "cpu")
-    return comm._backend
+        return triton_backend(comm, "cpu")
+    return comm.host.backend
 
 
 def _cuda_backend(comm) -> "Backend":
-    return _triton_backend(comm, "cuda")
+    return triton_backend(comm, "cuda")
 
 
-def _triton_backend(comm, device: str) -> "Backend":
+def triton_backend(comm, device: str) -> "Backend":
     if device == "cpu":
         from ..device.heap import require_interpreter
         require_interpreter("TILECOMM_CPU_KERNELS=triton (the collectives' kernels)")

@@ -16,7 +16,7 @@ def cpu_per_call(comm, nbytes: int, iters: int, which: str) -> tuple[float, floa
     ranks)."""
     x = torch.randn(max(nbytes // 4, 1))
     if which == "gloo":
-        pg = comm._backend.rails_for("cpu").world
+        pg = comm.host.rails("cpu").world
 
         def call():
             pg.allreduce([x]).wait()

@@ -50,20 +50,19 @@ def time_local(comm, collective: str, nbytes: int, iters: int) -> list[float]:
 def rail_round(comm, nbytes: int, tag: int):
     """``(call, rail, members)``: ``call()`` makes one round of ``nbytes`` on this rank's
     (first) rail the way the hierarchical runtime makes its rounds, by calling it
-    (``Rails._pairwise``: a Gloo send to and a receive from every other member of the rail
+    (``Rails.pairwise``: a Gloo send to and a receive from every other member of the rail
     group, then a wait for all), so a benchmark times the runtime's primitive, not a copy of
     it. ``rail``: the rail's index; ``members``: its global ranks."""
-    be = comm._backend
-    rails = be.rails_for("cpu")
-    rail = be.layout.rails_of(comm.rank)[0]
-    members = list(be.layout.rail(rail))
+    rails = comm.host.rails("cpu")
+    rail = comm.layout.rails_of(comm.rank)[0]
+    members = list(comm.layout.rail(rail))
     me = members.index(comm.rank)
     src = torch.ones(max(1, nbytes), dtype=torch.uint8)
     outs = [src if i == me else torch.empty_like(src) for i in range(len(members))]
     pg = rails.groups[rail]
 
     def call():
-        rails._pairwise(pg, members, src, outs, "bench rail round", 0, tag)
+        rails.pairwise(pg, members, src, outs, "bench rail round", 0, tag)
     return call, rail, members
 
 

@@ -14,7 +14,7 @@ def pingpong(comm, a: int, b: int, numel: int, iters: int) -> dict[str, float]:
     """Median round trip (us) of ``a`` -> ``b`` -> ``a`` with ``numel`` float32, on ranks
     ``a`` and ``b`` (empty on the others): ``tilecomm`` and ``gloo`` (the raw world group)."""
     r = comm.rank
-    world = comm._backend.rails_for("cpu").world if r in (a, b) else None
+    world = comm.host.rails("cpu").world if r in (a, b) else None
     x, y = torch.ones(numel), torch.empty(numel)
     out: dict[str, float] = {}
     for mode in ("tilecomm", "gloo"):

@@ -102,7 +102,7 @@ def rank_device(comm, device: str = "cpu") -> torch.device:
 
 def rank_setup(comm, device: str, device_heap_bytes: int | None) -> str:
     """Before the first collective on the device: the device heap's size, then the device."""
-    if device_heap_bytes and "cuda" not in comm._backends:
+    if device_heap_bytes:       # read when the CUDA backend is made (its first call)
         from ..settings import settings
         os.environ["TILECOMM_DEVICE_HEAP_BYTES"] = str(int(device_heap_bytes))
         settings.cache_clear()
@@ -111,13 +111,12 @@ def rank_setup(comm, device: str, device_heap_bytes: int | None) -> str:
 
 def heap_alloc(comm, count: int, dtype: torch.dtype, dev: torch.device) -> torch.Tensor:
     """A symmetric (zero-copy) tensor for the collectives on ``dev``: ``comm.alloc(...,
-    device="cuda")``; on the CPU the kernel backend's heap when the CPU collectives run the
-    Triton kernels (TILECOMM_CPU_KERNELS=triton), else ``comm.alloc``."""
+    device="cuda")``, else ``comm.alloc`` (whose shared-memory heap the CPU collectives read
+    in place, on the executor and on the Triton kernels of TILECOMM_CPU_KERNELS=triton
+    alike)."""
     if dev.type == "cuda":
         return comm.alloc((count,), dtype, device="cuda")
-    be = comm._backend_for_device("cpu")
-    if be is not comm._backend and hasattr(be, "alloc"):
-        return be.alloc((count,), dtype)
+    # the CPU kernel backend's heap is the communicator's shared-memory heap
     return comm.alloc((count,), dtype)
 
 

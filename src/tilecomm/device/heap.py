@@ -125,6 +125,11 @@ class DeviceHeap(abc.ABC):
                             f"across processes, also in the interpreter), got {dtype}")
         return self.alloc(slots, dtype)
 
+    @abc.abstractmethod
+    def address_range(self) -> tuple[int, int]:
+        """``[lo, hi)``: the addresses of this rank's symmetric memory (fixed for the heap's
+        life); a tensor inside it is read by the peers in place."""
+
     # ---- host side ------------------------------------------------------------------------
     def check(self, kernel: str) -> None:
         """Raise :class:`~tilecomm.device.errors.DeviceTimeout` (a ``CommTimeout``) if a wait
@@ -195,7 +200,7 @@ class ShmDeviceHeap(DeviceHeap):
         super().__init__(comm.rank, comm.world_size, timeout)
         self.comm = comm
         self.device = torch.device("cpu")
-        heap = comm._heap
+        heap = comm.host.heap
         self.bases = torch.tensor([heap.segment(r).ctypes.data for r in range(self.world_size)],
                                   dtype=torch.int64)
         self.errors = torch.zeros(_errors.ERR_WORDS, dtype=torch.int64)
@@ -204,11 +209,14 @@ class ShmDeviceHeap(DeviceHeap):
         t = self.comm.alloc(shape, dtype)
         # comm.alloc zeroes the block after its rendezvous: without this barrier a fast peer
         # could put into the block before this rank zeroed it
-        self.comm.barrier()
+        self.comm.host.barrier()
         return t
 
     def barrier(self) -> None:
-        self.comm.barrier()
+        self.comm.host.barrier()
+
+    def address_range(self) -> tuple[int, int]:
+        return self.comm.host.heap_range
 
     def peer_view(self, tensor: torch.Tensor, rank: int) -> torch.Tensor:
         """Rank ``rank``'s copy of the symmetric, contiguous ``tensor`` (a view of its shared
@@ -230,7 +238,7 @@ class CudaDeviceHeap(DeviceHeap):
         from ..heap.cuda import CudaHeap, exchange_via_comm
 
         self.comm = comm
-        self.heap = CudaHeap(comm.rank, comm.world_size, nbytes, exchange_via_comm(comm),
+        self.heap = CudaHeap(comm.rank, comm.world_size, nbytes, exchange_via_comm(comm.host),
                              device=device)
         self.device = self.heap.device
         self.bases = torch.tensor([self.heap.address(r) for r in range(self.world_size)],
@@ -246,7 +254,7 @@ class CudaDeviceHeap(DeviceHeap):
         raw = self.heap.buffer(self.rank)[off:off + nbytes]
         raw.zero_()
         torch.cuda.synchronize(self.device)  # zeroed before the all_gather lets peers write
-        offsets = self.comm.all_gather(torch.tensor([off], dtype=torch.int64)).tolist()
+        offsets = self.comm.host.all_gather(torch.tensor([off], dtype=torch.int64)).tolist()
         if len(set(offsets)) > 1:
             self._alloc.free(off)
             raise CommError(f"DeviceHeap.alloc: heap diverged (offsets {offsets}); allocate and "
@@ -260,7 +268,11 @@ class CudaDeviceHeap(DeviceHeap):
 
     def barrier(self) -> None:
         torch.cuda.synchronize(self.device)
-        self.comm.barrier()
+        self.comm.host.barrier()
+
+    def address_range(self) -> tuple[int, int]:
+        base = self.heap.address(self.rank)
+        return base, base + self.heap.nbytes
 
     def peer_view(self, tensor: torch.Tensor, rank: int) -> torch.Tensor:
         """Rank ``rank``'s copy of the symmetric, contiguous ``tensor`` (from :meth:`alloc`),

@@ -292,8 +292,10 @@ class CudaHeap:
         self._release()
 
 
-def exchange_via_comm(comm) -> Callable[[Any], list]:
-    """An all-gather of picklable objects over a (CPU) :class:`tilecomm.Communicator`."""
+def exchange_via_comm(host) -> Callable[[Any], list]:
+    """An all-gather of picklable objects over a communicator's host port (``comm.host``:
+    ``all_gather`` of a small CPU tensor on the host executor, ``world_size``)."""
+    comm = host
 
     def exchange(obj: Any) -> list:
         data = pickle.dumps(obj)

@@ -42,7 +42,7 @@ class HierBackend(Backend):
         self._rails = {"cpu": rails}
         self._rails_factory = rails_factory  # device -> Rails (NCCL groups on first use)
         self.seq = -1       # the first rendezvous (init) is #0, the first call #1, as on one host
-        ch = getattr(local._backend, "channel", None)
+        ch = local.host.channel
         if ch is not None:      # host peers wait here while this rank talks to other hosts
             ch.spin, ch.sleep_after = min(ch.spin, 200), 3e-4
         self.scratch = Scratch()
@@ -77,12 +77,12 @@ class HierBackend(Backend):
         for this very rank (hier_rail; a host of one rank) raises CommTimeout after the
         timeout instead (docs/design.md "Across hosts", Limits)."""
         self.seq += 1
-        self.local._backend.reject(collective, message)
+        self.local.host.reject(collective, message)
 
     def rendezvous(self, name: str, count: int, extra: int) -> list[int]:
         """Host peers meet (comparing ``count``), then every rail; ``extra`` of every rank."""
         self.seq += 1
-        local = self.local._backend.rendezvous(name, count, extra)
+        local = self.local.host.rendezvous(name, count, extra)
         r = self.rails_for("cpu")
         out = {p: local[i] for i, p in enumerate(self.layout.hosts[self.layout.host_of(self.rank)])}
         for c in self.layout.rails_of(self.rank):
@@ -96,19 +96,21 @@ class HierBackend(Backend):
 
     def send(self, data: np.ndarray, dtype: DType, numel: int, peer: int, tag: int = 0) -> None:
         if self.layout.host_of(peer) == self.layout.host_of(self.rank):
-            return self.local._backend.send(data, dtype, numel, self.layout.local_rank(peer), tag)
+            return self.local.host.backend.send(data, dtype, numel,
+                                                self.layout.local_rank(peer), tag)
         from .p2p import send
         send(self, torch.from_numpy(data), dtype, numel, peer, tag)
 
     def recv(self, out: np.ndarray, dtype: DType, numel: int, peer: int, tag: int = 0) -> None:
         if self.layout.host_of(peer) == self.layout.host_of(self.rank):
-            return self.local._backend.recv(out, dtype, numel, self.layout.local_rank(peer), tag)
+            return self.local.host.backend.recv(out, dtype, numel,
+                                                self.layout.local_rank(peer), tag)
         from .p2p import recv
         recv(self, torch.from_numpy(out), dtype, numel, peer, tag)
 
     def probe(self, peer: int) -> bool:
         if self.layout.host_of(peer) == self.layout.host_of(self.rank):
-            return self.local._backend.probe(self.layout.local_rank(peer))
+            return self.local.host.probe(self.layout.local_rank(peer))
         raise CommError(f"probe: rank {peer} is on another host; probe works between ranks of "
                         f"one host only")
 
@@ -120,8 +122,8 @@ class HierBackend(Backend):
 
     @property
     def channel(self):
-        """The host communicator's wait channel (``Communicator._cancel_waits`` ends its waits)."""
-        return getattr(self.local._backend, "channel", None)
+        """The host communicator's wait channel (``comm.host.cancel_waits`` ends its waits)."""
+        return self.local.host.channel
 
     def alloc(self, shape, dtype):
         """Symmetric device memory among this host's ranks (collective over all ranks)."""
@@ -131,6 +133,9 @@ class HierBackend(Backend):
 
     def synchronize(self) -> None:
         self.local.synchronize()
+
+    def forget_calls(self) -> None:
+        self.local.forget_calls()
 
     def host_communicator(self):
         return self.local
@@ -274,7 +279,7 @@ class _Run:
             text = f"{type(err).__name__}: {err}"
             if isinstance(err, CommTimeout):       # the host peers name the same culprits
                 text += f" (missing ranks {list(err.missing)})"
-            self.be.local._backend.reject(self.what, text)
+            self.be.local.host.reject(self.what, text)
 
     def _rows(self, t: torch.Tensor) -> torch.Tensor:
         """``t`` as rows of the call's row shape, so the host's handshake compares it too

@@ -115,13 +115,13 @@ class HierPlan:
 
 
 Builder = Callable[[HostLayout, int, int], tuple[dict[str, int], list[Step]]]
-_REGISTRY: dict[tuple[str, str], tuple[Builder, Callable[[HostLayout], bool]]] = {}
+REGISTRY: dict[tuple[str, str], tuple[Builder, Callable[[HostLayout], bool]]] = {}
 
 
 def register(collective: str, algo: str, *, even_only: bool = False):
     """Register ``fn(layout, root, rank) -> (buffers, steps)``."""
     def deco(fn):
-        _REGISTRY[(collective, algo)] = (fn, (lambda lay: lay.is_even) if even_only
+        REGISTRY[(collective, algo)] = (fn, (lambda lay: lay.is_even) if even_only
                                          else (lambda lay: True))
         return fn
     return deco
@@ -129,14 +129,14 @@ def register(collective: str, algo: str, *, even_only: bool = False):
 
 def hier_algorithms(collective: str, layout: HostLayout | None = None) -> list[str]:
     """Hierarchical algorithms of ``collective`` (usable on ``layout`` when given)."""
-    return [a for (c, a), (_, ok) in _REGISTRY.items()
+    return [a for (c, a), (_, ok) in REGISTRY.items()
             if c == collective and (layout is None or ok(layout))]
 
 
 @lru_cache(maxsize=4096)
 def hier_plan(collective: str, algo: str, layout: HostLayout, root: int, rank: int) -> HierPlan:
     try:
-        fn, ok = _REGISTRY[(collective, algo)]
+        fn, ok = REGISTRY[(collective, algo)]
     except KeyError:
         raise ValueError(f"{collective}: no hierarchical algorithm {algo!r}; choose one of "
                          f"{', '.join(hier_algorithms(collective)) or 'none'}") from None

@@ -16,8 +16,8 @@ from .mailbox import NOTICE, Message
 if TYPE_CHECKING:
     from .transfer import KVTransfer
 
-_SLOT_HDR = 1              # per slot: the generation of the request it holds (0: free)
-_SRC_HDR = 4               # per sender of a slot: head src, head dst, head count, transfers
+SLOT_HDR = 1              # per slot: the generation of the request it holds (0: free)
+SRC_HDR = 4               # per sender of a slot: head src, head dst, head count, transfers
 # notice codes
 REJECTED, FAILED, UNKNOWN = 1, 2, 3
 DATA_TAG0, TAG_SPAN = 16, 1 << 30
@@ -35,10 +35,9 @@ class ExpectHandle:
         self.error: Exception | None = None
         self.complete = False
         self._remote_transfers = 0
-        self._remote_done = {j: set() for j, s in enumerate(srcs) if s in kv._remote}
+        self._remote_done = {j: set() for j, s in enumerate(srcs) if kv.is_remote(s)}
         self._pending: dict[tuple[int, int], int] = {}
         self._heads: dict[int, tuple[int, int]] = {}
-        self._at = kv._slots_at + slot * kv._slot_words
         self._released = False          # the slot went back: its words belong to others now
         self._local_moves = 0
 
@@ -51,15 +50,14 @@ class ExpectHandle:
         return self._remote_transfers + local
 
     def _flag(self, j: int) -> np.ndarray:
-        a = self._at + _SLOT_HDR + j * (_SRC_HDR + self.kv._l_max)
-        return self.kv._board_np[a:a + _SRC_HDR + self.layers]
+        return self.kv.board.sender(self.slot, j, self.layers)
 
     def _has(self, j: int, layer: int) -> bool:
         if j in self._remote_done:
             return layer in self._remote_done[j]
-        return int(self._flag(j)[_SRC_HDR + layer]) == self.gen
+        return int(self._flag(j)[SRC_HDR + layer]) == self.gen
 
-    def _fail(self, e: Exception) -> None:
+    def fail(self, e: Exception) -> None:
         """The request failed here: free its slot and tell its senders (the one at fault
         too), so a push of it that comes later raises there instead of writing into blocks
         this rank may give to another request."""
@@ -67,18 +65,30 @@ class ExpectHandle:
             self.error = e
             self._release()
             for s in self.srcs:
-                self.kv._send(s, Message(NOTICE, self.rid, (REJECTED, self.gen),
-                                         text=f"rank {self.kv.rank} gave up request "
-                                              f"{self.rid!r}: {e}"))
+                self.kv.send_control(s, Message(NOTICE, self.rid, (REJECTED, self.gen),
+                                                text=f"rank {self.kv.rank} gave up request "
+                                                     f"{self.rid!r}: {e}"))
 
     def _release(self) -> None:
-        kv = self.kv
         self._released = True
-        if kv._handles.get(self.rid) is self:
-            kv._board_np[self._at] = 0              # not live: local senders stop
-            del kv._handles[self.rid]
-            del kv._by_slot[self.slot]
-            kv._free.append(self.slot)
+        self.kv.release(self)
+
+    # ---- what the engine tells the handle of pushes from other hosts --------------------------
+    def remote_push(self, j: int, head_dst: int, head_count: int, transfers: int) -> None:
+        """Sender ``j`` (on another host) announced a push: its heads and transfer count."""
+        self._heads[j] = (head_dst, head_count)
+        self._remote_transfers += transfers
+
+    def remote_transfer_expected(self, j: int, layer: int) -> None:
+        """One more transfer of sender ``j``'s ``layer`` is on its way."""
+        self._pending[(j, layer)] = self._pending.get((j, layer), 0) + 1
+
+    def remote_transfer_arrived(self, j: int, layer: int) -> None:
+        """A transfer of sender ``j``'s ``layer`` landed; the layer is done with its last."""
+        key = (j, layer)
+        self._pending[key] -= 1
+        if not self._pending[key]:
+            self._remote_done[j].add(layer)
 
     def _raise(self) -> None:
         if self.error is not None:
@@ -91,7 +101,7 @@ class ExpectHandle:
         the blocks once the senders have been heard from, or after their timeout.)"""
         if self.complete or self.error is not None:
             return
-        self._fail(CommMismatch(f"request {self.rid!r} was cancelled on rank {self.kv.rank}: "
+        self.fail(CommMismatch(f"request {self.rid!r} was cancelled on rank {self.kv.rank}: "
                                 f"{reason}"))
 
     def layer_ready(self, i: int) -> bool:
@@ -100,7 +110,7 @@ class ExpectHandle:
             raise ValueError(f"request {self.rid!r}: layer {i} out of range [0, {self.layers})")
         if self.complete:
             return True
-        self.kv._progress()
+        self.kv.progress()
         self._raise()
         return all(self._has(j, i) for j in range(len(self.srcs)))
 
@@ -108,7 +118,7 @@ class ExpectHandle:
         """True once every layer has landed (raises what went wrong, if anything did)."""
         if self.complete:
             return True
-        self.kv._progress(_block)
+        self.kv.progress(_block)
         self._raise()
         if all(self._has(j, i) for j in range(len(self.srcs)) for i in range(self.layers)):
             self._finish()
@@ -121,9 +131,9 @@ class ExpectHandle:
         reusing its blocks)."""
         limit = self.kv.timeout if timeout is None else float(timeout)
         deadline = time.monotonic() + limit
-        wait = _Backoff()
+        wait = Backoff()
         # news from other hosts wakes a blocked poll; shared-memory flags need polling
-        block = _BLOCK if all(s in self.kv._remote for s in self.srcs) else 0.0
+        block = _BLOCK if all(self.kv.is_remote(s) for s in self.srcs) else 0.0
         while not self.done(block):
             if time.monotonic() > deadline:
                 missing = {s: [i for i in range(self.layers) if not self._has(j, i)]
@@ -155,7 +165,7 @@ class ExpectHandle:
         if problem is None and at != geo.kv_heads:
             problem = f"heads {at}..{geo.kv_heads - 1} were not sent"
         if problem:
-            self._fail(CommMismatch(f"request {self.rid!r} on rank {kv.rank}: the senders' "
+            self.fail(CommMismatch(f"request {self.rid!r} on rank {kv.rank}: the senders' "
                                     f"head splits {spans} do not tile the {geo.kv_heads} heads "
                                     f"here ({problem})"))
             self._raise()
@@ -178,7 +188,7 @@ class PushHandle:
     def done(self, _block: float = 0.0) -> bool:
         """True once the data has left this rank's cache (at once inside a host)."""
         if self.pending and self.kv is not None:
-            self.kv._progress(_block)
+            self.kv.progress(_block)
         if self.error is not None:
             raise self.error.with_traceback(None)
         return not self.pending
@@ -199,8 +209,38 @@ class PushHandle:
                                   missing=(self.dst,))
 
 
+class Board:
+    """The request slots of a rank's board in symmetric memory (int64 words from ``at``): per
+    slot a header word (the generation of the request it holds; 0: free) and per sender
+    ``SRC_HDR`` words (head src, head dst, head count, transfers) and one flag per layer (the
+    generation, once the layer's data landed). Senders on the host write it in place."""
+
+    def __init__(self, words: np.ndarray, at: int, layers: int, senders: int):
+        self.words, self.at, self.layers = words, at, layers
+        self.sender_words = SRC_HDR + layers
+        self.slot_words = SLOT_HDR + senders * self.sender_words
+
+    @staticmethod
+    def words_for(slots: int, layers: int, senders: int) -> int:
+        return slots * (SLOT_HDR + senders * (SRC_HDR + layers))
+
+    def slot_at(self, slot: int) -> int:
+        """Index of ``slot``'s header word."""
+        return self.at + slot * self.slot_words
+
+    def sender_at(self, slot: int, j: int) -> int:
+        """Index of sender ``j``'s first word in ``slot``."""
+        return self.slot_at(slot) + SLOT_HDR + j * self.sender_words
+
+    def sender(self, slot: int, j: int, layers: int) -> np.ndarray:
+        """Sender ``j``'s words of ``slot`` (a view): its ``SRC_HDR`` words, then ``layers``
+        flags."""
+        a = self.sender_at(slot, j)
+        return self.words[a:a + SRC_HDR + layers]
+
+
 @dataclass
-class _Expectation:
+class Expectation:
     """What a receiver told this sender about one request."""
 
     rid: str
@@ -214,7 +254,7 @@ class _Expectation:
 
 
 @dataclass
-class _Recv:
+class Recv:
     """One inter-host data message on its way into this rank's cache (``handle`` None: a
     message of a request that failed here, received only to be dropped)."""
 
@@ -230,7 +270,7 @@ def _span(v: list[int]) -> str:
     return f"{v[0]}..{v[-1]}" if len(v) > 1 and v == list(range(v[0], v[-1] + 1)) else str(v)
 
 
-class _Backoff:
+class Backoff:
     """Poll fast at first, then sleep longer (up to 1 ms) so a long wait leaves the core."""
 
     def __init__(self):

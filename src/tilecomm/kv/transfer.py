@@ -31,8 +31,8 @@ import torch
 from ..errors import CommMismatch, CommTimeout
 from . import mailbox as mb
 from .mailbox import CLOSE, EXPECT, NOTICE, PUSH, Codec, Message, request_key
-from .handles import (_SLOT_HDR, _SRC_HDR, DATA_TAG0, FAILED, REJECTED, TAG_SPAN,
-                      UNKNOWN, ExpectHandle, PushHandle, _Backoff, _Expectation, _Recv)
+from .handles import (SRC_HDR, DATA_TAG0, FAILED, REJECTED, TAG_SPAN, UNKNOWN, Backoff, Board,
+                      ExpectHandle, Expectation, PushHandle, Recv)
 from .schedule import CacheGeometry, HeadSplit, check_block_ids, coalesce, transfers
 
 MAX_SOURCES = 8            # senders one request may gather heads from
@@ -56,6 +56,8 @@ class KVTransfer:
         self.timeout = comm.timeout if timeout is None else float(timeout)
         self.max_requests, self.ring_slots = int(max_requests), int(ring_slots)
         self.cache: torch.Tensor | None = None
+        #: the request slots of the board (made with the cache)
+        self.board: Board | None = None
         self.geometries: list[CacheGeometry] = []
         self._closed = False
         # receiver side
@@ -68,7 +70,7 @@ class KVTransfer:
         self._dead: dict[int, str] = {}                    # peers whose link failed
         self._outbox: dict[int, list] = {}                 # messages waiting for ring room
         # sender side
-        self._expects: dict[tuple[int, str], _Expectation] = {}
+        self._expects: dict[tuple[int, str], Expectation] = {}
         self._rejected: dict[tuple[int, str], str] = {}
         self._pushes: list[PushHandle] = []
         self._tags: dict[int, int] = {}
@@ -106,11 +108,12 @@ class KVTransfer:
         self._local = [r for r in host if r != self.rank]
         self._remote = [r for r in range(self.comm.world_size) if r not in host]
         ring_words = mb.ShmMailbox.board_words(self._codec, lay.max_local, self.ring_slots)
-        self._slot_words = _SLOT_HDR + MAX_SOURCES * (_SRC_HDR + self._l_max)
-        self._slots_at = ring_words
-        self._board = self.comm.alloc(ring_words + self.max_requests * self._slot_words,
-                                      torch.int64)
+        self._board = self.comm.alloc(
+            ring_words + Board.words_for(self.max_requests, self._l_max, MAX_SOURCES),
+            torch.int64)
         self._board_np = self._board.numpy()
+        #: the request slots of the board (the same layout on every rank of the host)
+        self.board = Board(self._board_np, ring_words, self._l_max, MAX_SOURCES)
         self._peer_boards = {r: self.comm.peer(self._board, r).numpy() for r in self._local}
         self._shm = mb.ShmMailbox(
             self._codec, self._board, {r: self.comm.peer(self._board, r) for r in self._local},
@@ -125,6 +128,20 @@ class KVTransfer:
                 self.comm.process_group("kv-data", timeout=_IDLE_OK), self._remote)
         self._tags = {r: 0 for r in self._remote}
         return self.cache
+
+    # ---- what the handles use ----------------------------------------------------------------
+    def is_remote(self, rank: int) -> bool:
+        """Whether ``rank`` is on another host (its data arrives by message)."""
+        return rank in self._remote
+
+    def release(self, h: ExpectHandle) -> None:
+        """Free ``h``'s slot (its request is complete or failed): the board word goes to 0
+        first, so local senders stop writing into blocks this rank may give to another."""
+        if self._handles.get(h.rid) is h:
+            self._board_np[self.board.slot_at(h.slot)] = 0
+            del self._handles[h.rid]
+            del self._by_slot[h.slot]
+            self._free.append(h.slot)
 
     @property
     def geometry(self) -> CacheGeometry:
@@ -160,23 +177,23 @@ class KVTransfer:
         except ValueError as e:
             for s in srcs:
                 if isinstance(s, int) and 0 <= s < self.comm.world_size and s != self.rank:
-                    self._send(s, Message(NOTICE, rid, (REJECTED, 0),
+                    self.send_control(s, Message(NOTICE, rid, (REJECTED, 0),
                                           text=f"rank {self.rank} rejected request {rid!r}: "
                                                f"{e}"))
             raise
         slot = self._free.pop()
         self._gen += 1
         h = ExpectHandle(self, rid, srcs, ids, slot, self._gen)
-        at = self._slots_at + slot * self._slot_words
-        self._board_np[at:at + self._slot_words] = 0
+        at = self.board.slot_at(slot)
+        self._board_np[at:at + self.board.slot_words] = 0
         self._board_np[at] = h.gen          # live: senders check it before each layer
         self._handles[rid] = self._by_slot[slot] = h
         for j, s in enumerate(srcs):
-            self._send(s, Message(EXPECT, rid, (len(ids), slot, h.gen, j, len(srcs)), ids=ids))
+            self.send_control(s, Message(EXPECT, rid, (len(ids), slot, h.gen, j, len(srcs)), ids=ids))
         for j, s in enumerate(srcs):
             text = self._early.pop((s, rid), None)
             if text is not None:
-                h._fail(CommMismatch(text))
+                h.fail(CommMismatch(text))
         return h
 
     def _check_sources(self, srcs, rid: str) -> None:
@@ -208,7 +225,7 @@ class KVTransfer:
         ``handle.wait()`` before overwriting the source blocks (``close`` waits for all).
         """
         self._check_cache()
-        self._progress()
+        self.progress()
         rid = request_key(request_id)
         mine = self.geometry
         given, dst = dst, _rank(dst)
@@ -226,7 +243,7 @@ class KVTransfer:
         except ValueError as e:
             if isinstance(dst, int) and 0 <= dst < self.comm.world_size and dst != self.rank:
                 self._expects.pop((dst, rid), None)     # the receiver's handle fails too
-                self._send(dst, Message(NOTICE, rid, (FAILED, 0),
+                self.send_control(dst, Message(NOTICE, rid, (FAILED, 0),
                                         text=f"rank {self.rank}'s push of request {rid!r} "
                                              f"failed there: {e}"))
             raise
@@ -244,7 +261,7 @@ class KVTransfer:
                                  f"{sorted(ex.pushed & set(range(lo, hi)))} were already pushed")
         if problem is not None:
             del self._expects[(dst, rid)]
-            self._send(dst, Message(NOTICE, rid, (FAILED, ex.gen), text=str(problem)))
+            self.send_control(dst, Message(NOTICE, rid, (FAILED, ex.gen), text=str(problem)))
             raise problem
         runs = coalesce(ids, ex.ids)
         moves = transfers(runs, range(lo, hi))
@@ -259,10 +276,10 @@ class KVTransfer:
             del self._expects[(dst, rid)]
         return ph
 
-    def _wait_expectation(self, dst: int, rid: str) -> "_Expectation":
+    def _wait_expectation(self, dst: int, rid: str) -> "Expectation":
         key = (dst, rid)
         deadline = time.monotonic() + self.timeout
-        wait = _Backoff()
+        wait = Backoff()
         while True:
             ex = self._expects.get(key)
             if ex is not None:
@@ -273,7 +290,7 @@ class KVTransfer:
                 raise self._dead_error(dst, f"push of request {rid!r}")
             if time.monotonic() > deadline:
                 waiting = sorted(r for (d, r) in self._expects if d == dst)
-                self._send(dst, Message(NOTICE, rid, (UNKNOWN, 0), text=(
+                self.send_control(dst, Message(NOTICE, rid, (UNKNOWN, 0), text=(
                     f"rank {self.rank} pushed request {rid!r} to this rank, which never "
                     f"expected it (waited {self.timeout:g} s)")))
                 raise CommTimeout(
@@ -281,7 +298,7 @@ class KVTransfer:
                     f"within {self.timeout:g} s (requests it expects from rank {self.rank}: "
                     f"{waiting or 'none'})", collective="kv.push", missing=(dst,))
             wait()
-            self._progress()
+            self.progress()
 
     def _peer_cache(self, r: int) -> torch.Tensor:
         t = self._peer_caches.get(r)
@@ -291,16 +308,16 @@ class KVTransfer:
             self._peer_caches[r] = t
         return t
 
-    def _copy_local(self, dst: int, ex: "_Expectation", moves, hs: HeadSplit) -> int:
+    def _copy_local(self, dst: int, ex: "Expectation", moves, hs: HeadSplit) -> int:
         """Copy ``moves`` into ``dst``'s cache, storing each layer's flag after its data.
 
         Whole blocks move through numpy views of the two caches as bytes: a numpy slice
         assignment costs ~1 us of Python against ~6 us for torch's ``copy_`` (128 blocks of
         32 KB, fragmented: 0.16 ms against 0.84 ms, tests/kv measures neither -- bench kv
         does), and both are memcpy for the bytes."""
-        board = self._peer_boards[dst]
-        slot_at = self._slots_at + ex.slot * self._slot_words
-        at = slot_at + _SLOT_HDR + ex.j * (_SRC_HDR + self._l_max)
+        board = self._peer_boards[dst]          # laid out as this rank's (self.board)
+        slot_at = self.board.slot_at(ex.slot)
+        at = self.board.sender_at(ex.slot, ex.j)
         board[at:at + 3] = (hs.src, hs.dst, hs.count)
         whole = hs.is_whole(self.cache.shape[4], self.geometries[dst].kv_heads)
         if whole:
@@ -311,7 +328,7 @@ class KVTransfer:
         for t in moves:
             if t.layer != layer:
                 if layer is not None:
-                    board[at + _SRC_HDR + layer] = ex.gen    # layer done: after its data
+                    board[at + SRC_HDR + layer] = ex.gen    # layer done: after its data
                 if int(board[slot_at]) != ex.gen:            # the receiver gave it up
                     self._expects.pop((dst, ex.rid), None)
                     raise CommMismatch(f"push of request {ex.rid!r}: rank {dst} gave up "
@@ -328,7 +345,7 @@ class KVTransfer:
                 b[:, :, hs.dst:hs.dst + hs.count].copy_(a)
                 nbytes += a.numel() * a.element_size()
         if layer is not None:
-            board[at + _SRC_HDR + layer] = ex.gen
+            board[at + SRC_HDR + layer] = ex.gen
         board[at + 3] += len(moves)
         return nbytes
 
@@ -346,7 +363,7 @@ class KVTransfer:
     def _send_remote(self, dst, rid, ex, ids, lo, hi, hs: HeadSplit, moves, ph) -> None:
         base = self._tags[dst]
         self._tags[dst] = (base + len(moves)) % TAG_SPAN
-        self._send(dst, Message(PUSH, rid, (len(ids), ex.slot, ex.gen, ex.j, lo, hi, hs.src,
+        self.send_control(dst, Message(PUSH, rid, (len(ids), ex.slot, ex.gen, ex.j, lo, hi, hs.src,
                                              hs.dst, hs.count, base, len(moves)),
                                 ids=ids + ex.ids))
         whole = hs.is_whole(self.cache.shape[4], self.geometries[dst].kv_heads)
@@ -365,11 +382,11 @@ class KVTransfer:
         only waits on other work may call it to let its peers' requests proceed), and raise
         what concerns no request of this rank: a push of a request it never expected.
         ``block``: seconds to sleep waiting for news from another host when there is none."""
-        self._progress(block)
+        self.progress(block)
         if self._errors:
             raise self._errors.pop(0)
 
-    def _progress(self, block: float = 0.0) -> None:
+    def progress(self, block: float = 0.0) -> None:
         """:meth:`poll` without raising the stray errors (handle methods raise their own)."""
         self._check_open()
         if self.cache is None:
@@ -393,7 +410,7 @@ class KVTransfer:
             return
         self._dead[peer] = text.splitlines()[0][:200] if text else "connection lost"
         for h in [h for h in self._handles.values() if peer in h.srcs]:
-            h._fail(self._dead_error(peer, f"request {h.rid!r} (expect #{h.gen} on rank "
+            h.fail(self._dead_error(peer, f"request {h.rid!r} (expect #{h.gen} on rank "
                                            f"{self.rank})"))
         for ph in self._pushes:
             if ph.dst == peer and ph.pending:
@@ -410,7 +427,7 @@ class KVTransfer:
     def _on_message(self, src: int, m: Message) -> None:
         if m.kind == EXPECT:
             nb, slot, gen, j, nsrc = m.args[:5]
-            self._expects[(src, m.rid)] = _Expectation(m.rid, slot, gen, j, nsrc, m.ids, nb)
+            self._expects[(src, m.rid)] = Expectation(m.rid, slot, gen, j, nsrc, m.ids, nb)
             self._rejected.pop((src, m.rid), None)      # a new expectation: old news is void
         elif m.kind == PUSH:
             self._on_push(src, m)
@@ -424,7 +441,7 @@ class KVTransfer:
                 return
             h = self._handles.get(m.rid)
             if h is not None and src in h.srcs and gen in (0, h.gen):
-                h._fail(CommMismatch(m.text))      # and its other senders are told
+                h.fail(CommMismatch(m.text))      # and its other senders are told
             elif code == UNKNOWN:
                 self._errors.append(CommMismatch(m.text))
             else:
@@ -442,8 +459,7 @@ class KVTransfer:
                 j >= len(h.srcs) or h.srcs[j] != src or dst_ids != h.ids:
             h = None        # failed here already: receive and drop, so the sends complete
         else:
-            h._heads[j] = (h_dst, h_count)
-            h._remote_transfers += n
+            h.remote_push(j, h_dst, h_count, n)
         whole = h is not None and HeadSplit(h_src, h_dst, h_count).is_whole(
             g_src.kv_heads, self.geometry.kv_heads)
         for k, t in enumerate(moves):
@@ -457,14 +473,14 @@ class KVTransfer:
                     into = self.cache[t.layer, t.kv, t.run.dst:t.run.dst + t.run.n,
                                       :, h_dst:h_dst + h_count]
             if h is not None:
-                h._pending[(j, t.layer)] = h._pending.get((j, t.layer), 0) + 1
-            rec = _Recv(buf, into, src, h, j, t.layer)
+                h.remote_transfer_expected(j, t.layer)
+            rec = Recv(buf, into, src, h, j, t.layer)
             self._recvs[src] = self._recvs.get(src, 0) + 1
             self._gloo.post_recv(src, _bytes(buf), DATA_TAG0 + (base + k) % TAG_SPAN,
                                  (f"data of request {m.rid!r}", rec))
 
     def _on_done(self, token) -> None:
-        """A data receive (``_Recv``) or send (``PushHandle``) across hosts completed."""
+        """A data receive (``Recv``) or send (``PushHandle``) across hosts completed."""
         if token is None:               # a control message went out
             return
         if isinstance(token, PushHandle):
@@ -479,12 +495,9 @@ class KVTransfer:
             return
         if r.into is not None:
             r.into.copy_(r.buf)
-        key = (r.j, r.layer)
-        h._pending[key] -= 1
-        if not h._pending[key]:
-            h._remote_done[r.j].add(r.layer)
+        h.remote_transfer_arrived(r.j, r.layer)
 
-    def _send(self, dst: int, m: Message) -> None:
+    def send_control(self, dst: int, m: Message) -> None:
         """Send a control message; never blocks. Inside a host a full ring (the peer has not
         read for a while) queues the message here, in order, until a later call finds room."""
         if dst in self._remote:
@@ -520,7 +533,7 @@ class KVTransfer:
             # notices still queued for a local peer whose ring is full: give it a moment
             # (a peer that closed first never reads them, and nothing waits for them)
             end = time.monotonic() + min(1.0, self.timeout)
-            wait = _Backoff()
+            wait = Backoff()
             while any(self._outbox.values()) and time.monotonic() < end:
                 wait()
                 self._flush_outbox()
@@ -538,7 +551,7 @@ class KVTransfer:
                                           f"{self.timeout:g} s", collective="kv.close",
                                           missing=missing)
                     wait()
-                    self._progress()
+                    self.progress()
         finally:
             self._closed = True
             # drop the symmetric tensors now (handles refer back to this object, so the
@@ -548,7 +561,7 @@ class KVTransfer:
             self._by_slot.clear()
             if self._gloo is not None:
                 self._gloo.stop()            # its threads drop their views of the cache
-            self.cache = self._raw = self._board = self._board_np = None
+            self.cache = self._raw = self._board = self._board_np = self.board = None
             self._peer_caches.clear()
             self._peer_boards = {}
             self._shm = None

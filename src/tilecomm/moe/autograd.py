@@ -37,14 +37,14 @@ def _combine_move(ep, rows: torch.Tensor, layout, width: int, dtype: torch.dtype
                            k=layout.sent_idx.shape[1], dtype=dtype, fp8=False, m=0,
                            t=layout.tokens[layout.rank], ready=False, call=layout.call,
                            per_rank=[])
-    return ep._combine(width, dtype, mine, "", rows.to(dtype).contiguous(), layout,
+    return ep.move_combine(width, dtype, mine, "", rows.to(dtype).contiguous(), layout,
                        rows.device)
 
 
 class _Dispatch(torch.autograd.Function):
     @staticmethod
     def forward(ctx, ep, box: dict, x, topk_weights):
-        d = ep._dispatch(box["mine"], box["detail"], x, box["idx"], topk_weights,
+        d = ep.move_dispatch(box["mine"], box["detail"], x, box["idx"], topk_weights,
                          box["mask"], False)
         box["d"] = d
         ctx.ep, ctx.layout = ep, d.layout
@@ -70,20 +70,20 @@ class _Combine(torch.autograd.Function):
     @staticmethod
     def forward(ctx, ep, box: dict, rows):
         ctx.ep, ctx.layout = ep, box["layout"]
-        return ep._combine(ep.hidden, ep.dtype, box["mine"], box["detail"], rows,
+        return ep.move_combine(ep.hidden, ep.dtype, box["mine"], box["detail"], rows,
                            box["layout"], rows.device)
 
     @staticmethod
     def backward(ctx, grad_out):
         ep, lay = ctx.ep, ctx.layout
-        ep._calls += 1
+        call = ep.next_call()
         mask = routing.dest_mask(lay.sent_idx, ep.el, ep.world)
         mine = checks.describe("dispatch", "normal", 0, -1, e=ep.num_experts, h=ep.hidden,
                                k=lay.sent_idx.shape[1], dtype=ep.dtype, fp8=False, m=0,
-                               t=lay.tokens[lay.rank], ready=False, call=ep._calls,
+                               t=lay.tokens[lay.rank], ready=False, call=call,
                                per_rank=routing.send_counts(mask))
         g = grad_out.to(ep.dtype).contiguous()
-        mv = ep._engine(g.device).dispatch(ep, mine, "", g, None, lay.sent_idx,
+        mv = ep.engine_for(g.device).dispatch(ep, mine, "", g, None, lay.sent_idx,
                                           lay.sent_weights)
         return None, None, mv.x
 

@@ -46,7 +46,7 @@ class Moved:
     extra: dict = field(default_factory=dict)
 
 
-def _parts(t: int, h: int, k: int, row_bytes: int, nb: int) -> tuple[list[int], int]:
+def row_parts(t: int, h: int, k: int, row_bytes: int, nb: int) -> tuple[list[int], int]:
     """Offsets of x, topk_idx, topk_weights, scales in a rank's block, and its size."""
     sizes = [t * row_bytes, t * k * 8, t * k * 4, t * nb * 4]
     offs, acc = [], 0
@@ -72,13 +72,13 @@ class CpuEngine:
         nb = scales.shape[1] if scales is not None else 0
         ok = mine[checks.F_PROBLEM] == 0
         t = x.shape[0] if ok else 0
-        offs, need = _parts(t, h, k, row_bytes, nb)
+        offs, need = row_parts(t, h, k, row_bytes, nb)
         if ok and ws.fits(need):
             self._publish(parity, offs, x, scales, idx, wts)
             mine[checks.F_READY] = 1
         call = checks.agree(comm, "dispatch", mine, detail)
         if not call.ready():
-            ws.grow(comm, max(_parts(tt, h, k, row_bytes, nb)[1] for tt in call.tokens()))
+            ws.grow(comm, max(row_parts(tt, h, k, row_bytes, nb)[1] for tt in call.tokens()))
             self._publish(parity, offs, x, scales, idx, wts)
             comm.barrier()
         return self._gather(ep, call, parity, x, scales, idx, wts, h, k, row_bytes, nb)
@@ -113,7 +113,7 @@ class CpuEngine:
             if s == me:
                 sx, ss, si, sw = x, scales, idx, wts
             else:
-                offs, _ = _parts(ts, h, k, row_bytes, nb)
+                offs, _ = row_parts(ts, h, k, row_bytes, nb)
                 sx = ws.region(parity, offs[0], (ts, h), xdt, rank=s, comm=comm)
                 si = ws.region(parity, offs[1], (ts, k), torch.int64, rank=s, comm=comm)
                 sw = ws.region(parity, offs[2], (ts, k), torch.float32, rank=s, comm=comm)

@@ -74,15 +74,24 @@ class ExpertParallel:
         self._calls = 0
         self._engines: dict[str, object] = {}
         self._ll: dict[tuple, list] = {}
-        #: M of this layer's low-latency calls on the device (fixed by its first one)
-        self._ll_m: int | None = None
+        #: M of this layer's low-latency calls on the device (fixed by its first one, which
+        #: the kernel engine agrees on with the peers)
+        self.ll_max_tokens: int | None = None
 
     @property
     def experts_per_rank(self) -> int:
         return self.el
 
+    def next_call(self) -> int:
+        """The number of this layer's next call (dispatch or combine, the same on every rank;
+        the backward passes of the autograd functions count as calls)."""
+        self._calls += 1
+        return self._calls
+
     # ---- engines ------------------------------------------------------------------------------
-    def _engine(self, device: torch.device):
+    def engine_for(self, device: torch.device):
+        """The engine that moves this layer's rows for tensors on ``device`` (made on first
+        use, collectively); for the layer's own steps and its autograd functions."""
         if device.type == "cuda" or self.comm.cpu_kernels == "triton":
             key = "kernel"
         elif self.comm.topology.num_hosts > 1:
@@ -114,15 +123,14 @@ class ExpertParallel:
         float32. ``mode="low_latency"`` needs ``max_tokens_per_rank=M >= T`` and returns the
         ``[E/W, W*M, H]`` layout (:class:`~.dispatched.Dispatched`). ``fp8=True``: rows
         travel as float8 e4m3 with a float32 scale per 128 channels (``d.scales``)."""
-        self._calls += 1
-        call_id = self._calls
+        call_id = self.next_call()
         grad = torch.is_grad_enabled() and any(
             isinstance(v, torch.Tensor) and v.requires_grad for v in (x, topk_weights))
         problem, token, detail = self._check_dispatch(x, topk_idx, topk_weights, mode,
                                                       max_tokens_per_rank, fp8, grad)
         if (mode == "low_latency" and isinstance(x, torch.Tensor)
                 and x.device.type in ("cpu", "cuda")
-                and hasattr(self._engine(x.device), "ll_dispatch")):
+                and hasattr(self.engine_for(x.device), "ll_dispatch")):
             # the engine does it on the device: no handshake, no count read by the host
             return self._dispatch_ll_device(problem, detail, x, topk_idx, topk_weights,
                                             max_tokens_per_rank, fp8)
@@ -139,12 +147,12 @@ class ExpertParallel:
         if grad:                       # normal mode, not fp8 (checked): see .autograd
             from .autograd import dispatch_recorded
             return dispatch_recorded(self, mine, detail, x, topk_idx, topk_weights, mask)
-        d = self._dispatch(mine, detail, x, topk_idx, topk_weights, mask, fp8)
+        d = self.move_dispatch(mine, detail, x, topk_idx, topk_weights, mask, fp8)
         if mode == "low_latency":
             d = self._to_low_latency(d, max_tokens_per_rank)
         return d
 
-    def _dispatch(self, mine, detail, x, topk_idx, topk_weights, mask, fp8) -> Dispatched:
+    def move_dispatch(self, mine, detail, x, topk_idx, topk_weights, mask, fp8) -> Dispatched:
         """Move the rows (the engine) and build the normal-mode result; ``mine`` is this
         rank's descriptor (bad arguments: the engine's handshake raises on every rank)."""
         ok = mine[checks.F_PROBLEM] == 0
@@ -155,7 +163,7 @@ class ExpertParallel:
             idx, wts = topk_idx.contiguous(), topk_weights.contiguous()
         else:
             xs = scales = idx = wts = None
-        mv = self._engine(device).dispatch(self, mine, detail, xs, scales, idx, wts)
+        mv = self.engine_for(device).dispatch(self, mine, detail, xs, scales, idx, wts)
         me = self.comm.rank
         layout = Layout(rank=me, world=w, el=self.el, hidden=self.hidden, dtype=self.dtype,
                         counts=mv.counts, tokens=mv.call.tokens(),
@@ -175,10 +183,10 @@ class ExpertParallel:
         topk_idx or too many tokens raise here and void the call on every rank (the rank
         takes part without rows); a bad type or shape raises here only, and the peers'
         bounded waits time out naming this rank."""
-        eng = self._engine(x.device)
-        if not problem and self._ll_m is not None and m != self._ll_m:
+        eng = self.engine_for(x.device)
+        if not problem and self.ll_max_tokens is not None and m != self.ll_max_tokens:
             problem, detail = 15, (f"this layer's low-latency calls have max_tokens_per_rank "
-                                   f"{self._ll_m} (fixed by its first one), got {m}")
+                                   f"{self.ll_max_tokens} (fixed by its first one), got {m}")
         if problem:
             exc, text = checks.PROBLEMS[problem]
             # _check_dispatch tests types and shapes before token counts and topk contents
@@ -322,7 +330,7 @@ class ExpertParallel:
             from .autograd import combine_recorded
             return combine_recorded(self, mine, detail, rows, lay)
         device = y.device if isinstance(y, torch.Tensor) else torch.device("cpu")
-        return self._combine(self.hidden, self.dtype, mine, detail, rows, lay, device)
+        return self.move_combine(self.hidden, self.dtype, mine, detail, rows, lay, device)
 
     def _combine_ll_device(self, y, d: Dispatched) -> torch.Tensor:
         """combine of a device low-latency dispatch (checked here only: no handshake)."""
@@ -333,11 +341,11 @@ class ExpertParallel:
         if torch.is_grad_enabled() and y.requires_grad:
             raise ValueError("moe combine: low-latency mode is for inference; combine under "
                              "torch.no_grad()")
-        return self._engine(y.device).ll_combine(self, y, d.layout.extra["low_latency"])
+        return self.engine_for(y.device).ll_combine(self, y, d.layout.extra["low_latency"])
 
-    def _combine(self, h, dtype, mine, detail, rows, layout, device) -> torch.Tensor:
+    def move_combine(self, h, dtype, mine, detail, rows, layout, device) -> torch.Tensor:
         """Move ``rows [layout.rows, h]`` back to their tokens: ``[T, h]`` ``dtype``."""
-        return self._engine(device).combine(h, dtype, mine, detail, rows, layout)
+        return self.engine_for(device).combine(h, dtype, mine, detail, rows, layout)
 
     def _check_combine(self, y, d, disp, grouped) -> tuple[int, str]:
         if not isinstance(disp, Dispatched) or disp.layout.extra.get("ep") != self._id:

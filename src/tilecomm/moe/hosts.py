@@ -29,7 +29,7 @@ import torch
 from ..errors import CommTimeout
 from ..ops.workspace import Workspace, round_up
 from . import checks
-from .cpu import Moved, _parts, take_rows
+from .cpu import Moved, row_parts, take_rows
 from .routing import dest_mask
 
 _TOKEN_BYTES = 8
@@ -37,7 +37,7 @@ _TOKEN_BYTES = 8
 
 def _packed(n: int, row_bytes: int, k: int, nb: int) -> tuple[list[int], int]:
     """Field offsets (x, topk_idx, topk_weights, scales, token) of ``n`` forwarded rows."""
-    offs, size = _parts(n, 0, k, row_bytes, nb)
+    offs, size = row_parts(n, 0, k, row_bytes, nb)
     return offs + [size], size + round_up(n * _TOKEN_BYTES)
 
 
@@ -102,7 +102,7 @@ class HostsEngine:
         mine = mine + (hmask.sum(0).tolist() if ok else [0] * len(self.hosts))
         parity = ws.next_parity()
         self.tag += 1
-        own = lambda tt: _parts(tt, h, k, row_bytes, nb)     # noqa: E731
+        own = lambda tt: row_parts(tt, h, k, row_bytes, nb)     # noqa: E731
         if ok and ws.fits(own(t)[1]):
             self._publish(parity, own(t)[0], x, scales, idx, wts)
             mine[checks.F_READY] = 1
@@ -191,7 +191,7 @@ class HostsEngine:
                 if s == me:
                     sx, ss, si, sw = x, scales, idx, wts
                 else:
-                    offs, _ = _parts(tokens[s], h, k, row_bytes, nb)
+                    offs, _ = row_parts(tokens[s], h, k, row_bytes, nb)
                     reg = lambda o, shape, dt: self.ws.region(  # noqa: E731
                         parity, o, shape, dt, rank=self.local_rank[s], comm=self.host)
                     ts = tokens[s]

@@ -51,7 +51,7 @@ from ..errors import CommError, CommMismatch
 from ..settings import settings
 from . import checks
 from .cpu import Moved
-from .low_latency import (_ALIGN, DESC_WORDS, LowLatency, _up, capturing, ll_buffers,
+from .low_latency import (ALIGN, DESC_WORDS, LowLatency, round_up, capturing, ll_buffers,
                           ll_positions)
 from .routing import dest_mask
 
@@ -110,7 +110,7 @@ class _State:
                                             interpret=False).programs(10**9, width=w))
         self.pads = {op: self.heap.signal_pad(self.programs * w) for op in checks.OPS}
         self.epochs = {op: 0 for op in checks.OPS}
-        self._bufs = SymmetricBuffers(self.heap, _ALIGN)
+        self._bufs = SymmetricBuffers(self.heap, ALIGN)
         #: low-latency buffers per (M, E, H, dtype size) (NOTE [low latency on the device])
         self.ll: dict = {}
 
@@ -122,8 +122,8 @@ class _State:
         """Half ``epoch % 2`` (uint8, at least ``nbytes``) of the two-half symmetric buffer
         ``name``; the half size stays fixed until the buffer grows (collective, after a heap
         barrier: a peer may still use the old one). Every rank asks for the same sizes."""
-        buf = self._bufs.get(name, 2 * _up(max(nbytes, 1)))
-        half = buf.numel() // 2 // _ALIGN * _ALIGN
+        buf = self._bufs.get(name, 2 * round_up(max(nbytes, 1)))
+        half = buf.numel() // 2 // ALIGN * ALIGN
         lo = (epoch % 2) * half
         return buf[lo:lo + half]
 
@@ -157,7 +157,7 @@ class KernelEngine:
         dev = x.device
         row_bytes = h * x.element_size()
         nb = scales.shape[1] if fp8 else 0
-        mw = _up(2 + 3 * k + nb, 4)                 # int32 words: token, idx, weights, scales
+        mw = round_up(2 + 3 * k + nb, 4)                 # int32 words: token, idx, weights, scales
         t = x.shape[0]
         rows_at = [sum(counts[s][r] for s in range(w)) for r in range(w)]
         off_at = [sum(counts[q][r] for q in range(me)) for r in range(w)]   # offsets[me][r]
@@ -189,7 +189,7 @@ class KernelEngine:
         xw = _words(x, t, row_bytes, word)
         epoch = st.next_epoch("dispatch")
         most = max(rows_at)
-        xb = _up(most * row_bytes)
+        xb = round_up(most * row_bytes)
         half = st.half("dispatch", xb + most * mw * 4, epoch)
         recv_x = half[:max(xb, wsize)].view(word)
         recv_meta = half[xb:xb + max(most * mw * 4, 4)].view(torch.int32)
@@ -227,7 +227,7 @@ class KernelEngine:
         fp8 = scales is not None
         nb = scales.shape[1] if fp8 else 0
         bufs = ll_buffers(self, ep, m)
-        m = ep._ll_m
+        m = ep.ll_max_tokens
         row_bytes = h * x.element_size()
         wsize, word = _word(row_bytes)
         rw = row_bytes // wsize

@@ -28,10 +28,10 @@ import torch
 from ..errors import CommMismatch
 
 #: symmetric buffers and their parts start at this many bytes (also the kernel engine's)
-_ALIGN = 256
+ALIGN = 256
 
 
-def _up(n: int, a: int = _ALIGN) -> int:
+def round_up(n: int, a: int = ALIGN) -> int:
     """``n`` rounded up to a multiple of ``a``."""
     return -(-n // a) * a
 
@@ -59,11 +59,11 @@ class _LowLatencyBuffers:
     def __init__(self, st, w: int, el: int, m: int, row_bytes: int, meta_words: int):
         heap = st.heap
         self.meta_words = meta_words
-        self.x_bytes = _up(el * w * m * row_bytes)          # fp8 rows use the front of it
-        self.meta_bytes = _up(el * w * m * meta_words * 4)
-        cnt_bytes = _up((el + DESC_WORDS) * w * 8)
+        self.x_bytes = round_up(el * w * m * row_bytes)          # fp8 rows use the front of it
+        self.meta_bytes = round_up(el * w * m * meta_words * 4)
+        cnt_bytes = round_up((el + DESC_WORDS) * w * 8)
         self.half_bytes = self.x_bytes + self.meta_bytes + cnt_bytes
-        self.comb_half = _up(el * w * m * row_bytes)
+        self.comb_half = round_up(el * w * m * row_bytes)
         self.recv = heap.alloc(2 * self.half_bytes, torch.uint8)
         self.comb = heap.alloc(2 * self.comb_half, torch.uint8)
         self.pads = {op: heap.signal_pad(st.programs * w) for op in ("dispatch", "combine")}
@@ -89,7 +89,7 @@ def capturing(device: torch.device) -> bool:
 def meta_words(hidden: int) -> int:
     """int32 words per slot: the token index (int64) and, for fp8 rows, a scale per 128
     channels (room for them whenever ``hidden`` allows fp8), padded to 16 bytes."""
-    return _up(2 + (hidden // 128 if hidden % 128 == 0 else 0), 4)
+    return round_up(2 + (hidden // 128 if hidden % 128 == 0 else 0), 4)
 
 
 def ll_buffers(engine, ep, m: int) -> _LowLatencyBuffers:
@@ -98,7 +98,7 @@ def ll_buffers(engine, ep, m: int) -> _LowLatencyBuffers:
     layer; layers of one shape and M share buffers (their calls alternate, each dispatch
     followed by its combine). Later calls find them without any host exchange."""
     st, comm = engine.st, engine.comm
-    if ep._ll_m is None:
+    if ep.ll_max_tokens is None:
         # a length and tag of its own: paired with another layer call's exchange (a rank
         # that made a different call) it is a mismatch, not a misread
         descs = comm.exchange([_AGREE_TAG, m, ep.num_experts, ep.hidden, ep.itemsize])
@@ -111,11 +111,11 @@ def ll_buffers(engine, ep, m: int) -> _LowLatencyBuffers:
                                "max_tokens_per_rank (fixed by a layer's first low-latency "
                                "call): " + ", ".join(f"rank {r}: {v}"
                                                      for r, v in enumerate(vals)))
-        ep._ll_m = m
-    key = (ep._ll_m, ep.num_experts, ep.hidden, ep.itemsize)
+        ep.ll_max_tokens = m
+    key = (ep.ll_max_tokens, ep.num_experts, ep.hidden, ep.itemsize)
     bufs = st.ll.get(key)
     if bufs is None:
-        bufs = st.ll[key] = _LowLatencyBuffers(st, comm.world_size, ep.el, ep._ll_m,
+        bufs = st.ll[key] = _LowLatencyBuffers(st, comm.world_size, ep.el, ep.ll_max_tokens,
                                                ep.hidden * ep.itemsize, meta_words(ep.hidden))
     return bufs
 

@@ -73,7 +73,7 @@ class Row:
             "cache" if self.nbytes <= CACHE_MAX else "dram")
 
 
-_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8,
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8,
              "int8": 1, "uint8": 1}
 
 
@@ -81,7 +81,7 @@ def load_rows(path: str) -> list[Row]:
     data = json.loads(Path(path).read_text())
     rows = data.get("rows", data.get("results", [])) if isinstance(data, dict) else data
     return [Row(r["collective"], r["algo"], int(r["world_size"]), int(r["bytes"]),
-                _ITEMSIZE.get(r.get("dtype", "float32"), 4), r.get("mem", "user"),
+                ITEMSIZE.get(r.get("dtype", "float32"), 4), r.get("mem", "user"),
                 float(r["time_us"])) for r in rows]
 
 

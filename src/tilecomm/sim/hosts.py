@@ -20,7 +20,7 @@ NOTE [what one hierarchical call costs]
         Exchange  per peer: alpha + bytes / beta (torch.distributed point-to-point)
 
     ``alpha`` and ``beta`` are those of one rail round as the runtime makes it
-    (``Rails._pairwise``: Gloo sends to and receives from every other member of the rail group)
+    (``Rails.pairwise``: Gloo sends to and receives from every other member of the rail group)
     between simulated hosts (loopback TCP), measured *alone* by ``benchmarks/hosts_link.py``
     (link files without a ``primitive`` field, or with ``allgather``, timed Gloo's
     ``allgather``, which the rails used before and which is slower, up to 7x) in two modes: ``both``
@@ -371,10 +371,10 @@ def load_bench(path: str) -> list[dict]:
 
 
 def predict_rows(cost: HostsCost, rows: list[dict], layout: HostLayout) -> list[dict]:
-    from .cpu_loop import _ITEMSIZE
+    from .cpu_loop import ITEMSIZE
     out = []
     for r in rows:
-        isz = _ITEMSIZE.get(r.get("dtype", "float32"), 4)
+        isz = ITEMSIZE.get(r.get("dtype", "float32"), 4)
         p = predict_us(r["collective"], r["algo"], layout, int(r["bytes"]), cost, isz)
         out.append({**r, "predicted_us": p, "error": (p - r["time_us"]) / r["time_us"]})
     return out

@@ -37,9 +37,9 @@ def _cancel_at_exit() -> None:
     threads of groups never destroyed (a send nobody receives would hold the exit until the
     peer exits or the group's timeout)."""
     for pg in list(_live_groups):
-        if not pg.comm._closed:
+        if not pg.comm.closed:
             pg._p2p.closing = True
-            pg.comm._cancel_waits("the interpreter is exiting")
+            pg.comm.host.cancel_waits("the interpreter is exiting")
 
 
 # threading's exit hooks run in reverse order of registration, before threads are joined
@@ -96,8 +96,8 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
         instead of holding destroy_process_group until the peer exits or the timeout.
         """
         self._p2p.closing = True
-        if not self.comm._closed:
-            self.comm._cancel_waits("the process group was destroyed")
+        if not self.comm.closed:
+            self.comm.host.cancel_waits("the process group was destroyed")
         self._p2p.shutdown()
         self.comm.close()
 
@@ -111,7 +111,7 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
     def _reduce_into(self, t: torch.Tensor, opts_op, collective: str, root: int | None) -> None:
         """all_reduce (``root`` None) or reduce of ``t`` in place."""
         comm = self.comm
-        with comm._validating(collective):
+        with comm.host.refusing(collective):
             kind, how, view = reduce_plan(t, opts_op, collective)
         if kind == "native":
             x = view(t) if view is not None else t
@@ -138,7 +138,7 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
         """Move ``sends[j]`` to rank ``j`` and fill ``recvs[j]`` from rank ``j`` (None: nothing),
         in one all_to_all_v over bytes: the general form behind gather, scatter and lists."""
         comm = self.comm
-        with comm._validating(collective):
+        with comm.host.refusing(collective):
             ins = [Flat(s, write=False, as_bytes=True) if s is not None else None for s in sends]
             outs = [Flat(r, read=False, as_bytes=True) if r is not None else None for r in recvs]
             send_counts = [x.x.numel() if x is not None else 0 for x in ins]
@@ -175,7 +175,7 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
             for t in tensors:
                 self._sparse_all_reduce(t, op)
             return DoneWork(list(tensors))
-        with self.comm._validating("all_reduce"):
+        with self.comm.host.refusing("all_reduce"):
             for t in tensors:
                 check_tensor(t, "all_reduce")
         for t in tensors:
@@ -186,7 +186,7 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
         """Sum of sparse COO tensors: every rank gathers every rank's (indices, values) and
         adds them in rank order, so all ranks hold the same coalesced result."""
         w = self.size()
-        with self.comm._validating("all_reduce"):
+        with self.comm.host.refusing("all_reduce"):
             if getattr(op, "op", op) != dist.ReduceOp.SUM:
                 raise ValueError(f"tilecomm backend: all_reduce: sparse tensors support SUM "
                                  f"only, got {getattr(op, 'op', op)}")
@@ -206,7 +206,7 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
 
     def allreduce_coalesced(self, tensors, opts=None):
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        with self.comm._validating("all_reduce_coalesced"):
+        with self.comm.host.refusing("all_reduce_coalesced"):
             for t in tensors:
                 check_tensor(t, "all_reduce_coalesced")
         dtypes = {t.dtype for t in tensors}
@@ -225,7 +225,7 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
         return DoneWork(list(tensors))
 
     def reduce(self, tensors, opts=None):
-        with self.comm._validating("reduce"):
+        with self.comm.host.refusing("reduce"):
             t = self._single(tensors, "reduce")
         root = opts.rootRank if opts is not None else 0
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
@@ -234,7 +234,7 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
 
     def broadcast(self, tensors, opts=None):
         root = opts.rootRank if opts is not None else 0
-        with self.comm._validating("broadcast"):
+        with self.comm.host.refusing("broadcast"):
             for t in tensors:
                 check_tensor(t, "broadcast")
         for t in tensors:
@@ -246,7 +246,7 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
     def allgather(self, output_tensors, input_tensors, opts=None):
         w = self.size()
         for outs, inp in zip(output_tensors, input_tensors):
-            with self.comm._validating("all_gather"):
+            with self.comm.host.refusing("all_gather"):
                 check_tensor(inp, "all_gather", "input")
                 if len(outs) != w:
                     raise ValueError(f"tilecomm backend: all_gather: output list has {len(outs)} "
@@ -269,7 +269,7 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
 
     def all_gather_single(self, output, input, opts=None):  # noqa: A002 - torch's names
         w = self.size()
-        with self.comm._validating("all_gather_into_tensor"):
+        with self.comm.host.refusing("all_gather_into_tensor"):
             check_tensor(input, "all_gather_into_tensor", "input")
             check_tensor(output, "all_gather_into_tensor", "output")
             if output.numel() != w * input.numel() or output.dtype != input.dtype:
@@ -291,7 +291,7 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
 
     def allgather_coalesced(self, output_lists, input_list, opts=None):
         w = self.size()
-        with self.comm._validating("all_gather_coalesced"):
+        with self.comm.host.refusing("all_gather_coalesced"):
             for t in input_list:
                 check_tensor(t, "all_gather_coalesced", "input")
             if len(output_lists) != w or any(len(o) != len(input_list) for o in output_lists):
@@ -305,7 +305,7 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
         w, me = self.size(), self.rank()
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         for out, ins in zip(output_tensors, input_tensors):
-            with self.comm._validating("reduce_scatter"):
+            with self.comm.host.refusing("reduce_scatter"):
                 check_tensor(out, "reduce_scatter", "output")
                 if len(ins) != w:
                     raise ValueError(f"tilecomm backend: reduce_scatter: input list has "
@@ -331,7 +331,7 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
 
     def _reduce_scatter_flat(self, out, flat, op, collective: str) -> None:
         comm = self.comm
-        with comm._validating(collective):
+        with comm.host.refusing(collective):
             kind, how, view = reduce_plan(flat, op, collective)
         if kind == "native":
             tmp = out if out.is_contiguous() else torch.empty_like(
@@ -351,7 +351,7 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
 
     def reduce_scatter_single(self, output, input, opts=None):  # noqa: A002 - torch's names
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        with self.comm._validating("reduce_scatter_tensor"):
+        with self.comm.host.refusing("reduce_scatter_tensor"):
             check_tensor(input, "reduce_scatter_tensor", "input")
             check_tensor(output, "reduce_scatter_tensor", "output")
             if input.numel() != self.size() * output.numel() or input.dtype != output.dtype:
@@ -373,7 +373,7 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
                           input_split_sizes, opts=None):
         w = self.size()
         comm = self.comm
-        with comm._validating("all_to_all_single"):
+        with comm.host.refusing("all_to_all_single"):
             check_tensor(input, "all_to_all_single", "input")
             check_tensor(output, "all_to_all_single", "output")
             if output.dtype != input.dtype:
@@ -405,7 +405,7 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         w = self.size()
-        with self.comm._validating("all_to_all"):
+        with self.comm.host.refusing("all_to_all"):
             if len(output_tensors) != w or len(input_tensors) != w:
                 raise ValueError(f"tilecomm backend: all_to_all: need {w} input and {w} output "
                                  f"tensors, got {len(input_tensors)} and {len(output_tensors)}")
@@ -417,7 +417,7 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
     def gather(self, output_tensors, input_tensors, opts=None):
         w, me = self.size(), self.rank()
         root = opts.rootRank if opts is not None else 0
-        with self.comm._validating("gather"):
+        with self.comm.host.refusing("gather"):
             inp = self._single(input_tensors, "gather")
             outs = output_tensors[0] if output_tensors else []
             if me == root and len(outs) != w:
@@ -433,7 +433,7 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
     def scatter(self, output_tensors, input_tensors, opts=None):
         w, me = self.size(), self.rank()
         root = opts.rootRank if opts is not None else 0
-        with self.comm._validating("scatter"):
+        with self.comm.host.refusing("scatter"):
             out = self._single(output_tensors, "scatter")
             ins = input_tensors[0] if input_tensors else []
             if me == root and len(ins) != w:

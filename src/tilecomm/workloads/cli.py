@@ -86,7 +86,7 @@ def _layout(args, gpus: int, infer: bool) -> Layout:
 
 
 def run_model(args) -> int:
-    from .comm import _spec
+    from .comm import spec_of
     from .models import load_model
     for k in ("top", "seq", "micro_batch", "prompt", "batch", "global_batch"):
         v = getattr(args, k)
@@ -95,7 +95,7 @@ def run_model(args) -> int:
     if args.gen < 0:
         raise ValueError(f"--gen must be >= 0, got {args.gen}")
     model = load_model(args.model)
-    spec = _spec(args.system)
+    spec = spec_of(args.system)
     gpus = _gpus(args, spec.gpus_per_node)
     if args.mode == "train":
         gb = args.global_batch if args.global_batch is not None else gpus

@@ -76,7 +76,7 @@ def place(size: int, stride: int, gpus_per_node: int) -> Placement:
 
 
 @lru_cache(maxsize=64)
-def _spec(system: str) -> SystemSpec:
+def spec_of(system: str) -> SystemSpec:
     try:
         return load_system(system)
     except FileNotFoundError:
@@ -96,7 +96,7 @@ def _shared_spec(spec: SystemSpec, per_node: int) -> SystemSpec:
 @lru_cache(maxsize=200_000)
 def _sim_us(collective: str, nbytes: int, system: str, nodes: int, per_node: int) -> float:
     """Fastest NCCL-available algorithm's time (us) on one group shape, one size."""
-    spec = _shared_spec(_spec(system), per_node) if nodes > 1 else _spec(system)
+    spec = _shared_spec(spec_of(system), per_node) if nodes > 1 else spec_of(system)
     topo = Topology(spec, nodes, per_node)
     ok = set(candidates(collective, topo))
     algos = [a for a in NCCL_ALGOS[collective] if a in ok]
@@ -158,7 +158,7 @@ def _moe_sim(tokens: int, row_b: int, topk: int, experts: int, system: str, node
     """(dispatch us, combine us) of ``tokens`` tokens per rank, rows of ``row_b`` bytes."""
     from tilecomm.sim.moe import predict_moe
 
-    spec = _shared_spec(_spec(system), per_node) if nodes > 1 else _spec(system)
+    spec = _shared_spec(spec_of(system), per_node) if nodes > 1 else spec_of(system)
     p = predict_moe(spec, nodes, per_node, tokens, 1, topk, experts, expected=True,
                     engine="phases", dispatch_row_bytes=row_b, combine_row_bytes=row_b)
     return p.dispatch.time_us, p.combine.time_us

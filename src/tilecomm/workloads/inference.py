@@ -142,14 +142,14 @@ def infer(model: str | ModelSpec, system: str, layout: Layout, batch: int,
     blocks of ``kv_block_size`` tokens, contiguous runs of ``kv_run_blocks`` blocks on average
     (None: one run).
     """
-    from .comm import _spec
+    from .comm import spec_of
     if mode not in ("prefill", "decode", "serve"):
         raise ValueError(f"mode must be prefill, decode or serve, got {mode!r}")
     for k, v, lo in (("batch", batch, 1), ("prompt", prompt, 1), ("gen", gen, 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ValueError(f"{k} must be an integer >= {lo}, got {v!r}")
     model = load_model(model)
-    spec = _spec(system)
+    spec = spec_of(system)
     gpu = gpu_of(spec)
     L = layout
     if L.cp != 1:

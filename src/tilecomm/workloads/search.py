@@ -11,7 +11,7 @@ does not fit without it.
 
 from __future__ import annotations
 
-from .comm import _spec
+from .comm import spec_of
 from .inference import InferResult, infer
 from .layout import Layout, validate
 from .models import ModelSpec, load_model
@@ -69,7 +69,7 @@ def search_train(model: str | ModelSpec, system: str, gpus: int, global_batch: i
                  ep_overlap: bool = False) -> list[StepResult]:
     """Every valid layout that fits in memory, fastest step first."""
     model = load_model(model)
-    g = _spec(system).gpus_per_node
+    g = spec_of(system).gpus_per_node
     out = []
     for L, mb in train_layouts(model, gpus, g, global_batch, seq, mbs, zero, vpps, tp_overlap,
                                 ep_overlap):
@@ -93,7 +93,7 @@ def search_infer(model: str | ModelSpec, system: str, gpus: int, batch: int,
                  dtype: str = "bf16") -> list[InferResult]:
     """Replica layouts of exactly ``gpus`` GPUs that fit, lowest latency first."""
     model = load_model(model)
-    g = _spec(system).gpus_per_node
+    g = spec_of(system).gpus_per_node
     out = []
     eps = _pow2_upto(model.experts) if model.is_moe else [1]
     for tp in _pow2_upto(min(g, gpus)):

@@ -219,9 +219,9 @@ def train_step(model: str | ModelSpec, system: str, gpus: int, layout: Layout,
 
     ``global_batch`` and ``micro_batch`` are in sequences of ``seq`` tokens.
     """
-    from .comm import _spec
+    from .comm import spec_of
     model = load_model(model)
-    spec = _spec(system)
+    spec = spec_of(system)
     gpu = gpu_of(spec)
     L = layout
     for k, v in (("global_batch", global_batch), ("micro_batch", micro_batch), ("seq", seq)):

@@ -85,9 +85,9 @@ def points() -> list[Point]:
 def evaluate(p: Point) -> dict:
     """Prediction for one point: TFLOP/s per GPU in the source's convention, and the error."""
     r = train_step(p.model, p.system, p.gpus, p.layout, p.global_batch, 1, p.seq)
-    from .comm import _spec
+    from .comm import spec_of
     from ..topology.gpus import gpu_of
-    peak = gpu_of(_spec(p.system)).peak("bf16")
+    peak = gpu_of(spec_of(p.system)).peak("bf16")
     pred = r.hw_tflops_per_gpu if p.convention == "megatron" else r.mfu * peak / 1e12
     return {"source": p.source, "point": p.label, "published": p.published_tflops,
             "predicted": pred, "error": (pred - p.published_tflops) / p.published_tflops,

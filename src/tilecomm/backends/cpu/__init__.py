@@ -35,6 +35,9 @@ class CpuBackend(Backend):
     def run(self, call: CollectiveCall) -> None:
         self.executor.run(call)
 
+    def forget_calls(self) -> None:
+        self.executor.forget_calls()
+
     def reject(self, collective: str, message: str) -> None:
         self.executor.reject(collective, message)
 

@@ -115,6 +115,13 @@ class Executor:
         #: the process's tracer under TILECOMM_TRACE (handshake and phase events), or None
         self.trace = None
 
+    def forget_calls(self) -> None:
+        """Drop every call's ready-made steps and native programs, and the templates (see
+        ``Communicator.forget_calls``). A memoized call's own programs
+        (``call.info["native"]``) go with the memo that holds the call."""
+        self._ready.clear()
+        self._templates.clear()
+
     # ---- entry points ---------------------------------------------------------------------
     def run(self, call: CollectiveCall) -> None:
         # _guard written out: this is every collective's path, and at 8 bytes the native

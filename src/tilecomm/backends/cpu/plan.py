@@ -27,7 +27,7 @@ import torch
 from ...algorithms.collectives import COLLECTIVES, chunk_lengths
 from ...algorithms.lower import USER_BUFFERS, RankPlan, piece_elems, piece_len
 from ...errors import CommError
-from ...types import _NP_UFUNC, _TORCH_FN, DType, ReduceOp, typed_view
+from ...types import NP_UFUNC, TORCH_FN, DType, ReduceOp, typed_view
 from . import cma
 
 PLACE_SCRATCH = -1   # staged in (or lives in) the scratch area
@@ -209,7 +209,7 @@ class Runner:
         self.d = layout.d
         self.op = op or ReduceOp.SUM
         self.world_size = world_size
-        self.fn = (_NP_UFUNC if self.d.numpy is not None else _TORCH_FN)[self.op]
+        self.fn = (NP_UFUNC if self.d.numpy is not None else TORCH_FN)[self.op]
         #: (peer, buffer) -> (pid, address) of the peers' PLACE_CMA buffers, from their
         #: descriptors (set after the handshake, before any remote operand is used)
         self.remote: dict = {}

@@ -40,10 +40,9 @@ import torch
 
 from ...device import errors as _errors
 from ...errors import CommError, CommMismatch
-from ...types import lookup_dtype
 from ..base import Backend, CollectiveCall
 from . import registry
-from .context import KernelContext, np_of
+from .context import KernelContext
 
 #: calls whose epochs are kept to name the call a device error belongs to
 RING_CALLS = 4096
@@ -102,36 +101,6 @@ def cooperative_launches() -> list[str]:
     return names
 
 
-class _HostComm:
-    """The parts of a Communicator a device heap and the launchers need, always on the host
-    executor (never dispatched back to a kernel backend)."""
-
-    def __init__(self, comm):
-        self._comm = comm
-        self.rank, self.world_size = comm.rank, comm.world_size
-        self._heap = comm._heap
-        self._heap_lo, self._heap_hi = comm._heap_lo, comm._heap_hi
-        self.timeout = comm.timeout
-
-    @property
-    def _backend(self):
-        return self._comm._backend
-
-    def alloc(self, shape, dtype=torch.float32):
-        return self._comm.alloc(shape, dtype)
-
-    def barrier(self):
-        self._comm._backend.rendezvous("barrier", 0, 0)
-
-    def all_gather(self, t: torch.Tensor) -> torch.Tensor:
-        t = t.detach().contiguous().cpu()
-        d = lookup_dtype(t.dtype, what="all_gather")
-        out = torch.empty((self.world_size * t.numel(),), dtype=t.dtype)
-        self._comm._backend.run(CollectiveCall("all_gather", "direct", d, t.numel(),
-                                               {"in": np_of(t), "out": np_of(out)}))
-        return out.reshape((self.world_size * t.shape[0], *t.shape[1:])) if t.dim() else out
-
-
 class TritonBackend(Backend):
     """Collectives on tensors of one device through the registered Triton kernels."""
 
@@ -146,7 +115,9 @@ class TritonBackend(Backend):
         from ...settings import settings
 
         self.rank, self.world_size = comm.rank, comm.world_size
-        self.host = _HostComm(comm)
+        #: the communicator's host port: handshakes and agreement on the host executor, never
+        #: dispatched back to a kernel backend (tilecomm.host)
+        self.host = comm.host
         device = torch.device(device)
         if device.type == "cuda" and device.index is None and torch.cuda.is_available():
             device = torch.device("cuda", torch.cuda.current_device())
@@ -154,7 +125,7 @@ class TritonBackend(Backend):
             # NOTE [interpreter bf16 rounding]: round float32 -> bf16 as a GPU does
             from ...device.interpreter import round_bf16_like_gpu
             round_bf16_like_gpu()
-        self.heap = DeviceHeap.create(self.host, device=device,
+        self.heap = DeviceHeap.create(comm, device=device,
                                       nbytes=nbytes or settings().device_heap_bytes,
                                       timeout=timeout)
         self.device = self.heap.device
@@ -318,7 +289,7 @@ class TritonBackend(Backend):
         desc = self._describe(call, opv)
         digest = zlib.crc32(desc.encode()) & 0x3FFFFFFF
         try:
-            offs = self.host._backend.rendezvous(call.collective, digest, off)
+            offs = self.host.rendezvous(call.collective, digest, off)
         except CommMismatch as e:
             raise CommMismatch(f"{e} (the digest of the call; this rank called {desc})") from None
         if len(set(offs)) > 1:
@@ -340,7 +311,7 @@ class TritonBackend(Backend):
         first, last = self._digest_from, self.calls
         digest, self._digest, self._digest_from = self._digest, 0, last + 1
         try:
-            self.host._backend.rendezvous("barrier", digest, 0)
+            self.host.rendezvous("barrier", digest, 0)
         except CommMismatch as e:
             raise CommMismatch(
                 f"GPU collectives #{first}..#{last} differ between ranks: their digests "
@@ -395,6 +366,14 @@ class TritonBackend(Backend):
         err.seq = seq
         raise err
 
+    def forget_calls(self) -> None:
+        """Drop what this backend keeps per call (kernel lookups, call digests, encoded plans;
+        not the encodings a captured CUDA graph may still read). Local."""
+        self._specs.clear()
+        self._digests.clear()
+        if not self.ctx.graph_captured:
+            self.ctx.encodings.clear()
+
     def realign(self) -> None:
         """After a device error a harness chose to survive (collective): wait for this rank's
         kernels, drop the error record and what the rolling digest holds, and take a common
@@ -415,14 +394,14 @@ class TritonBackend(Backend):
         waits on the device for this rank and records a timeout naming it; this rank launches
         nothing before the check point, so no later call pairs with the refused one."""
         if self.debug:
-            self.host._backend.reject(collective, message)
+            self.host.reject(collective, message)
             return
         marker = zlib.crc32(f"rejected|{collective}".encode())
         self._digest = (self._digest * 1000003 + marker) & 0x3FFFFFFF
         self._force_check = True
 
     def rendezvous(self, name: str, count: int, extra: int) -> list[int]:
-        return self.host._backend.rendezvous(name, count, extra)
+        return self.host.rendezvous(name, count, extra)
 
     def send(self, data, dtype, numel, peer):
         raise CommError("send on device tensors is not implemented; copy to the CPU")
@@ -431,7 +410,7 @@ class TritonBackend(Backend):
         raise CommError("recv on device tensors is not implemented; copy to the CPU")
 
     def probe(self, peer: int) -> bool:
-        return self.host._backend.probe(peer)
+        return self.host.probe(peer)
 
     def close(self) -> None:
         """Compare the calls since the last check point (collective: every rank closes), then

@@ -31,7 +31,7 @@ class KernelContext:
 
     def __init__(self, heap, host, *, interpret: bool):
         self.heap = heap
-        self.host = host                          # _HostComm: host collectives, never kernels
+        self.host = host                          # comm.host: host collectives, never kernels
         self.rank, self.world_size = heap.rank, heap.world_size
         self.device = heap.device
         self.interpret = interpret
@@ -64,6 +64,8 @@ class KernelContext:
         self._args = None
         self._args_timeout = None
         self._range: tuple[int, int] | None = None
+        #: the plan kernel's encoded plans of this rank (kernels/plan.py ``encoded``)
+        self.encodings: dict = {}
 
     # ---- per call -------------------------------------------------------------------------
     @property
@@ -169,7 +171,7 @@ class KernelContext:
         """A persistent symmetric 1-D tensor of at least ``numel`` elements of ``dtype`` for
         ``name`` (contents undefined). Growing it is collective: every rank reaches the same
         size in the same call, as calls match."""
-        itemsize = _itemsize(dtype)
+        itemsize = dtype_size(dtype)
         nbytes = max(int(numel), 1) * itemsize
         buf = self._scratch.get(name)
         if buf is None or buf.numel() < nbytes:
@@ -200,7 +202,7 @@ class KernelContext:
         from one half to the next (a multiple of 256 bytes). The kernel uses half
         ``epoch % 2`` of the epoch it loads: ``base + (epoch % 2) * half`` (NOTE [device
         epochs]; what :meth:`half` picks on the host, and a CUDA graph replay cannot)."""
-        itemsize = _itemsize(dtype)
+        itemsize = dtype_size(dtype)
         nbytes = max(int(numel), 1) * itemsize
         self.scratch(name, 2 * nbytes + 256, torch.uint8)
         full = self._scratch[name]
@@ -216,7 +218,7 @@ class KernelContext:
         this call's size: a peer may still be reading the other half from the previous call,
         which had another size. The buffer only grows (with a barrier) when a call needs more.
         """
-        itemsize = _itemsize(dtype)
+        itemsize = dtype_size(dtype)
         nbytes = max(int(numel), 1) * itemsize
         self.scratch(name, 2 * nbytes + 256, torch.uint8)
         full = self._scratch[name]
@@ -255,12 +257,7 @@ class KernelContext:
         return self._range
 
     def _heap_range(self) -> tuple[int, int]:
-        h = self.heap
-        if self.device.type == "cpu":                               # ShmDeviceHeap
-            return h.comm._heap_lo, h.comm._heap_hi
-        inner = h.heap                                              # CudaDeviceHeap
-        base = inner.address(self.rank)
-        return base, base + inner.nbytes
+        return self.heap.address_range()
 
     # ---- host helpers ---------------------------------------------------------------------
     def host_all_gather(self, values) -> list[list[int]]:
@@ -273,7 +270,7 @@ class KernelContext:
 _ITEMSIZE: dict = {}
 
 
-def _itemsize(dtype: torch.dtype) -> int:
+def dtype_size(dtype: torch.dtype) -> int:
     """Bytes per element of ``dtype`` (cached: no tensor made per call)."""
     n = _ITEMSIZE.get(dtype)
     if n is None:

@@ -53,7 +53,7 @@ from tilecomm.device import lang
 
 from ...base import CollectiveCall  # noqa: F401  (the launcher contract's type)
 from ..registry import ALL_DTYPES, kernel
-from ..context import _itemsize
+from ..context import dtype_size
 from .common import collective_jit, copy_blocks64, load_epoch
 
 #: byte-moving kernels take any dtype the Communicator knows
@@ -163,7 +163,7 @@ def as_words(t: torch.Tensor, word: torch.dtype) -> torch.Tensor:
     """Flat ``t`` viewed as ``word`` (a copy if ``t`` is not contiguous or its address is not
     aligned to the word)."""
     b = t.reshape(-1).contiguous().view(torch.uint8)
-    if b.data_ptr() % _itemsize(word):
+    if b.data_ptr() % dtype_size(word):
         b = b.clone()
     return b.view(word)
 

@@ -23,7 +23,7 @@ Host side (per call, :func:`launch_plan`)
   copies blocks ``pid, pid + G, ...`` of each chunk, the blocks it handles in the ops, so it
   stages what the peers' programs ``pid`` read and copies out what it (or the peers'
   programs ``pid``, which it waited for) wrote.
-* Tables (int64, on the device, cached per ``(collective, algo, world, root, rank, count,
+* Tables (int64, on the device, cached per context and ``(collective, algo, root, count,
   counts)``): ``io[nin + nout, 3]`` (above), ``phases[P + 1, 4]`` = (first op, end op, wait mask, notify mask) per phase, and
   a last row for the end (wait mask = ``end_waits``); ``ops[., 4]`` = (dst element offset,
   length, completes, first source, end source); ``srcs[., 2]`` = (rank, element offset) in
@@ -248,7 +248,7 @@ def encode(collective: str, algo: str, world: int, root: int, rank: int, count: 
 
 
 #: ``(device, collective, algo, world, root, rank, count, counts) -> Encoded``
-_CACHE: dict = {}
+#: encoded plans a context keeps (``KernelContext.encodings``)
 _CACHE_MAX = 256
 
 
@@ -266,9 +266,9 @@ def io_rows(base: dict, starts: dict, bufs) -> list[list[int]]:
 
 def encoded(ctx, collective: str, algo: str, root: int, count: int, counts=None) -> Encoded:
     """The cached :class:`Encoded` plan of this rank for a call (tables on ``ctx.device``)."""
-    key = (str(ctx.device), collective, algo, ctx.world_size, root, ctx.rank, count,
-           None if counts is None else tuple(map(tuple, counts)))
-    e = _CACHE.get(key)
+    key = (collective, algo, root, count, None if counts is None else tuple(map(tuple, counts)))
+    cache = ctx.encodings
+    e = cache.get(key)
     if e is None:
         ph, op, src, base, starts, total, longest = encode(
             collective, algo, ctx.world_size, root, ctx.rank, count, counts)
@@ -283,10 +283,10 @@ def encoded(ctx, collective: str, algo: str, root: int, count: int, counts=None)
         e = Encoded(t[:a], t[a:b] if op else t[:1], t[b:c] if src else t[:1], len(ph) - 1,
                     base, starts, total, longest, len(op), t[c:] if ins or outs else t[:1],
                     len(ins), len(outs))
-        if len(_CACHE) >= _CACHE_MAX and not ctx.graph_captured:
+        if len(cache) >= _CACHE_MAX and not ctx.graph_captured:
             # (after a CUDA graph capture nothing is evicted: a replay reads these tables)
-            _CACHE.pop(next(iter(_CACHE)))
-        _CACHE[key] = e
+            cache.pop(next(iter(cache)))
+        cache[key] = e
     return e
 
 
