@@ -3,16 +3,16 @@
 A schedule (``schedule.py``) says what every rank moves in every phase. Each engine needs the
 same thing from it, per rank: the reductions to perform in each phase (in their fixed
 reduction order), the ranks to wait for before each phase and at the end, the ranks to tell
-after each phase (engines whose signals are *pushed*, like the GPU device API), which buffers
-peers read (they must live in symmetric memory) and the element bounds of every chunk. This
-module computes that once, so that
+after each phase (engines whose signals are *pushed*, like the GPU device API) and the
+element bounds of every chunk. This module computes that once, so that
 
 * the CPU executor (``backends/cpu``),
 * the generic GPU plan kernel (``backends/triton/kernels/plan.py``), and
 * the simulator and the CPU cost model (``sim/``)
 
 all consume one :class:`RankPlan` and cannot drift apart. Plans are place-independent: where a
-buffer lives (caller's memory, scratch, the symmetric heap) is each engine's business.
+buffer lives (caller's memory, scratch, the symmetric heap) is each engine's business (the CPU
+executor's: ``backends/cpu/placement.py``, which the CPU cost model reads too).
 
 NOTE [reduction order]
     A :class:`PlanOp` combines its operands left to right in the order the schedule lists them
@@ -35,11 +35,6 @@ from .schedule import Reduction, Schedule
 
 #: buffers the caller passes (the rest are scratch the engine provides)
 USER_BUFFERS = ("buf", "in", "out")
-
-#: calls moving up to this many bytes (all their buffers together) keep ready-made callables
-#: in the CPU executor (no plan work per call): a runtime constant the CPU cost model
-#: (``sim/cpu_loop.py``) counts with too, kept here so the model needs nothing from backends/
-SMALL_CALL_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -71,14 +66,7 @@ class RankPlan:
     phases: tuple[PlanPhase, ...]
     end_waits: tuple[int, ...]              # ranks to wait for before returning
     names: tuple[str, ...]                  # buffer names in schedule (descriptor) order
-    symmetric: tuple[str, ...]              # buffers peers read, or scratch like another one
-    slot_base: dict                         # symmetric buffer -> first scratch slot
-    nslots: int                             # chunks of all symmetric buffers together
-    last_read_bufs: tuple[int, ...]         # indices of my buffers peers read in the last phase
     lead: int                               # leading phases without remote reads (any rank)
-    peer_read: dict                         # buffer -> frozenset of my chunks some peer reads
-    peer_reduced: frozenset                 # buffers some rank reads from a peer into a
-                                            # reduction (on any rank: all place them alike)
 
     @property
     def collective(self) -> str:
@@ -117,33 +105,9 @@ def lower_schedule(sched: Schedule, rank: int) -> RankPlan:
                         for i, red in enumerate(sched.reductions_of(rank, p))),
                   notify[p][rank])
         for p in range(len(sched.phases)))
-    remote = _memo(sched, "remote", Schedule.remote_read_buffers)
     names = tuple(b.name for b in sched.buffers)
-    symmetric = tuple(b for b in names if sched.buffer(b).like is not None or b in remote)
-    base, slot = {}, 0
-    for b in symmetric:
-        base[b] = slot
-        slot += sched.buffer(b).nchunks
-    last = {m.src.buf for m in (sched.phases[-1] if sched.phases else ())
-            if m.src_rank == rank and m.rank != rank}
-    reduced = _memo(sched, "peer_reduced", _peer_reduced)
-    read: dict[str, set[int]] = {}
-    for ph in sched.phases:
-        for m in ph:
-            if m.src_rank == rank and m.rank != rank:
-                read.setdefault(m.src.buf, set()).add(m.src.chunk)
     return RankPlan(sched, rank, phases, tuple(sorted(sched.waits_at_end(rank))), names,
-                    symmetric, base, slot, tuple(names.index(b) for b in sorted(last)),
-                    sched.leading_local_phases,
-                    {b: frozenset(c) for b, c in read.items()}, reduced)
-
-
-def _peer_reduced(sched: Schedule) -> frozenset:
-    """Buffers that some rank reads from a peer as an operand of a reduction (rather than
-    only copying them)."""
-    return frozenset(loc.buf for p in range(len(sched.phases)) for r in range(sched.world_size)
-                     for red in sched.reductions_of(r, p) if len(red.srcs) > 1 or red.accumulate
-                     for sr, loc in red.srcs if sr != r)
+                    sched.leading_local_phases)
 
 
 def _memo(sched: Schedule, key: str, fn):

@@ -14,7 +14,8 @@ import time
 import numpy as np
 
 from ..algorithms.collectives import COLLECTIVES
-from ..algorithms.lower import USER_BUFFERS, lower
+from ..algorithms.lower import USER_BUFFERS
+from ..algorithms.placement import cpu_plan
 from ..backends.cpu.plan import make_layout
 
 
@@ -52,7 +53,7 @@ def schedule_bytes(collective: str, algo: str, world_size: int, count: int, item
     out = []
     spec = COLLECTIVES[collective]
     for r in range(world_size):
-        prog = lower(collective, algo, world_size, root, r)
+        prog = cpu_plan(collective, algo, world_size, root, r)
         lay = make_layout(prog, world_size, count, _Item(itemsize), None)
         lens = lay.lens[r]
         alias = {b.name: b.like for b in prog.sched.buffers if b.alias and not staged}

@@ -41,8 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tilecomm.algorithms.lower import (SMALL_CALL_BYTES, USER_BUFFERS, PlanOp, lower, piece_elems,
-                                       piece_len)
+from tilecomm.algorithms.lower import USER_BUFFERS, PlanOp, piece_elems, piece_len
+from tilecomm.algorithms.placement import SCRATCH, SMALL_CALL_BYTES, cpu_plan, place
 from tilecomm.topology.spec import ShmCost
 
 # Calibration subset: two algorithms, every other size of the committed sweeps (16 B x4 steps).
@@ -122,29 +122,27 @@ def work(collective: str, algo: str, world_size: int, nbytes: int, mem: str = "u
     buffers = nbytes * (2 if collective not in ("all_reduce", "broadcast", "reduce") else 1)
     single_copy = mem == "user" and bool(single_copy_min) and buffers >= single_copy_min
     for me in ranks:
-        plan = lower(collective, algo, world_size, 0, me)
+        plan = cpu_plan(collective, algo, world_size, 0, me)
         piece = piece_elems(plan, itemsize, piece_bytes)
         lens = {b: plan.chunk_lengths(b, count) for b in plan.names}
         # Pieces as the executor's layout cuts them (chunk lengths are the same on every rank
         # for the collectives modelled here, so the longest chunk is this rank's).
         longest = max((x for v in lens.values() for x in v), default=0)
         pieces = 1 if not piece or not longest else max(1, -(-longest // piece))
-        # Place of each buffer, as the executor decides it: scratch (staged, or scratch by
-        # nature) or the caller's memory (a heap tensor read in place, or never read by peers).
-        # A scratch buffer marked ``alias`` shares its ``like`` buffer's storage in heap memory.
-        # User memory read in place by single-copy reads counts as heap memory does (the
-        # kernel's copy at the same rates: an approximation, docs/model.md).
+        # Place of each buffer: the executor's own policy (backends/cpu/placement.py):
+        # scratch (staged, or scratch by nature) or the caller's memory (a heap tensor read
+        # in place, a buffer no peer reads, or with single-copy reads a tensor peers read in
+        # place: the kernel's copy at the same rates, an approximation, docs/model.md). A
+        # scratch buffer that is not scratch is an ``alias`` of its ``like`` buffer's storage.
         alias = {}
         in_scratch = {}
         for b in plan.names:
-            in_place = mem == "heap" or (single_copy and b not in plan.peer_reduced)
-            if b in USER_BUFFERS:
-                in_scratch[b] = b in plan.symmetric and not in_place
-            else:
-                bs = plan.sched.buffer(b)
-                if bs.alias and in_place and bs.like in USER_BUFFERS:
-                    alias[b] = bs.like
-                in_scratch[b] = b not in alias
+            like = b if b in USER_BUFFERS else plan.sched.buffer(b).like
+            where = place(plan, b, in_heap=mem == "heap", single_copy=single_copy,
+                          present=like in USER_BUFFERS)
+            in_scratch[b] = where == SCRATCH
+            if b not in USER_BUFFERS and where != SCRATCH:
+                alias[b] = like
         skip_last = all(in_scratch[plan.names[i]] for i in plan.last_read_bufs)
         nph = len(plan.phases)
         syncs = ops = 0

@@ -33,7 +33,9 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from ...algorithms.lower import SMALL_CALL_BYTES, USER_BUFFERS, RankPlan, lower, piece_elems
+from ...algorithms.lower import USER_BUFFERS, piece_elems
+from ...algorithms.placement import (CMA, HEAP, LOCAL, SMALL_CALL_BYTES, CpuPlan, cpu_plan,
+                                     place, single_copy)
 from ...settings import settings
 from ...errors import CommError, CommMismatch, CommTimeout
 from ...heap.base import SegmentLayout
@@ -295,7 +297,7 @@ class Executor:
 
     def _template(self, call: CollectiveCall, seq: int, counts=None, places=None) -> _Template:
         """``places``: the ones this rank announced already (all_to_all_v)."""
-        prog = lower(call.collective, call.algo, self.world_size, call.root, self.rank)
+        prog = cpu_plan(call.collective, call.algo, self.world_size, call.root, self.rank)
         if places is None:
             cma = self._single_copy(call)
             places = tuple(self._place(b, call, prog, cma) for b in prog.names)
@@ -446,7 +448,7 @@ class Executor:
         """all_to_all_v: chunk lengths come from the count matrix, known after the handshake."""
         ch, me, w = self.ch, self.rank, self.world_size
         self._post_rows(seq, call)
-        prog = lower(call.collective, call.algo, w, call.root, me)
+        prog = cpu_plan(call.collective, call.algo, w, call.root, me)
         cma = self._single_copy(call)
         places = tuple(self._place(b, call, prog, cma) for b in prog.names)
         # The piece size depends only on the settings: announce it like every collective does.
@@ -522,32 +524,23 @@ class Executor:
                 ch.wait_progress(prog.end_waits, ch.step,
                                  (call.collective, seq, f"readers of piece {k}"))
 
-    def _place(self, buf: str, call: CollectiveCall, prog: RankPlan, cma: bool) -> int:
-        """Where ``buf`` lives for this call; ``cma``: peers may read the caller's memory in
-        place (see _single_copy)."""
-        if buf not in USER_BUFFERS:
+    def _place(self, buf: str, call: CollectiveCall, prog: CpuPlan, cma: bool) -> int:
+        """Where ``buf`` lives for this call (NOTE [placement] in algorithms/placement.py): an offset in
+        this rank's segment (a symmetric tensor; symmetric tensors are addressed through the
+        segment even when only this rank reads them, so cached plans never hold a view that
+        keeps a heap block alive), or PLACE_CMA / PLACE_LOCAL / PLACE_SCRATCH. ``cma``: peers
+        may read the caller's memory in place (see _single_copy)."""
+        if buf in USER_BUFFERS:
+            arr = call.buffers.get(buf)
+        else:                           # scratch: an alias of the caller's buffer, or scratch
             spec = prog.sched.buffer(buf)
-            if spec.alias:   # scratch that may share a symmetric user buffer's storage
-                like = call.buffers.get(spec.like)
-                off = self._heap_offset(like)
-                if off is not None:
-                    return off
-                if cma and like is not None and buf not in prog.peer_reduced:
-                    return PLACE_CMA
-            return PLACE_SCRATCH
-        arr = call.buffers.get(buf)
+            arr = call.buffers.get(spec.like) if spec.alias else None
         off = self._heap_offset(arr)
-        if off is not None:
-            # Symmetric tensors are addressed through the segment even when only this rank
-            # reads them, so cached plans never hold a view that keeps a heap block alive.
+        where = place(prog, buf, in_heap=off is not None, single_copy=cma,
+                      present=arr is not None)
+        if where == HEAP:
             return off
-        if buf not in prog.symmetric:
-            return PLACE_LOCAL
-        # Peers read in place only what they copy: a reduction operand read through the
-        # kernel into a bounce buffer measured slower than staging it (docs/benchmarks.md)
-        if cma and arr is not None and buf not in prog.peer_reduced:
-            return PLACE_CMA
-        return PLACE_SCRATCH
+        return PLACE_CMA if where == CMA else PLACE_LOCAL if where == LOCAL else PLACE_SCRATCH
 
     def _single_copy(self, call: CollectiveCall) -> bool:
         """Whether this call lets peers read the caller's tensors in place with
@@ -559,10 +552,10 @@ class Executor:
             if 0 in states:
                 return False        # a peer has not finished its probe yet: stage this time
             self.cma = states == {SINGLE_COPY_YES}
-        return self.cma and sum(a.nbytes for a in call.buffers.values()
-                                if a is not None) >= self.cma_min_bytes
+        return single_copy(sum(a.nbytes for a in call.buffers.values() if a is not None),
+                           enabled=self.cma, min_bytes=self.cma_min_bytes)
 
-    def _post_addresses(self, seq: int, prog: RankPlan, places, buffers: dict) -> None:
+    def _post_addresses(self, seq: int, prog: CpuPlan, places, buffers: dict) -> None:
         """Announce where this rank's PLACE_CMA buffers lie (descriptor slots D_ADDR)."""
         if PLACE_CMA not in places:
             return
@@ -571,7 +564,7 @@ class Executor:
             if places[i] == PLACE_CMA:
                 self.ch.me[base + i] = buffers[underlying(prog, b)].ctypes.data
 
-    def _remote(self, descs, prog: RankPlan) -> dict:
+    def _remote(self, descs, prog: CpuPlan) -> dict:
         """(peer, buffer) -> (pid, address) of the peers' PLACE_CMA buffers."""
         out = {}
         for r, d in enumerate(descs):
@@ -600,7 +593,7 @@ class Executor:
         return send
 
 
-def _peer_places(descs: list[list[int]], prog: RankPlan) -> tuple:
+def _peer_places(descs: list[list[int]], prog: CpuPlan) -> tuple:
     """Where every rank announced its buffers (``places[rank][buffer index]``)."""
     n = len(prog.names)
     return tuple(tuple(d[D_PLACE:D_PLACE + n]) for d in descs)

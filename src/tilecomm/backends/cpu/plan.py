@@ -19,16 +19,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 from itertools import accumulate
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
 
 from ...algorithms.collectives import COLLECTIVES, chunk_lengths
-from ...algorithms.lower import USER_BUFFERS, RankPlan, piece_elems, piece_len
+from ...algorithms.lower import USER_BUFFERS, piece_elems, piece_len
 from ...errors import CommError
 from ...types import NP_UFUNC, TORCH_FN, DType, ReduceOp, typed_view
 from . import cma
+
+if TYPE_CHECKING:
+    from ...algorithms.placement import CpuPlan
 
 PLACE_SCRATCH = -1   # staged in (or lives in) the scratch area
 PLACE_LOCAL = -2     # no peer reads it: it stays in the caller's memory
@@ -36,7 +39,7 @@ PLACE_CMA = -3       # caller's memory that peers read with process_vm_readv (it
                      # travels in the descriptor, channel.D_ADDR)
 
 
-def underlying(prog: RankPlan, buf: str) -> str:
+def underlying(prog: CpuPlan, buf: str) -> str:
     """The caller's buffer that a PLACE_CMA buffer is: itself, or for scratch that aliases a
     caller's buffer, the one it is like."""
     return buf if buf in USER_BUFFERS else prog.sched.buffer(buf).like
@@ -65,7 +68,7 @@ class Layout:
     d: DType
 
 
-def make_layout(prog: RankPlan, world_size: int, count: int, d: DType, half_bytes: int | None,
+def make_layout(prog: CpuPlan, world_size: int, count: int, d: DType, half_bytes: int | None,
                 counts=None) -> Layout:
     """``half_bytes``: bytes of one scratch half (None: no limit, one piece)."""
     sched = prog.sched
@@ -110,7 +113,7 @@ class Op(NamedTuple):
 class Addresser:
     """Operands of ``(rank, buffer, chunk)`` for one call, from every rank's places."""
 
-    def __init__(self, prog: RankPlan, layout: Layout, places, scratch_off: int):
+    def __init__(self, prog: CpuPlan, layout: Layout, places, scratch_off: int):
         self.prog, self.layout = prog, layout
         self.places, self.scratch_off = places, scratch_off   # places[rank][buffer index]
         self._starts: dict = {}
@@ -243,7 +246,7 @@ class Runner:
                 else:
                     out.append(partial(np.copyto, dst, self._view(op.srcs[0], k, n * isz)))
                 continue
-            if any(s.remote for s in op.srcs):   # RankPlan.peer_reduced stays staged
+            if any(s.remote for s in op.srcs):   # CpuPlan.peer_reduced stays staged
                 raise RuntimeError("a peer's PLACE_CMA buffer read into a reduction")
             srcs = [self._view(s, k, n * isz) for s in op.srcs]
             t = typed_view(dst, d)
