@@ -161,3 +161,25 @@ def test_no_import_cycles_between_modules():
             if a < b and a in graph.get(b, ()) and not {a, b} & CYCLES_ALLOWED:
                 cycles.append(f"{a} <-> {b}")
     assert not cycles, "modules that import each other:\n" + "\n".join(cycles)
+
+
+def test_one_helper_says_which_field_the_ranks_disagree_on():
+    """tilecomm.agree: named fields, one compare naming the field and each rank's value."""
+    import pytest
+
+    from tilecomm.agree import Descriptor, compare, disagreement
+    from tilecomm.errors import CommMismatch
+    d = Descriptor("op", "count", "dtype", show={"dtype": lambda v: ("f32", "bf16")[v]})
+    rows = [d.pack(op=1, count=4, dtype=0), d.pack(op=1, count=4, dtype=1)]
+    assert d.get(rows[1], "dtype") == 1 and len(d) == 3
+    d.compare("x", rows, ("op", "count"))                    # they agree on these
+    with pytest.raises(CommMismatch, match=r"^x: ranks disagree on dtype: rank 0: f32, "
+                                           r"rank 1: bf16$"):
+        d.compare("x", rows, ("op", "dtype", "count"))
+    with pytest.raises(KeyError):
+        d.pack(size=3)
+    assert disagreement("y", "root", [0, 0]) is None
+    assert disagreement("y", "root", [0, 1], ranks=[4, 6], who="ranks on different hosts") == \
+        "y: ranks on different hosts disagree on root: rank 4: 0, rank 6: 1"
+    with pytest.raises(CommMismatch, match="disagree on b"):
+        compare("z", [[1, 2], [1, 3]], [(0, "a", str), (1, "b", str)])

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..agree import compare
 from ..errors import CommError, CommMismatch, CommTimeout
 
 MAGIC = 0x7443_6F6D_6D48   # "tComH"
@@ -142,18 +143,13 @@ class Rails:
                     raise CommTimeout(msg, collective=what, seq=seq, missing=missing or (m,))
                 raise cls(msg)
         if (words != words[0]).any():
-            for idx, label in FIELDS + ((H_SEQ, "sequence number"),):
-                vals = [int(v) for v in words[:, idx]]
-                if len(set(vals)) > 1:
-                    if idx == H_ROWS:     # a hash: this rank knows only its own shape
-                        mine = vals[members.index(self.rank)]
-                        shown = ", ".join(f"rank {m}: {'' if v == mine else 'not '}{rows}"
-                                          for m, v in zip(members, vals))
-                    else:
-                        shown = ", ".join(f"rank {m}: {_show(idx, v, what)}"
-                                          for m, v in zip(members, vals))
-                    raise CommMismatch(f"{what} #{seq}: ranks on different hosts disagree on "
-                                       f"{label}: {shown}")
+            mine = int(words[members.index(self.rank), H_ROWS])
+            # H_ROWS is a hash: this rank knows only its own shape
+            show = {H_ROWS: lambda v: f"{'' if v == mine else 'not '}{rows}"}
+            compare(f"{what} #{seq}", words.tolist(),
+                    [(idx, label, show.get(idx, lambda v, idx=idx: _show(idx, v, what)))
+                     for idx, label in FIELDS + ((H_SEQ, "sequence number"),)],
+                    ranks=members, who="ranks on different hosts")
         return outs
 
     # ---- data -------------------------------------------------------------------------------

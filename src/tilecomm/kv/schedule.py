@@ -18,7 +18,12 @@ from typing import Sequence
 
 import torch
 
+from ..agree import Descriptor
 from ..types import lookup_dtype
+
+
+#: a cache geometry as the ranks exchange it (``CacheGeometry.words``)
+GEOMETRY = Descriptor("layers", "blocks", "block_size", "kv_heads", "head_dim", "dtype")
 
 
 @dataclass(frozen=True)
@@ -57,15 +62,17 @@ class CacheGeometry:
         return self.block_size * self.kv_heads * self.head_dim * self.itemsize
 
     def words(self) -> list[int]:
-        """The geometry as ints, for exchanging between ranks."""
-        return [self.layers, self.blocks, self.block_size, self.kv_heads, self.head_dim,
-                lookup_dtype(self.dtype).id]
+        """The geometry as ints, for exchanging between ranks (:data:`GEOMETRY`)."""
+        return GEOMETRY.pack(layers=self.layers, blocks=self.blocks, block_size=self.block_size,
+                             kv_heads=self.kv_heads, head_dim=self.head_dim,
+                             dtype=lookup_dtype(self.dtype).id)
 
     @classmethod
     def from_words(cls, w: Sequence[int]) -> "CacheGeometry":
         from ..types import DTYPE_BY_ID
-        return cls(int(w[0]), int(w[1]), int(w[2]), int(w[3]), int(w[4]),
-                   DTYPE_BY_ID[int(w[5])].torch)
+        g = lambda name: GEOMETRY.get(w, name)  # noqa: E731
+        return cls(g("layers"), g("blocks"), g("block_size"), g("kv_heads"), g("head_dim"),
+                   DTYPE_BY_ID[g("dtype")].torch)
 
     def describe(self) -> str:
         return (f"{self.layers} layers x {self.blocks} blocks x {self.block_size} slots x "

@@ -33,7 +33,8 @@ from . import mailbox as mb
 from .mailbox import CLOSE, EXPECT, NOTICE, PUSH, Codec, Message, request_key
 from .handles import (SRC_HDR, DATA_TAG0, FAILED, REJECTED, TAG_SPAN, UNKNOWN, Backoff, Board,
                       ExpectHandle, Expectation, PushHandle, Recv)
-from .schedule import CacheGeometry, HeadSplit, check_block_ids, coalesce, transfers
+from .schedule import (GEOMETRY, CacheGeometry, HeadSplit, check_block_ids, coalesce,
+                       transfers)
 
 MAX_SOURCES = 8            # senders one request may gather heads from
 _IDLE_OK = 7 * 24 * 3600.0  # Gloo timeout of the engine's group (see paged_cache)
@@ -95,9 +96,10 @@ class KVTransfer:
                              f"moves CPU tensors (shared memory in a host, Gloo across hosts)")
         g = CacheGeometry(num_layers, num_blocks, block_size, kv_heads, head_dim, dtype)
         rows = self.comm.exchange(g.words() + [self.max_requests, self.ring_slots])
-        self.geometries = [CacheGeometry.from_words(r[:6]) for r in rows]
-        self.max_requests = max(r[6] for r in rows)
-        self.ring_slots = max(r[7] for r in rows)
+        n = len(GEOMETRY)
+        self.geometries = [CacheGeometry.from_words(r[:n]) for r in rows]
+        self.max_requests = max(r[n] for r in rows)          # the largest any rank asked for
+        self.ring_slots = max(r[n + 1] for r in rows)
         lay = self.comm.layout
         max_bytes = max(x.nbytes for x in self.geometries)
         self._l_max = max(x.layers for x in self.geometries)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..agree import compare
 from ..errors import CommMismatch, CommTimeout
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -109,9 +110,5 @@ def agree(comm, op: str, mine: list[int], detail: str = "") -> Call:
               # autograd: a rank that records the op runs a collective backward, one that
               # does not would leave it waiting
               (F_GRAD, "recording gradients (an input requires grad)", bool)]
-    for idx, label, show in fields:
-        vals = [d[idx] for d in descs]
-        if len(set(vals)) > 1:
-            shown = ", ".join(f"rank {r}: {show(v)}" for r, v in enumerate(vals))
-            raise CommMismatch(f"moe {op}: ranks disagree on {label}: {shown}")
+    compare(f"moe {op}", descs, fields)
     return Call(op, MODES[mine[F_MODE]], descs)

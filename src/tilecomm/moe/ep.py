@@ -25,7 +25,7 @@ import itertools
 
 import torch
 
-from ..errors import CommMismatch
+from ..agree import compare
 from . import checks, fp8 as fp8mod, routing
 from .dispatched import Dispatched, Grouped, Layout, weighted_rows
 from .low_latency import capturing
@@ -58,13 +58,9 @@ class ExpertParallel:
         bad = [r for r, d in enumerate(descs) if d[0]]
         if bad:
             raise ValueError(f"ExpertParallel: rank {bad[0]} rejected its arguments")
-        for i, label in ((1, "num_experts"), (2, "hidden"), (3, "dtype")):
-            vals = [d[i] for d in descs]
-            if len(set(vals)) > 1:
-                show = (lambda v: str(checks.DTYPES[v]).removeprefix("torch.")) if i == 3 \
-                    else str
-                raise CommMismatch("ExpertParallel: ranks disagree on " + label + ": " +
-                                   ", ".join(f"rank {r}: {show(v)}" for r, v in enumerate(vals)))
+        compare("ExpertParallel", descs,
+                [(1, "num_experts", str), (2, "hidden", str),
+                 (3, "dtype", lambda v: str(checks.DTYPES[v]).removeprefix("torch."))])
         self.num_experts, self.hidden, self.dtype = num_experts, hidden, dtype
         self.world = w
         self.el = num_experts // w

@@ -47,7 +47,8 @@ import weakref
 import torch
 
 from ..device.budget import cta_budget
-from ..errors import CommError, CommMismatch
+from ..agree import compare
+from ..errors import CommError
 from ..settings import settings
 from . import checks
 from .cpu import Moved
@@ -290,11 +291,10 @@ class KernelEngine:
         if refused and not refuse:
             raise ValueError(f"moe low-latency dispatch: rank {refused[0]} rejected its call "
                              f"(its error names the argument); the call is void on every rank")
-        for i, label in enumerate(("fp8", "K (topk columns)")):
-            vals = rows[el + i]
-            if len(set(vals)) > 1 and not refused:
-                raise CommMismatch(f"moe low-latency dispatch: ranks disagree on {label}: " +
-                                   ", ".join(f"rank {r}: {v}" for r, v in enumerate(vals)))
+        if not refused:             # rows[el + i][s]: source s's fp8 (i = 0) and K (i = 1)
+            compare("moe low-latency dispatch", [[rows[el][s], rows[el + 1][s]]
+                                                 for s in range(w)],
+                    [(0, "fp8", str), (1, "K (topk columns)", str)])
 
     def ll_combine(self, ep, y: torch.Tensor, handle: LowLatency) -> torch.Tensor:
         """Device low-latency combine: ``y [El, W*M, H]`` (unweighted, per slot) back to the

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 
+from ..agree import compare
 from ..errors import CommMismatch
 
 #: symmetric buffers and their parts start at this many bytes (also the kernel engine's)
@@ -105,12 +106,8 @@ def ll_buffers(engine, ep, m: int) -> _LowLatencyBuffers:
         if any(d[0] != _AGREE_TAG for d in descs):
             raise CommMismatch("moe low-latency dispatch: ranks made different calls (a "
                                "layer's first low-latency dispatch on some, not on others)")
-        vals = [d[1] for d in descs]
-        if len(set(vals)) > 1:
-            raise CommMismatch("moe low-latency dispatch: ranks disagree on "
-                               "max_tokens_per_rank (fixed by a layer's first low-latency "
-                               "call): " + ", ".join(f"rank {r}: {v}"
-                                                     for r, v in enumerate(vals)))
+        compare("moe low-latency dispatch", descs,
+                [(1, "max_tokens_per_rank (fixed by a layer's first low-latency call)", str)])
         ep.ll_max_tokens = m
     key = (ep.ll_max_tokens, ep.num_experts, ep.hidden, ep.itemsize)
     bufs = st.ll.get(key)

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import CommMismatch, CommTimeout
+from ..agree import compare
+from ..errors import CommTimeout
 
 #: dtypes of the fused ops (float32 accumulation); index = the id exchanged
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -154,11 +155,7 @@ def agree(comm, op: str, engine: str, a, b, *, out=None, out_shape=None, device_
                    (F_COPY, "copy", lambda v: COPIES[v])]
     else:                # matmul_reduce_scatter: K_r may differ per rank (uneven slices)
         fields += [(F_A0, "M (rows of a)", int), (F_B1, "N", int)]
-    for idx, label, show in fields:
-        vals = [d[idx] for d in descs]
-        if len(set(vals)) > 1:
-            shown = ", ".join(f"rank {r}: {show(v)}" for r, v in enumerate(vals))
-            raise CommMismatch(f"{op}: ranks disagree on {label}: {shown}")
+    compare(op, descs, fields)
     # 3. shapes that do not fit the group
     if op == OPS[1] and descs[me][F_A0] % world:
         raise ValueError(f"{op}: dim 0 of a (M={descs[me][F_A0]}) must be a multiple of "

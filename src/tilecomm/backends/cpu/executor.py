@@ -33,6 +33,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from ...agree import compare
 from ...algorithms.lower import USER_BUFFERS, piece_elems
 from ...algorithms.placement import (CMA, HEAP, LOCAL, SMALL_CALL_BYTES, CpuPlan, cpu_plan,
                                      place, single_copy)
@@ -274,20 +275,17 @@ class Executor:
                     raise err
                 raise cls(f"{coll} #{seq}: rank {r} rejected its call: {text}")
         count_label = "bytes" if coll == "alloc" else "count"
-        for idx, label in ((D_COLL, "collective"), (D_DTYPE, "dtype"), (D_COUNT, count_label),
-                           (D_OP, "op"), (D_ROOT, "root"), (D_ALGO, "algorithm"),
-                           (D_EXTRA, "row shape (the dims after dim 0)"), (D_PIECE, "piece size (TILECOMM_PIECE_BYTES / TILECOMM_SCRATCH_BYTES)")):
-            vals = [d[idx] for d in descs]
-            if len(set(vals)) > 1:
-                if idx == D_EXTRA:      # a hash: this rank knows only its own shape
-                    mine_shape = self._row_shape
-                    shown = ", ".join(
-                        f"rank {r}: {mine_shape if v == vals[self.rank] else 'not ' + str(mine_shape)}"
-                        for r, v in enumerate(vals))
-                    raise CommMismatch(f"{coll} #{seq}: ranks disagree on the {label}: {shown} "
-                                       f"(the element counts agree)")
-                shown = ", ".join(f"rank {r}: {_show(idx, v)}" for r, v in enumerate(vals))
-                raise CommMismatch(f"{coll} #{seq}: ranks disagree on {label}: {shown}")
+        # D_EXTRA is a hash of the row shape: this rank knows only its own shape
+        mine_shape = self._row_shape
+        row = (lambda v: str(mine_shape) if v == descs[self.rank][D_EXTRA]
+               else f"not {mine_shape}")
+        compare(f"{coll} #{seq}", descs, [
+            (D_COLL, "collective", lambda v: _show(D_COLL, v)),
+            (D_DTYPE, "dtype", lambda v: _show(D_DTYPE, v)), (D_COUNT, count_label, str),
+            (D_OP, "op", lambda v: _show(D_OP, v)), (D_ROOT, "root", str),
+            (D_ALGO, "algorithm", lambda v: _show(D_ALGO, v)),
+            (D_EXTRA, "the row shape (the dims after dim 0; the element counts agree)", row),
+            (D_PIECE, "piece size (TILECOMM_PIECE_BYTES / TILECOMM_SCRATCH_BYTES)", str)])
         raise CommMismatch(f"{coll} #{seq}: ranks disagree on the call")
 
     # ---- one collective -------------------------------------------------------------------
