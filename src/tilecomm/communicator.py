@@ -20,16 +20,15 @@ import torch
 from . import tuner
 from .algorithms.lower import deterministic_algorithms
 from .algorithms.registry import algorithms
-from .backends.base import DEVICE_BACKENDS, Backend, CollectiveCall
+from .backends.base import DEVICE_BACKENDS, Backend, CollectiveCall, PreparedCall
+from .buffers import Bytes, as_tensor, buffer_for, host_tensor
+from .calls import CallMemo, memo_key
 from .debug import attach as _attach_debug
 from .errors import CommError
 from .heap.allocator import HeapAllocator
+from .hier.layout import Topology
 from .host import HostPort
 from .types import DType, ReduceOp, flat_view, lookup_dtype
-
-
-_MEMO_ENTRIES = 16
-_MEMO_BYTES = 1 << 20
 
 
 #: collectives whose result depends on the reduction order
@@ -68,14 +67,8 @@ class Communicator:
         lay = heap.layout
         self._alloc = HeapAllocator(lay.heap_offset, lay.heap_bytes)
         self._closed = False
-        self._memos: dict = {}
-        #: [the last memoized in-place call]: (weak reference to its tensor, memo key,
-        #: backend, call) or None; a list, so the tensor's weakref callback can clear it (see
-        #: _remember and NOTE [call memo])
-        self._last_memo: list = [None]
-        #: the last memoized call with an input and a given output (all_gather, reduce_scatter,
-        #: all_to_all): (weak references to both tensors, key, backend, call) or None
-        self._last_pair: list = [None]
+        #: the validated calls kept for reuse (tilecomm.calls: NOTE [call memo], [pair memo])
+        self._calls = CallMemo()
         self._exchange_bufs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         seg = heap.segment(self._heap_rank)
         self._heap_lo = seg.ctypes.data + lay.heap_offset
@@ -104,9 +97,7 @@ class Communicator:
         NOTE [pair memo]) and what the backends built for them (ready-made steps, native
         programs). The one place that does so: when the mode changes (deterministic), when
         the engine of CPU tensors changes (:meth:`use_cpu_kernels`), at close. Local."""
-        self._memos.clear()
-        self._last_memo[0] = None
-        self._last_pair[0] = None
+        self._calls.forget()
         for be in {id(b): b for b in [self._backend, *self._backends.values()]}.values():
             forget = getattr(be, "forget_calls", None)
             if forget is not None:
@@ -185,7 +176,7 @@ class Communicator:
         return f"Communicator(rank={self.rank}, world_size={self.world_size})"
 
     @property
-    def topology(self) -> "Topology":
+    def topology(self) -> Topology:
         """Where this rank sits: ``host`` (index), ``local_rank``, ``local_size``, ``rails``
         (the inter-host rails it is on), ``num_hosts`` and the whole ``layout``."""
         return Topology(self.layout, self.rank)
@@ -245,7 +236,7 @@ class Communicator:
             raise CommError(f"alloc: symmetric heap diverged (offsets {offsets}); free symmetric "
                             f"tensors in the same order on every rank")
         weakref.finalize(raw.base, self._alloc.free, off)  # runs when the last view is gone
-        return _as_tensor(raw, d).reshape(shape)
+        return as_tensor(raw, d).reshape(shape)
 
     def peer(self, tensor: torch.Tensor, rank: int) -> torch.Tensor:
         """View of ``rank``'s copy of the symmetric ``tensor`` (same offset in its segment)."""
@@ -263,7 +254,7 @@ class Communicator:
                              f"({self.topology.describe(rank)}); only the ranks of this host "
                              f"share memory with it")
         praw = self._heap.segment(self.layout.local_rank(rank))[off:off + raw.nbytes]
-        return _as_tensor(praw, d).reshape(tensor.shape)
+        return as_tensor(praw, d).reshape(tensor.shape)
 
     # ---- collectives ----------------------------------------------------------------------
     def all_reduce(self, tensor: torch.Tensor, op="sum", *, algo: str = "auto") -> torch.Tensor:
@@ -276,9 +267,9 @@ class Communicator:
 
         Returns ``out`` of shape ``(world_size * tensor.shape[0], *tensor.shape[1:])``.
         """
-        memo = self._pair_memo("all_gather", tensor, out, None, algo)
-        if memo is not None:            # NOTE [pair memo]: checked here, one frame less
-            self._call(*memo)
+        p = self._calls.pair_call("all_gather", tensor, out, None, algo)
+        if p is not None:               # NOTE [pair memo]: checked here, one frame less
+            self._run_prepared(p)
             return out
         w = self.world_size
         return self._two_buffer(
@@ -288,9 +279,9 @@ class Communicator:
     def reduce_scatter(self, tensor: torch.Tensor, op="sum", out: torch.Tensor | None = None, *,
                        algo: str = "auto") -> torch.Tensor:
         """Reduce over ranks and keep this rank's ``tensor.shape[0] // world_size`` rows."""
-        memo = self._pair_memo("reduce_scatter", tensor, out, op, algo)
-        if memo is not None:
-            self._call(*memo)
+        p = self._calls.pair_call("reduce_scatter", tensor, out, op, algo)
+        if p is not None:
+            self._run_prepared(p)
             return out
         w = self.world_size
         return self._two_buffer("reduce_scatter", tensor, out, op, algo,
@@ -306,21 +297,23 @@ class Communicator:
         return self._in_place("reduce", tensor, op, algo, root)
 
     def _in_place(self, name: str, tensor: torch.Tensor, op, algo: str, root: int):
-        """all_reduce, broadcast and reduce: one buffer, updated in place (see NOTE [call memo])."""
-        last = self._last_memo[0]
-        if last is not None and last[0]() is tensor:     # the same tensor: no key to build
-            _, (n, ptr, dt, numel, o, a, r), be, call = last
+        """all_reduce, broadcast and reduce: one buffer, updated in place (NOTE [call memo])."""
+        memo = self._calls
+        last = memo.last[0]
+        if last is not None and last[0]() is tensor:    # the same tensor: no key to build
+            # (written out: every repeated call's path; a frame costs 50-80 ns of its ~2 us)
+            _, (n, ptr, dt, numel, o, a, r), p = last
             if (n == name and o == op and a == algo and r == root and dt == tensor.dtype
                     and ptr == tensor.data_ptr() and numel == tensor.numel()
                     and tensor.is_contiguous()):
-                self._call(be, call)
+                self._run_prepared(p)
                 return tensor
-        key = self._memo_key(name, tensor, op, algo, root)
-        small = key is not None and key[3] * tensor.element_size() <= _MEMO_BYTES
-        memo = self._memos.get(key) if small else None
-        if memo is not None:   # the same small call again: skip validation and view-making
-            self._remember(tensor, key, memo[0], memo[1])
-            self._call(memo[0], memo[1])
+        key = memo_key(name, tensor, op, algo, root)          # None: not a plain CPU tensor
+        nbytes = key[3] * tensor.element_size() if key is not None else 0
+        p = memo.small_call(key, nbytes) if key is not None else None
+        if p is not None:   # the same small call again: skip validation and view-making
+            memo.remember(tensor, key, p)
+            self._run_prepared(p)
             return tensor
         with self._validating(name, tensor):
             if name != "all_reduce":
@@ -329,30 +322,14 @@ class Communicator:
             d = self._dtype(tensor, name, rop)
             be = self._backend_for(tensor)
             resolved = self._algo(name, algo, tensor.numel() * d.itemsize, be, d, rop, root)
-            buf = _buffer(be, tensor, name, heap=self._heap_bytes)
-        call = CollectiveCall(name, resolved, d, tensor.numel(), {"buf": buf.flat}, op=rop,
-                              root=root, cache_key=key)
-        if small:
-            if len(self._memos) >= _MEMO_ENTRIES:
-                self._memos.pop(next(iter(self._memos)))
-            self._memos[key] = (be, call)
-        if key is not None and buf.tmp is None:
-            self._remember(tensor, key, be, call)
-        self._call(be, call)
+            buf = buffer_for(be, tensor, name, heap=self._heap_bytes)
+        p = be.prepare(CollectiveCall(name, resolved, d, tensor.numel(), {"buf": buf.flat},
+                                      op=rop, root=root, cache_key=key))
+        if key is not None:
+            memo.keep(tensor, key, p, nbytes, staged=buf.tmp is not None)
+        self._run_prepared(p)
         buf.finish()
         return tensor
-
-    def _remember(self, tensor: torch.Tensor, key: tuple, be: Backend, call) -> None:
-        """Make ``call`` the last memoized call (see NOTE [call memo]). Kept for a tensor of any
-        size: a call on a cache-sized message leaves the interpreter's own memory cold, and
-        skipping validation then saves tens of microseconds (docs/benchmarks.md). A large
-        tensor's entry holds a view of its memory, so it is dropped when the tensor dies."""
-        holder = self._last_memo
-
-        def forget(ref, holder=holder):
-            if holder[0] is not None and holder[0][0] is ref:
-                holder[0] = None
-        holder[0] = (weakref.ref(tensor, forget), key, be, call)
 
     def _two_buffer(self, name: str, tensor: torch.Tensor, out, op, algo: str, out_shape,
                     gathered: bool = False) -> torch.Tensor:
@@ -370,61 +347,27 @@ class Communicator:
             out = self._out(out, out_shape(tensor), tensor, name)
             sized = out if gathered else tensor
             resolved = self._algo(name, algo, sized.numel() * d.itemsize, be, d, rop)
-            src = _buffer(be, tensor, name, write=False, heap=self._heap_bytes)
-            dst = _buffer(be, out, name, read=False, heap=self._heap_bytes)
+            src = buffer_for(be, tensor, name, write=False, heap=self._heap_bytes)
+            dst = buffer_for(be, out, name, read=False, heap=self._heap_bytes)
         rows = () if name == "reduce_scatter" else tuple(tensor.shape[1:])
-        call = CollectiveCall(name, resolved, d, tensor.numel(), {"in": src.flat, "out": dst.flat},
-                              op=rop, row_shape=rows,
-                              cache_key=self._pair_key(name, tensor, given, op, algo, src, dst))
-        if call.cache_key is not None:
-            self._keep_pair(tensor, given, call.cache_key, be, call)
-        self._call(be, call)
+        key = CallMemo.pair_key(name, tensor, given, op, algo,
+                                staged=src.tmp is not None or dst.tmp is not None)
+        p = be.prepare(CollectiveCall(name, resolved, d, tensor.numel(),
+                                      {"in": src.flat, "out": dst.flat}, op=rop,
+                                      row_shape=rows, cache_key=key))
+        if key is not None:
+            self._calls.keep_pair(tensor, given, key, p)
+        self._run_prepared(p)
         dst.finish()
         return out
-
-    # NOTE [pair memo]: all_gather, reduce_scatter and all_to_all called again with the same
-    # input and the same given ``out`` (what a decode step does) reuse the validated call: the
-    # tensors' identity, data pointers, shapes and dtypes, the op and the requested algorithm
-    # must all match, and both must still be contiguous. Heap tensors are held as views of the
-    # segment (NOTE [call memo]); the entry dies with either tensor. A call that allocates its
-    # output, or stages a non-contiguous tensor, is not kept.
-    def _pair_memo(self, name: str, tensor, out, op, algo: str):
-        """``(backend, call)`` of the memoized ``name(tensor, out=out)``, or None."""
-        last = self._last_pair[0]
-        if last is None or out is None or last[0]() is not tensor or last[1]() is not out:
-            return None
-        (n, o, a, ip, op_, it, ot, ish, osh), be, call = last[2:]
-        if (n == name and o == op and a == algo and ip == tensor.data_ptr()
-                and op_ == out.data_ptr() and it == tensor.dtype and ot == out.dtype
-                and ish == tensor.shape and osh == out.shape and tensor.is_contiguous()
-                and out.is_contiguous()):
-            return be, call
-        return None
-
-    def _pair_key(self, name: str, tensor, out, op, algo: str, src, dst):
-        """The memo key of a validated call (NOTE [pair memo]), or None if it is not kept."""
-        if (out is None or src.tmp is not None or dst.tmp is not None
-                or type(out) is not torch.Tensor or not out.is_cpu
-                or self._memo_key(name, tensor, op, algo, 0) is None):  # the in-place checks
-            return None
-        return (name, op, algo, tensor.data_ptr(), out.data_ptr(), tensor.dtype, out.dtype,
-                tensor.shape, out.shape)
-
-    def _keep_pair(self, tensor, out, key: tuple, be, call) -> None:
-        holder = self._last_pair
-
-        def forget(ref, holder=holder):
-            if holder[0] is not None and ref in (holder[0][0], holder[0][1]):
-                holder[0] = None
-        holder[0] = (weakref.ref(tensor, forget), weakref.ref(out, forget), key, be, call)
 
     def all_to_all(self, tensor: torch.Tensor, out: torch.Tensor | None = None, *,
                    algo: str = "auto") -> torch.Tensor:
         """Block ``j`` of ``tensor`` (dim 0 cut in ``world_size``) goes to rank ``j``; ``out``
         holds, in rank order, the block each rank sent here."""
-        memo = self._pair_memo("all_to_all", tensor, out, None, algo)
-        if memo is not None:
-            self._call(*memo)
+        p = self._calls.pair_call("all_to_all", tensor, out, None, algo)
+        if p is not None:
+            self._run_prepared(p)
             return out
         return self._two_buffer("all_to_all", tensor, out, None, algo, lambda t: tuple(t.shape))
 
@@ -455,15 +398,15 @@ class Communicator:
             def make_out(rows: int) -> np.ndarray:
                 holder.append(torch.empty((rows, *rest), dtype=tensor.dtype,
                                           device=tensor.device))
-                return _buffer(be, holder[-1], "all_to_all_v", read=False).flat
+                return buffer_for(be, holder[-1], "all_to_all_v", read=False).flat
 
-            bufs = {"in": _buffer(be, tensor, "all_to_all_v", write=False).flat}
+            bufs = {"in": buffer_for(be, tensor, "all_to_all_v", write=False).flat}
             dst = None
             if out is not None:
                 if recv is None:
                     raise ValueError("all_to_all_v: out= needs recv_counts")
                 out = self._out(out, (sum(recv), *rest), tensor, "all_to_all_v")
-                dst = _buffer(be, out, "all_to_all_v", read=False)
+                dst = buffer_for(be, out, "all_to_all_v", read=False)
                 bufs["out"] = dst.flat
                 holder.append(out)
             elif recv is not None:
@@ -507,8 +450,8 @@ class Communicator:
         algo = "direct" if avail is None or "direct" in avail else \
             self._algo("all_gather", "auto", t.numel() * 8)     # across hosts: hier_*
         self._run(self._backend, "all_gather", algo, d, t.numel(),
-                  {"in": _buffer(self._backend, t, "exchange", write=False).flat,
-                   "out": _buffer(self._backend, out, "exchange", read=False).flat})
+                  {"in": buffer_for(self._backend, t, "exchange", write=False).flat,
+                   "out": buffer_for(self._backend, out, "exchange", read=False).flat})
         return out.reshape(self.world_size, t.numel()).tolist()
 
     @property
@@ -530,11 +473,11 @@ class Communicator:
         self._check_open()
         self._check_rank(peer, "send", "peer", not_self=True)
         d = self._dtype(tensor, "send")
-        _host_tensor(tensor, "send")
+        host_tensor(tensor, "send")
         rec = self.flight.issue("send", None, tensor.numel() * d.itemsize, d.name, peer=peer,
                                 ordered=False)
         try:
-            self._backend.send(_Bytes(tensor, "send", write=False).flat, d, tensor.numel(),
+            self._backend.send(Bytes(tensor, "send", write=False).flat, d, tensor.numel(),
                                peer, tag=int(tag))
         except BaseException as e:
             self.flight.fail(rec, e)
@@ -546,8 +489,8 @@ class Communicator:
         self._check_open()
         self._check_rank(peer, "recv", "peer", not_self=True)
         d = self._dtype(tensor, "recv")
-        _host_tensor(tensor, "recv")
-        buf = _Bytes(tensor, "recv", read=False)
+        host_tensor(tensor, "recv")
+        buf = Bytes(tensor, "recv", read=False)
         rec = self.flight.issue("recv", None, tensor.numel() * d.itemsize, d.name, peer=peer,
                                 ordered=False)
         try:
@@ -566,25 +509,6 @@ class Communicator:
         return self._backend.probe(peer)
 
     # ---- helpers --------------------------------------------------------------------------
-    # NOTE [call memo]: latency-bound programs repeat the same small in-place call on the same
-    # tensor. The memo maps (data pointer, dtype, numel, op, requested algo, root) to the
-    # validated call, holding a view of the tensor (at most _MEMO_ENTRIES tensors of at most
-    # _MEMO_BYTES each, so a cached pointer can never be reused by another tensor while its entry
-    # lives). A symmetric tensor is held as a view of the segment, not of its block: a block
-    # kept alive on one rank only would make the heaps diverge, and a pointer reused by a new
-    # block names the same memory anyway.
-    def _memo_key(self, name, t, op, algo, root):
-        """The call's memo key (any size; the memo dict takes small ones), or None."""
-        if type(t) is not torch.Tensor or not t.is_cpu or not t.is_contiguous():
-            return None
-        ptr = t.data_ptr()
-        key = (name, ptr, t.dtype, t.numel(), op, algo, root)
-        try:
-            hash(key)
-        except TypeError:   # unhashable op
-            return None
-        return key
-
     def _heap_bytes(self, t: torch.Tensor):
         """The segment's bytes under a contiguous symmetric tensor (None if not symmetric)."""
         ptr = t.data_ptr()
@@ -594,21 +518,22 @@ class Communicator:
         return self._heap.segment(self._heap_rank)[off:off + t.numel() * t.element_size()]
 
     def _run(self, be: Backend, collective, algo, d: DType, count, buffers, **kw) -> None:
-        self._call(be, CollectiveCall(collective, algo, d, count, buffers, **kw))
+        self._run_prepared(be.prepare(CollectiveCall(collective, algo, d, count, buffers, **kw)))
 
-    def _call(self, be: Backend, call: CollectiveCall) -> None:
-        """``be.run(call)``, recorded (NOTE [recording cost] in debug/flight.py)."""
+    def _run_prepared(self, p: PreparedCall) -> None:
+        """``p.run()``, recorded (NOTE [recording cost] in debug/flight.py)."""
         fl = self.flight
+        call = p.call
         if not fl.enabled and fl.tracer is None:
             fl.next_seq += 1         # numbers stay the ranks' common count when re-enabled
-            be.run(call)
+            p.runner(call, p)
             return
         n = call.count * call.dtype.itemsize
         if call.send_rows is not None:
             n *= sum(call.send_rows)
         rec = fl.issue(call.collective, call.algo, n, call.dtype.name, call.root)
         try:
-            be.run(call)
+            p.runner(call, p)
         except BaseException as e:
             fl.fail(rec, e)
             raise
@@ -752,95 +677,3 @@ class Communicator:
             raise TypeError(f"{what}: out must be a {dtype} tensor on {like.device}, got "
                             f"{out.dtype} on {out.device}")
         return out
-
-
-class Topology:
-    """A rank's place in a :class:`~tilecomm.hier.layout.HostLayout`."""
-
-    def __init__(self, layout, rank: int):
-        self.layout, self.rank = layout, rank
-        self.host = layout.host_of(rank)
-        self.local_rank = layout.local_rank(rank)
-        self.local_size = len(layout.hosts[self.host])
-        self.num_hosts = layout.num_hosts
-        self.rails = layout.rails_of(rank) if layout.num_hosts > 1 else ()
-        self.host_ranks = layout.hosts[self.host]
-
-    def describe(self, rank: int | None = None) -> str:
-        r = self.rank if rank is None else rank
-        return (f"rank {r}: host {self.layout.host_of(r)} of {self.num_hosts}, local rank "
-                f"{self.layout.local_rank(r)}")
-
-    def __repr__(self) -> str:
-        return (f"Topology(host={self.host}, local_rank={self.local_rank}, "
-                f"local_size={self.local_size}, num_hosts={self.num_hosts}, rails={self.rails})")
-
-
-class _Bytes:
-    """Flat ``uint8`` numpy view of a tensor's memory for the backend.
-
-    A non-contiguous tensor gets a contiguous copy (``read``: with its contents); ``finish``
-    writes a copy back into the tensor (``write``). ``heap(t)`` may supply the segment bytes
-    of a symmetric tensor instead of a view of its block.
-    """
-
-    __slots__ = ("tensor", "tmp", "flat", "write")
-
-    def __init__(self, t: torch.Tensor, what: str, read: bool = True, write: bool = True,
-                 heap=None):
-        self.tensor, self.tmp, self.write = t, None, write
-        if heap is not None and t.is_contiguous():
-            seg = heap(t)
-            if seg is not None:     # see NOTE [call memo]
-                self.flat = seg
-                return
-        if not t.is_contiguous():
-            self.tmp = (t.detach().contiguous() if read else
-                        torch.empty_like(t, memory_format=torch.contiguous_format))
-            t = self.tmp
-        self.flat = flat_view(t).view(torch.uint8).numpy()
-
-    def finish(self) -> None:
-        if self.tmp is not None and self.write:
-            with torch.no_grad():
-                self.tensor.copy_(self.tmp)
-
-
-def _host_tensor(t: torch.Tensor, what: str) -> None:
-    if t.device.type != "cpu":
-        raise TypeError(f"{what}: point-to-point takes CPU tensors, got one on {t.device}")
-
-
-class _Flat:
-    """Flat contiguous torch view of a tensor for kernel backends (``tensor_buffers``); a
-    non-contiguous tensor gets a contiguous copy, written back by ``finish`` (``write``)."""
-
-    __slots__ = ("tensor", "tmp", "flat", "write")
-
-    def __init__(self, t: torch.Tensor, what: str, read: bool = True, write: bool = True,
-                 heap=None):
-        self.tensor, self.tmp, self.write = t, None, write
-        if not t.is_contiguous():
-            self.tmp = (t.detach().contiguous() if read else
-                        torch.empty_like(t, memory_format=torch.contiguous_format))
-            t = self.tmp
-        self.flat = flat_view(t)
-
-    def finish(self) -> None:
-        if self.tmp is not None and self.write:
-            with torch.no_grad():
-                self.tensor.copy_(self.tmp)
-
-
-def _buffer(be: Backend, t: torch.Tensor, what: str, read: bool = True, write: bool = True,
-            heap=None):
-    """The buffer object ``be`` takes: numpy bytes (host executors) or a flat tensor."""
-    cls = _Flat if be.tensor_buffers else _Bytes
-    return cls(t, what, read=read, write=write, heap=heap)
-
-
-def _as_tensor(raw: np.ndarray, d: DType) -> torch.Tensor:
-    """A torch tensor of dtype ``d`` sharing the memory of the uint8 array ``raw``."""
-    if d.numpy is not None:
-        return torch.from_numpy(raw.view(d.numpy))
-    return torch.from_numpy(raw.view(np.int16)).view(d.torch)

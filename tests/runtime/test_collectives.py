@@ -335,7 +335,7 @@ def _run_repeated_pairs(comm):
     for i in range(3):
         x.copy_(make(30 + i, r, (6, 4), torch.float32))
         got[f"ag{i}"] = comm.all_gather(x, out=out).clone()
-    got["kept"] = comm._last_pair[0] is not None
+    got["kept"] = comm._calls.pair[0] is not None
     # the same objects and pointers, fewer rows
     x.resize_(3, 4)
     out.resize_(3 * w, 4)
@@ -356,12 +356,12 @@ def _run_repeated_pairs(comm):
         got[f"a2a{k}"] = comm.all_to_all(a_in, out=a_out).clone()
     strided = make(60, r, (6, 8), torch.float32)[:, ::2]   # staged: not kept
     got["ag_strided"] = comm.all_gather(strided, out=out).clone()
-    last = comm._last_pair[0]
+    last = comm._calls.pair[0]
     got["strided_kept"] = last is not None and last[0]() is strided
     comm.all_to_all(a_in, out=a_out)
     del a_in
     gc.collect()
-    got["dropped"] = comm._last_pair[0] is None
+    got["dropped"] = comm._calls.pair[0] is None
     return got
 
 

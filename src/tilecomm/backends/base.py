@@ -41,6 +41,7 @@ class CollectiveCall:
     #: identifies a repeated call (same buffers, same arguments) so its plan can be reused;
     #: must contain the buffers' data pointers. None: derived from the buffers.
     cache_key: tuple | None = None
+    #: what a backend notes about this call while it runs (hier: rows learned from peers)
     info: dict = field(default_factory=dict)
     #: all_gather: the dims of the input after dim 0; ranks must agree on them (the output's
     #: shape depends on them), not only on ``count``
@@ -87,6 +88,29 @@ def triton_backend(comm, device: str) -> "Backend":
 DEVICE_BACKENDS: dict[str, Callable] = {"cpu": _cpu_backend, "cuda": _cuda_backend}
 
 
+class PreparedCall:
+    """A validated call as its backend runs it, again and again.
+
+    NOTE [prepared calls]: the Communicator keeps a repeated call (NOTE [call memo], NOTE
+    [pair memo] in ``tilecomm.calls``) as the PreparedCall ``backend.prepare(call)`` returned,
+    and runs it with :meth:`run`. What the backend builds for the call lives here and nowhere
+    else (the CPU executor's native programs per scratch parity, in ``native``), so forgetting
+    the memo forgets it too (``Communicator.forget_calls``)."""
+
+    __slots__ = ("backend", "call", "native", "runner")
+
+    def __init__(self, backend: "Backend", call: CollectiveCall, runner=None):
+        self.backend, self.call = backend, call
+        #: the backend's own state for this call (CPU executor: [program, program] by parity)
+        self.native = None
+        #: ``runner(call, prepared)`` runs it: the backend's entry point itself where it has
+        #: one (the executor's ``run``: no frame between the Communicator and it)
+        self.runner = runner or backend.run_prepared
+
+    def run(self) -> None:
+        self.runner(self.call, self)
+
+
 class Backend(abc.ABC):
     """Moves data between the ranks of one communicator."""
 
@@ -124,6 +148,18 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def run(self, call: CollectiveCall) -> None:
         """Execute ``call`` (all ranks call with matching arguments)."""
+
+    def prepare(self, call: CollectiveCall) -> PreparedCall:
+        """``call`` as the Communicator keeps it to run again (NOTE [prepared calls])."""
+        return PreparedCall(self, call)
+
+    def run_prepared(self, call: CollectiveCall, p: PreparedCall) -> None:
+        """Execute the prepared call ``p`` (of ``call``); default: as any call."""
+        self.run(call)
+
+    def forget_calls(self) -> None:
+        """Drop what this backend keeps for calls it ran (``Communicator.forget_calls``);
+        default: nothing kept."""
 
     @abc.abstractmethod
     def reject(self, collective: str, message: str) -> None:

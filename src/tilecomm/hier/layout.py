@@ -86,3 +86,25 @@ class HostLayout:
 
     def describe(self) -> str:
         return " + ".join(str(len(h)) for h in self.hosts) + " ranks"
+
+
+class Topology:
+    """A rank's place in a :class:`~tilecomm.hier.layout.HostLayout`."""
+
+    def __init__(self, layout, rank: int):
+        self.layout, self.rank = layout, rank
+        self.host = layout.host_of(rank)
+        self.local_rank = layout.local_rank(rank)
+        self.local_size = len(layout.hosts[self.host])
+        self.num_hosts = layout.num_hosts
+        self.rails = layout.rails_of(rank) if layout.num_hosts > 1 else ()
+        self.host_ranks = layout.hosts[self.host]
+
+    def describe(self, rank: int | None = None) -> str:
+        r = self.rank if rank is None else rank
+        return (f"rank {r}: host {self.layout.host_of(r)} of {self.num_hosts}, local rank "
+                f"{self.layout.local_rank(r)}")
+
+    def __repr__(self) -> str:
+        return (f"Topology(host={self.host}, local_rank={self.local_rank}, "
+                f"local_size={self.local_size}, num_hosts={self.num_hosts}, rails={self.rails})")

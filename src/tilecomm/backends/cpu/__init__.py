@@ -10,7 +10,7 @@ from ...heap.base import SegmentLayout
 from ...heap.shm import ShmHeap
 from ...settings import settings
 from ...types import DType
-from ..base import Backend, CollectiveCall
+from ..base import Backend, CollectiveCall, PreparedCall
 from . import cma
 from .channel import Channel
 from .cma import SINGLE_COPY_NO, SINGLE_COPY_OVERSUBSCRIBED, SINGLE_COPY_YES
@@ -34,6 +34,9 @@ class CpuBackend(Backend):
 
     def run(self, call: CollectiveCall) -> None:
         self.executor.run(call)
+
+    def prepare(self, call: CollectiveCall) -> PreparedCall:
+        return PreparedCall(self, call, self.executor.run)
 
     def forget_calls(self) -> None:
         self.executor.forget_calls()

@@ -41,7 +41,7 @@ from ...settings import settings
 from ...errors import CommError, CommMismatch, CommTimeout
 from ...heap.base import SegmentLayout
 from ...types import OP_BY_ID, OP_ID
-from ..base import CollectiveCall, check_split_sizes
+from ..base import CollectiveCall, PreparedCall, check_split_sizes
 from .channel import (ACT_COLLECTIVE, COLL_IDS, COLL_NAMES, D_ALGO, D_COLL, D_COUNT, D_DTYPE,
                       D_EXTRA, D_MSGLEN, D_OP, D_PIECE, D_PLACE, D_ROOT, D_ADDR, D_SEQ, ERROR_ID,
                       NUM_PLACES, Channel, algo_id)
@@ -120,13 +120,15 @@ class Executor:
 
     def forget_calls(self) -> None:
         """Drop every call's ready-made steps and native programs, and the templates (see
-        ``Communicator.forget_calls``). A memoized call's own programs
-        (``call.info["native"]``) go with the memo that holds the call."""
+        ``Communicator.forget_calls``). A prepared call's own programs (``PreparedCall.
+        native``) go with the memo that holds it."""
         self._ready.clear()
         self._templates.clear()
 
     # ---- entry points ---------------------------------------------------------------------
-    def run(self, call: CollectiveCall) -> None:
+    def run(self, call: CollectiveCall, prepared: PreparedCall | None = None) -> None:
+        """Run ``call``; ``prepared``: the PreparedCall it came from (a memoized call: its
+        native programs per scratch parity are kept there, NOTE [prepared calls])."""
         # _guard written out: this is every collective's path, and at 8 bytes the native
         # runner's own work is about 0.3 us while each Python frame around it costs 30-80 ns
         # (docs/benchmarks.md, "The per-call path")
@@ -136,24 +138,24 @@ class Executor:
         seq = self.seq
         self.seq = seq + 1
         name = call.collective
-        # a memoized call (the Communicator hands the same call object back) keeps its native
-        # programs per scratch parity: no key to build and hash, no _run frame
+        # a prepared call keeps its native programs per scratch parity: no key to build and
+        # hash, no _run frame
         ready = None
-        if self.native and self.trace is None:
-            per = call.info.get("native")
+        if prepared is not None and self.native and self.trace is None:
+            per = prepared.native
             if per is not None:
                 ready = per[seq & 1]
         published = ch.begin(ACT_COLLECTIVE, COLL_IDS.get(name, 0), seq)
         try:
             if ready is None:
-                self._run(call, seq)
+                self._run(call, seq, prepared)
             else:
                 prog, bases = ready
                 res = prog.run(bases[1], seq, ch.step)
                 ch.step = prog.step
                 if res != RUN_DONE:
                     self._row_shape = call.row_shape     # for _explain_mismatch
-                    self._run_native(call, seq, prog, bases, res)
+                    self._run_native(call, seq, prog, bases, res, prepared)
         except PeerReadError as e:
             e = PeerReadError(e.peer, e.detail, f"{name} #{seq} on rank {self.rank}")
             self._failed(name, seq, e)
@@ -331,8 +333,8 @@ class Executor:
                 tpl.phases[peer_places] = ops
         return ops
 
-    def _run(self, call: CollectiveCall, seq: int) -> None:
-        """``run`` of a call without a memoized native program for this parity."""
+    def _run(self, call: CollectiveCall, seq: int, prepared: PreparedCall | None) -> None:
+        """``run`` of a call without a prepared native program for this parity."""
         self._row_shape = call.row_shape
         if call.collective == "all_to_all_v":
             with np.errstate(all="ignore"):   # overflow is the data's business, as in torch
@@ -355,10 +357,12 @@ class Executor:
                     # the peers announced since
                     ready.native, ready.bases = prog, prog.bases(self._segs_addr, call.buffers)
                 if ready.native is not None:
-                    if call.cache_key is not None:
-                        call.info.setdefault("native", [None, None])[seq & 1] = \
-                            (ready.native, ready.bases)
-                    return self._run_native(call, seq, ready.native, ready.bases)
+                    if prepared is not None:
+                        if prepared.native is None:
+                            prepared.native = [None, None]
+                        prepared.native[seq & 1] = (ready.native, ready.bases)
+                    return self._run_native(call, seq, ready.native, ready.bases, None,
+                                            prepared)
             tpl = ready.tpl
         else:
             tpl = self._template(call, seq)
@@ -370,7 +374,7 @@ class Executor:
                 bases = tpl.native.bases(self._segs_addr, call.buffers)
                 if key is not None:
                     _bounded_put(self._ready, key, _Ready(tpl, None, None, tpl.native, bases))
-                return self._run_native(call, seq, tpl.native, bases)
+                return self._run_native(call, seq, tpl.native, bases, None, prepared)
         with np.errstate(all="ignore"):   # overflow is the data's business, as in torch
             self._run_python(call, seq, tpl, ready, key)
 
@@ -407,7 +411,7 @@ class Executor:
             spin=self.ch.spin)
 
     def _run_native(self, call: CollectiveCall, seq: int, prog: NativeProgram, bases,
-                    res: int | None = None) -> None:
+                    res: int | None = None, prepared: PreparedCall | None = None) -> None:
         """The whole call through the native runner; waits that outlast its spin, and errors,
         come back here (see native.py). ``res``: the result of the program's first run, when
         the caller started it (``run``, for a memoized call)."""
@@ -436,7 +440,8 @@ class Executor:
                 self._explain_mismatch(seq, call.collective, descs[self.rank])
             assert res == RUN_PLACES, res
             # the peers placed their buffers otherwise: finish on the Python path
-            call.info.pop("native", None)
+            if prepared is not None:
+                prepared.native = None
             tpl = prog.template
             runner = Runner(self.segs, call.buffers, tpl.layout, call.op, self.world_size)
             with np.errstate(all="ignore"):
