@@ -94,15 +94,18 @@ class PreparedCall:
     NOTE [prepared calls]: the Communicator keeps a repeated call (NOTE [call memo], NOTE
     [pair memo] in ``tilecomm.calls``) as the PreparedCall ``backend.prepare(call)`` returned,
     and runs it with :meth:`run`. What the backend builds for the call lives here and nowhere
-    else (the CPU executor's native programs per scratch parity, in ``native``), so forgetting
-    the memo forgets it too (``Communicator.forget_calls``)."""
+    else (the CPU executor's native programs and ready-made steps per scratch parity, in
+    ``native`` and ``ready``), so forgetting the memo forgets it too
+    (``Communicator.forget_calls``)."""
 
-    __slots__ = ("backend", "call", "native", "runner")
+    __slots__ = ("backend", "call", "native", "ready", "runner")
 
     def __init__(self, backend: "Backend", call: CollectiveCall, runner=None):
         self.backend, self.call = backend, call
-        #: the backend's own state for this call (CPU executor: [program, program] by parity)
+        #: what the backend built for this call, by scratch parity (the CPU executor: its
+        #: native programs with their base addresses, and its ready-made steps)
         self.native = None
+        self.ready = None
         #: ``runner(call, prepared)`` runs it: the backend's entry point itself where it has
         #: one (the executor's ``run``: no frame between the Communicator and it)
         self.runner = runner or backend.run_prepared

@@ -119,9 +119,9 @@ class Executor:
         self.trace = None
 
     def forget_calls(self) -> None:
-        """Drop every call's ready-made steps and native programs, and the templates (see
-        ``Communicator.forget_calls``). A prepared call's own programs (``PreparedCall.
-        native``) go with the memo that holds it."""
+        """Drop the ready-made steps of the calls the Communicator does not keep, and the
+        templates (see ``Communicator.forget_calls``). A kept call's own steps and native
+        programs (``PreparedCall.ready``, ``.native``) go with the memo that holds it."""
         self._ready.clear()
         self._templates.clear()
 
@@ -339,16 +339,21 @@ class Executor:
         if call.collective == "all_to_all_v":
             with np.errstate(all="ignore"):   # overflow is the data's business, as in torch
                 return self._run_variable(call, seq)
+        # Where this call's ready-made steps are kept: on the prepared call the Communicator
+        # keeps (a call with a memo key; not while the single-copy probe is unknown: the
+        # places would be kept), or, for other small calls, under their buffers' addresses.
+        kept = prepared if (prepared is not None and call.cache_key is not None
+                            and self.cma is not None) else None
         key = None
-        if call.cache_key is not None:
-            # (not while the single-copy probe is unknown: the places would be kept)
-            key = (call.cache_key, seq & 1) if self.cma is not None else None
-        elif sum(a.nbytes for a in call.buffers.values()) <= SMALL_CALL_BYTES:
-            # small calls also keep their ready-made callables
+        if kept is None and call.cache_key is None and \
+                sum(a.nbytes for a in call.buffers.values()) <= SMALL_CALL_BYTES:
             key = (call.collective, call.algo, call.root, call.dtype.id, call.count, call.op,
                    seq & 1, tuple((b, a.ctypes.data, a.nbytes) for b, a in call.buffers.items()),
                    call.row_shape)
-        ready = self._ready.get(key) if key is not None else None
+        if kept is not None:
+            ready = kept.ready[seq & 1] if kept.ready is not None else None
+        else:
+            ready = self._ready.get(key) if key is not None else None
         if ready is not None:
             if self.native and self.trace is None:
                 prog = ready.tpl.native
@@ -357,10 +362,10 @@ class Executor:
                     # the peers announced since
                     ready.native, ready.bases = prog, prog.bases(self._segs_addr, call.buffers)
                 if ready.native is not None:
-                    if prepared is not None:
-                        if prepared.native is None:
-                            prepared.native = [None, None]
-                        prepared.native[seq & 1] = (ready.native, ready.bases)
+                    if kept is not None:
+                        if kept.native is None:
+                            kept.native = [None, None]
+                        kept.native[seq & 1] = (ready.native, ready.bases)
                     return self._run_native(call, seq, ready.native, ready.bases, None,
                                             prepared)
             tpl = ready.tpl
@@ -372,13 +377,22 @@ class Executor:
                     # checks; a peer that placed them otherwise sends the call to Python)
                     self._build_native(tpl, call, seq, (tuple(tpl.places),) * self.world_size)
                 bases = tpl.native.bases(self._segs_addr, call.buffers)
-                if key is not None:
-                    _bounded_put(self._ready, key, _Ready(tpl, None, None, tpl.native, bases))
+                self._keep_ready(kept, key, seq & 1, _Ready(tpl, None, None, tpl.native, bases))
                 return self._run_native(call, seq, tpl.native, bases, None, prepared)
         with np.errstate(all="ignore"):   # overflow is the data's business, as in torch
-            self._run_python(call, seq, tpl, ready, key)
+            self._run_python(call, seq, tpl, ready, kept, key)
 
-    def _run_python(self, call: CollectiveCall, seq: int, tpl: _Template, ready, key) -> None:
+    def _keep_ready(self, kept: PreparedCall | None, key, parity: int, ready: _Ready) -> None:
+        """Keep a call's ready-made steps: on its prepared call, or under ``key``."""
+        if kept is not None:
+            if kept.ready is None:
+                kept.ready = [None, None]
+            kept.ready[parity] = ready
+        elif key is not None:
+            _bounded_put(self._ready, key, ready)
+
+    def _run_python(self, call: CollectiveCall, seq: int, tpl: _Template, ready, kept,
+                    key) -> None:
         """The call on the Python path (numpy/torch calls between the flag waits); its first
         run of a template builds the native program the next runs take."""
         ch = self.ch
@@ -388,10 +402,10 @@ class Executor:
         if ready is None:
             runner = Runner(self.segs, call.buffers, tpl.layout, call.op, self.world_size)
             # callables hold views of the caller's memory: small calls only
-            if key is not None and tpl.layout.pieces == 1 and \
+            if (kept is not None or key is not None) and tpl.layout.pieces == 1 and \
                     sum(a.nbytes for a in call.buffers.values()) <= SMALL_CALL_BYTES:
                 ready = _Ready(tpl, runner.calls(tpl.pre, 0), runner.calls(tpl.post, 0))
-                _bounded_put(self._ready, key, ready)
+                self._keep_ready(kept, key, seq & 1, ready)
         fields = tpl.fields
         fields[D_SEQ] = seq
         ch.post_desc(seq, fields)
