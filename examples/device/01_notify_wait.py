@@ -10,11 +10,15 @@ for the answer.
 
 What it teaches:
 
-* ``lang.peer_ptr(ptr, peer, bases, rank)`` turns a pointer into *my* copy of a symmetric
-  tensor into a pointer to *peer's* copy. Plain ``tl.store`` through it writes peer memory.
+* A kernel that communicates takes one argument for it, ``heap``: the device handle
+  (``DeviceHeap.handle``), which holds this rank's number (``lang.my_rank``), every rank's
+  heap address, the wait bound and the error record.
+* ``lang.peer_ptr(ptr, peer, heap)`` turns a pointer into *my* copy of a symmetric tensor
+  into a pointer to *peer's* copy. Plain ``tl.store`` through it writes peer memory.
 * ``lang.signal_set`` is a release: the stores before it are visible to whoever acquires the
   new value. ``lang.wait_ge`` is that acquire, and it is bounded: it returns False after
-  ``timeout_ns``, records who waited on whom, and ``heap.check`` raises CommTimeout.
+  ``heap.timeout`` seconds, records who waited on whom, and ``heap.check`` raises
+  CommTimeout.
 * Signals are epochs: launch k waits for ``>= k``, so pads never need to be reset.
 """
 
@@ -30,24 +34,24 @@ from tilecomm.device import lang
 
 
 @triton.jit
-def ping_pong(box, pad, bases, rank, err, timeout_ns, epoch, N: tl.constexpr):
+def ping_pong(box, pad, heap, epoch, N: tl.constexpr):
     offs = tl.arange(0, N)
+    rank = lang.my_rank(heap)
     if rank == 0:
         msg = offs.to(tl.int64) * 10 + epoch
-        tl.store(lang.peer_ptr(box, 1, bases, rank) + offs, msg)    # write into rank 1's box
-        lang.signal_set(pad, 0, epoch, 1, bases, rank)               # then notify rank 1
-        lang.wait_ge(pad, 1, epoch, 1, err, rank, timeout_ns, site=2)   # wait for the answer
+        tl.store(lang.peer_ptr(box, 1, heap) + offs, msg)     # write into rank 1's box
+        lang.signal_set(pad, 0, epoch, 1, heap)               # then notify rank 1
+        lang.wait_ge(pad, 1, epoch, 1, heap, site=2)          # wait for the answer
     elif rank == 1:
-        if lang.wait_ge(pad, 0, epoch, 0, err, rank, timeout_ns, site=1):
-            msg = tl.load(box + offs)                                  # my copy: rank 0 wrote it
-            tl.store(lang.peer_ptr(box, 0, bases, rank) + offs, msg * 2)
-            lang.signal_set(pad, 1, epoch, 0, bases, rank)
+        if lang.wait_ge(pad, 0, epoch, 0, heap, site=1):
+            msg = tl.load(box + offs)                         # my copy: rank 0 wrote it
+            tl.store(lang.peer_ptr(box, 0, heap) + offs, msg * 2)
+            lang.signal_set(pad, 1, epoch, 0, heap)
 
 
 #: kernels and representative signatures for tilecomm.device.compile_check
-COMPILE = [(ping_pong, {"box": "*i64", "pad": "*i64", "bases": "*i64", "rank": "i32",
-                        "err": "*i64", "timeout_ns": "i64", "epoch": "i64", "N": "constexpr"},
-            {"N": 16})]
+COMPILE = [(ping_pong, {"box": "*i64", "pad": "*i64", "heap": "*i64", "epoch": "i64",
+                        "N": "constexpr"}, {"N": 16})]
 
 
 def run(comm, n=16, rounds=2):
@@ -58,8 +62,7 @@ def run(comm, n=16, rounds=2):
     seen = []
     for _ in range(rounds):
         epoch = heap.next_epoch()
-        ping_pong[(1,)](box, pad, heap.bases, heap.rank, heap.errors, heap.timeout_ns, epoch,
-                        N=n)
+        ping_pong[(1,)](box, pad, heap.handle, epoch, N=n)
         heap.check("01_notify_wait.ping_pong")
         if comm.rank == 0:
             expect = (torch.arange(n, dtype=torch.int64) * 10 + epoch) * 2

@@ -14,8 +14,8 @@ after).
 
 What it teaches:
 
-* ``put(dst, src, offs, mask, peer, bases, rank)``: local ``src[offs]`` -> peer's ``dst[offs]``;
-  ``get(dst, src, offs, mask, peer, bases, rank)``: peer's ``src[offs]`` -> local ``dst[offs]``.
+* ``put(dst, src, offs, mask, peer, heap)``: local ``src[offs]`` -> peer's ``dst[offs]``;
+  ``get(dst, src, offs, mask, peer, heap)``: peer's ``src[offs]`` -> local ``dst[offs]``.
 * One slot per program: program ``i`` waits only on program ``i`` of a peer. Under the
   interpreter a grid's programs run one after another, so a program must never wait on a
   later program of its own launch; one slot per program keeps them independent.
@@ -34,30 +34,31 @@ from tilecomm.device import lang
 
 
 @triton.jit
-def ring_put(src, inbox, pad, n, bases, rank, err, timeout_ns, epoch, WORLD: tl.constexpr,
-             BLOCK: tl.constexpr):
+def ring_put(src, inbox, pad, n, heap, epoch, WORLD: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
+    rank = lang.my_rank(heap)
     nxt = (rank + 1) % WORLD
     prv = (rank + WORLD - 1) % WORLD
-    lang.put(inbox, src, offs, mask, nxt, bases, rank)
-    lang.signal_set(pad, pid, epoch, nxt, bases, rank)        # release: the put is visible
-    lang.wait_ge(pad, pid, epoch, prv, err, rank, timeout_ns)  # acquire: prv's put to me is
+    lang.put(inbox, src, offs, mask, nxt, heap)
+    lang.signal_set(pad, pid, epoch, nxt, heap)     # release: the put is visible
+    lang.wait_ge(pad, pid, epoch, prv, heap)        # acquire: prv's put to me is
 
 
 @triton.jit
-def ring_get(src, out, n, bases, rank, WORLD: tl.constexpr, BLOCK: tl.constexpr):
+def ring_get(src, out, n, heap, WORLD: tl.constexpr, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
-    lang.get(out, src, offs, offs < n, (rank + WORLD - 1) % WORLD, bases, rank)
+    prv = (lang.my_rank(heap) + WORLD - 1) % WORLD
+    lang.get(out, src, offs, offs < n, prv, heap)
 
 
-_SIG = {"src": "*fp32", "inbox": "*fp32", "pad": "*i64", "n": "i32", "bases": "*i64",
-        "rank": "i32", "err": "*i64", "timeout_ns": "i64", "epoch": "i64"}
+_SIG = {"src": "*fp32", "inbox": "*fp32", "pad": "*i64", "n": "i32", "heap": "*i64",
+        "epoch": "i64"}
 COMPILE = [
     (ring_put, _SIG, {"WORLD": 4, "BLOCK": 256}),
-    (ring_get, {"src": "*fp32", "out": "*fp32", "n": "i32", "bases": "*i64", "rank": "i32"},
+    (ring_get, {"src": "*fp32", "out": "*fp32", "n": "i32", "heap": "*i64"},
      {"WORLD": 8, "BLOCK": 1024}),
 ]
 
@@ -83,11 +84,10 @@ def run(comm, n=300, block=64, rounds=2):
         out.zero_()
         heap.barrier()                      # every src written, every inbox cleared
         epoch = heap.next_epoch()
-        ring_put[grid](src, inbox, pad, n, heap.bases, heap.rank, heap.errors, heap.timeout_ns,
-                       epoch, WORLD=w, BLOCK=block)
+        ring_put[grid](src, inbox, pad, n, heap.handle, epoch, WORLD=w, BLOCK=block)
         heap.check("02_put_get.ring_put")
         np.testing.assert_array_equal(inbox.cpu().numpy(), expect)
-        ring_get[grid](src, out, n, heap.bases, heap.rank, WORLD=w, BLOCK=block)
+        ring_get[grid](src, out, n, heap.handle, WORLD=w, BLOCK=block)
         heap.barrier()                      # nobody changes src while a peer may read it
         np.testing.assert_array_equal(out.cpu().numpy(), expect)
     return rounds * 2 * n

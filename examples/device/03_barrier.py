@@ -14,8 +14,8 @@ held by the lowest member, which shows the other way to signal: a counter severa
 
 What it teaches:
 
-* ``barrier(pad, slot0, epoch, bases, rank, err, timeout_ns, WORLD, group)`` uses WORLD slots
-  from ``slot0`` on every member and a larger epoch for every call on the same slots.
+* ``barrier(pad, slot0, epoch, heap, WORLD, group)`` uses WORLD slots from ``slot0`` on
+  every member and a larger epoch for every call on the same slots.
 * A barrier synchronizes programs with the same id across ranks: each program that calls it
   needs its own slot range (here ``slot0 = pid * WORLD``).
 """
@@ -33,35 +33,35 @@ from tilecomm.device import lang
 
 
 @triton.jit
-def gather_then_barrier(src, rows, out, pad, n, bases, rank, err, timeout_ns, epoch,
-                        WORLD: tl.constexpr, BLOCK: tl.constexpr):
+def gather_then_barrier(src, rows, out, pad, n, heap, epoch, WORLD: tl.constexpr,
+                        BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
+    rank = lang.my_rank(heap)
     for p in tl.static_range(WORLD):
-        lang.put(rows + rank * n, src, offs, mask, p, bases, rank)
-    if lang.barrier(pad, pid * WORLD, epoch, bases, rank, err, timeout_ns, WORLD):
+        lang.put(rows + rank * n, src, offs, mask, p, heap)
+    if lang.barrier(pad, pid * WORLD, epoch, heap, WORLD):
         for q in tl.static_range(WORLD):
             tl.store(out + q * n + offs, tl.load(rows + q * n + offs, mask=mask), mask=mask)
 
 
 @triton.jit
-def subset_barrier(pad, arrivals, bases, rank, err, timeout_ns, epoch, group,
-                   WORLD: tl.constexpr):
+def subset_barrier(pad, arrivals, heap, epoch, group, WORLD: tl.constexpr):
+    rank = lang.my_rank(heap)
     if ((group >> rank) & 1) != 0:
-        lang.signal_add(pad, WORLD, 1, 0, bases, rank)   # one more arrival at rank 0's counter
-        ok = lang.barrier(pad, 0, epoch, bases, rank, err, timeout_ns, WORLD, group)
+        lang.signal_add(pad, WORLD, 1, 0, heap)       # one more arrival at rank 0's counter
+        ok = lang.barrier(pad, 0, epoch, heap, WORLD, group)
         if ok & (rank == 0):
             tl.store(arrivals, lang.read_signal(pad, WORLD))
 
 
 COMPILE = [
     (gather_then_barrier, {"src": "*i32", "rows": "*i32", "out": "*i32", "pad": "*i64",
-                           "n": "i32", "bases": "*i64", "rank": "i32", "err": "*i64",
-                           "timeout_ns": "i64", "epoch": "i64"}, {"WORLD": 8, "BLOCK": 512}),
-    (subset_barrier, {"pad": "*i64", "arrivals": "*i64", "bases": "*i64", "rank": "i32",
-                      "err": "*i64", "timeout_ns": "i64", "epoch": "i64", "group": "i64"},
-     {"WORLD": 4}),
+                           "n": "i32", "heap": "*i64", "epoch": "i64"},
+     {"WORLD": 8, "BLOCK": 512}),
+    (subset_barrier, {"pad": "*i64", "arrivals": "*i64", "heap": "*i64", "epoch": "i64",
+                      "group": "i64"}, {"WORLD": 4}),
 ]
 
 
@@ -77,8 +77,8 @@ def run(comm, n=100, block=32, rounds=2):
     for k in range(rounds):
         src.copy_(torch.from_numpy(expect[r] + k))
         heap.barrier()
-        gather_then_barrier[grid](src, rows, out, pad, n, heap.bases, heap.rank, heap.errors,
-                                  heap.timeout_ns, heap.next_epoch(), WORLD=w, BLOCK=block)
+        gather_then_barrier[grid](src, rows, out, pad, n, heap.handle, heap.next_epoch(), WORLD=w,
+                                  BLOCK=block)
         heap.check("03_barrier.gather_then_barrier")
         np.testing.assert_array_equal(out.cpu().numpy(), expect + k)
         heap.barrier()        # nobody writes rows again before everyone has read them
@@ -88,8 +88,7 @@ def run(comm, n=100, block=32, rounds=2):
     spad = heap.signal_pad(w + 1)
     arrivals = torch.zeros(1, dtype=torch.int64, device=heap.device)
     for k in range(1, rounds + 1):
-        subset_barrier[(1,)](spad, arrivals, heap.bases, heap.rank, heap.errors,
-                             heap.timeout_ns, k, evens, WORLD=w)
+        subset_barrier[(1,)](spad, arrivals, heap.handle, k, evens, WORLD=w)
         heap.check("03_barrier.subset_barrier")
         members = len(range(0, w, 2))
         if r == 0:   # all k-th adds precede the k-th barrier; k+1-th ones may have started

@@ -29,15 +29,16 @@ from tilecomm.device import lang
 
 
 @triton.jit
-def one_shot_all_reduce(x, out, staging, pad, n, bases, rank, err, timeout_ns, epoch,
-                        WORLD: tl.constexpr, BLOCK: tl.constexpr):
+def one_shot_all_reduce(x, out, staging, pad, n, heap, epoch, WORLD: tl.constexpr,
+                        BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
+    rank = lang.my_rank(heap)
     half = staging + (epoch % 2) * (WORLD * n)        # alternate halves between calls
     for p in tl.static_range(WORLD):
-        lang.put(half + rank * n, x, offs, mask, p, bases, rank)
-    if lang.barrier(pad, pid * WORLD, epoch, bases, rank, err, timeout_ns, WORLD):
+        lang.put(half + rank * n, x, offs, mask, p, heap)
+    if lang.barrier(pad, pid * WORLD, epoch, heap, WORLD):
         acc = tl.load(half + offs, mask=mask)
         for q in tl.static_range(1, WORLD):
             acc += tl.load(half + q * n + offs, mask=mask)
@@ -46,8 +47,7 @@ def one_shot_all_reduce(x, out, staging, pad, n, bases, rank, err, timeout_ns, e
 
 COMPILE = [(one_shot_all_reduce,
             {"x": "*fp32", "out": "*fp32", "staging": "*fp32", "pad": "*i64", "n": "i32",
-             "bases": "*i64", "rank": "i32", "err": "*i64", "timeout_ns": "i64",
-             "epoch": "i64"}, {"WORLD": 8, "BLOCK": 1024})]
+             "heap": "*i64", "epoch": "i64"}, {"WORLD": 8, "BLOCK": 1024})]
 
 
 def run(comm, n=200, block=64, rounds=3):
@@ -61,8 +61,8 @@ def run(comm, n=200, block=64, rounds=3):
         xs = [np.arange(n, dtype=np.float32) * (q + 1) + k for q in range(w)]
         x = torch.from_numpy(xs[r]).to(heap.device)
         out = torch.empty_like(x)
-        one_shot_all_reduce[grid](x, out, staging, pad, n, heap.bases, heap.rank, heap.errors,
-                                  heap.timeout_ns, heap.next_epoch(), WORLD=w, BLOCK=block)
+        one_shot_all_reduce[grid](x, out, staging, pad, n, heap.handle, heap.next_epoch(), WORLD=w,
+                                  BLOCK=block)
         heap.check("04_one_shot_all_reduce")
         np.testing.assert_array_equal(out.cpu().numpy(), np.sum(xs, axis=0))
     return rounds

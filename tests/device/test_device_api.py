@@ -63,18 +63,51 @@ def test_heap_bases_are_256_byte_aligned(device_ranks):
         assert len(bases) == 2 and all(b % 256 == 0 for b in bases), bases
 
 
-def _silent_peer(comm, timeout):
-    """Rank 1 waits for rank 0 in ping_pong; rank 0 never launches it."""
+def _handle_words(comm):
+    """The device handle's words, whether ``bases`` and ``errors`` are views of it, and its
+    wait-bound word after ``heap.timeout`` was changed."""
+    from tilecomm.device import DeviceHeap
+    from tilecomm.device import handle as dh
+
+    heap = DeviceHeap.create(comm, timeout=2.0)
+    words = heap.handle.tolist()
+    views = (heap.bases.data_ptr() == heap.handle[dh.BASES:].data_ptr(),
+             heap.errors.data_ptr() == heap.handle[dh.ERR:].data_ptr())
+    heap.timeout = 0.5
+    return words, views, int(heap.handle[dh.TIMEOUT_NS])
+
+
+def test_device_handle_holds_rank_world_bound_and_bases(device_ranks):
+    from tilecomm.device import handle as dh
+
+    res = device_ranks(2).run(_handle_words)
+    bases = res[0][0][dh.BASES:]
+    for r, (words, views, bound) in enumerate(res):
+        assert len(words) == dh.BASES + 2
+        assert (words[dh.RANK], words[dh.WORLD], words[dh.TIMEOUT_NS]) == (r, 2, 2 * 10**9)
+        assert words[dh.SELF_BASE] == words[dh.BASES + r]
+        assert words[dh.ERR:dh.ERR + derr.ERR_WORDS] == [0] * derr.ERR_WORDS
+        assert views == (True, True)
+        assert bound == 5 * 10**8
+    # each process maps the segments at its own addresses; the table has every rank's
+    assert len(set(bases)) == 2
+
+
+def _silent_peer(comm, timeout, later=None):
+    """Rank 1 waits for rank 0 in ping_pong; rank 0 never launches it. ``later``: a wait bound
+    set on the heap after it was made (the kernel must honor it: it reads the handle)."""
     from tilecomm.device import DeviceHeap
 
     mod = tutorial("01_notify_wait")
     heap = DeviceHeap.create(comm, timeout=timeout)
+    if later is not None:
+        heap.timeout = later
     box = heap.alloc(16, mod.torch.int64)
     pad = heap.signal_pad(2)
     if comm.rank == 0:
         return None
     t = time.perf_counter()
-    mod.ping_pong[(1,)](box, pad, heap.bases, heap.rank, heap.errors, heap.timeout_ns, 7, N=16)
+    mod.ping_pong[(1,)](box, pad, heap.handle, 7, N=16)
     elapsed = time.perf_counter() - t
     try:
         heap.check("ping_pong")
@@ -96,6 +129,14 @@ def test_wait_on_silent_peer_raises_commtimeout(device_ranks):
     assert "epoch 7" in msg
     assert 0.3 <= elapsed < 10, elapsed
     assert again == [0] * derr.ERR_WORDS      # check() cleared the record
+
+
+def test_a_new_wait_bound_takes_effect_without_recompiling(device_ranks):
+    # made with a 60 s bound, then set to 0.3 s: the kernel reads the bound from the handle
+    _, res = device_ranks(2).run(_silent_peer, 60.0, 0.3)
+    assert res[0] == "DeviceTimeout", res
+    elapsed = res[8]
+    assert 0.3 <= elapsed < 10, elapsed
 
 
 def test_decode_error_record():

@@ -69,22 +69,22 @@ def launch_keys(world: int = 4) -> dict:
 
 def warmup_variants() -> list[int]:
     """Compile one_shot (bf16, 4 ranks) for sm_90 through ``JITFunction.run(warmup=True)``
-    20 times with changing epochs, ranks and sizes; the number of cached variants after
-    each call."""
+    20 times with changing epochs, ranks (device handles) and sizes; the number of cached
+    variants after each call."""
     from tilecomm.backends.triton.kernels.all_reduce import one_shot_all_reduce_kernel as k
 
     counts = []
     x = offline.aligned(8192, torch.bfloat16)
     stage = offline.aligned(8192, torch.bfloat16)
-    pad, bases = offline.aligned(64, torch.int64), offline.aligned(4, torch.int64)
-    err = offline.aligned(8, torch.int64)
+    pad = offline.aligned(64, torch.int64)
+    handles = [offline.FakeHeap(r, 4).handle for r in range(4)]
     epoch = offline.aligned(1, torch.int64)           # the device epoch (NOTE [device epochs])
     with cc.offline_target():
         for i in range(20):
             ep, r, n = i + 1, i % 4, [8192, 1000, 16, 1, 4097][i % 5]
             epoch.fill_(ep)
-            k.warmup(x, x, stage, [4096, 512, 16, 1][i % 4], pad, n, bases, r, err, 10**10,
-                     epoch, WORLD=4, BLOCK=1024, OP=0, ACC_F32=1, grid=(1,))
+            k.warmup(x, x, stage, [4096, 512, 16, 1][i % 4], pad, n, handles[r], epoch, WORLD=4,
+                     BLOCK=1024, OP=0, ACC_F32=1, grid=(1,))
             counts.append(len(cc.compiled_variants(k)))
     return counts
 
@@ -119,15 +119,14 @@ def widths_many(dname: str, *pairs: str) -> dict:
 
 
 @triton.jit
-def one_barrier(pad, bases, rank, err, timeout_ns, epoch, WORLD: tl.constexpr):
-    lang.barrier(pad, 0, epoch, bases, rank, err, timeout_ns, WORLD)
+def one_barrier(pad, heap, epoch, WORLD: tl.constexpr):
+    lang.barrier(pad, 0, epoch, heap, WORLD)
 
 
 def barrier_syncs(world: int = 8) -> dict:
     """Synchronizing instructions of a kernel that calls ``lang.barrier`` once at ``world``
     ranks (compiled for sm_90), and its ordering problems."""
-    k = cc.compile_for(one_barrier, {"pad": "*i64", "bases": "*i64", "rank": "i32",
-                                     "err": "*i64", "timeout_ns": "i64", "epoch": "i64"},
+    k = cc.compile_for(one_barrier, {"pad": "*i64", "heap": "*i64", "epoch": "i64"},
                        {"WORLD": world})
     ptx = k.asm["ptx"]
     return {**cc.sync_counts(ptx), "ordering": cc.ordering_problems(ptx)}

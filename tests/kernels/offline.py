@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from tilecomm.backends.base import CollectiveCall
+from tilecomm.device.handle import make_handle
 from tilecomm.types import ReduceOp, lookup_dtype
 
 #: bytes every stand-in allocation is aligned to (the CUDA heap and shm segments give 256)
@@ -31,9 +32,8 @@ class FakeHeap:
     def __init__(self, rank: int, world: int):
         self.rank, self.world_size = rank, world
         self.device = torch.device("cpu")
-        self.bases = torch.arange(world, dtype=torch.int64) * (1 << 30)
-        self.errors = torch.zeros(8, dtype=torch.int64)
         self.timeout_ns = 10 * 10**9
+        self.handle = make_handle(rank, [r << 30 for r in range(world)], self.timeout_ns)
         self._epoch = 0
 
     def next_epoch(self) -> int:

@@ -39,7 +39,7 @@ from tilecomm.device import heap as dheap
 
 class FakeHeap:
     rank, world_size, device = 0, 1, torch.device("cuda", 0)
-    bases = errors = None
+    handle = None
     timeout = 1.0
     timeout_ns = 10**9
     def next_epoch(self):
@@ -58,8 +58,8 @@ out["max_programs"] = be.ctx.max_programs
 
 from tilecomm.backends.triton.kernels import all_reduce, gather_scatter
 x = torch.zeros(4)
-all_reduce.one_shot_all_reduce_kernel[(3,)](x, x, x, x, 4, x, 0, x, 1, 1, WORLD=2, BLOCK=128,
-                                           OP=0, ACC_F32=0)
+all_reduce.one_shot_all_reduce_kernel[(3,)](x, x, x, 4, x, 4, x, x, WORLD=2, BLOCK=128, OP=0,
+                                           ACC_F32=0)
 gather_scatter.all_gather_ring_kernel[(2,)](x)
 out["calls"] = calls
 # idempotent: wrapping twice leaves one wrapper

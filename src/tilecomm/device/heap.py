@@ -10,9 +10,10 @@ peer base addresses, the error buffer and the wait bound.
   shared by CUDA IPC; ``bases[r]`` is rank ``r``'s buffer as mapped in this process. The CPU
   communicator carries the handle exchange and host-side barriers.
 
-A kernel gets ``heap.bases, heap.rank`` (peer addressing), symmetric tensors (data and
-signal pads), and ``heap.errors, heap.timeout_ns`` (bounded waits); after it, the host calls
-``heap.check("kernel name")``. This module does not import triton.
+A kernel gets ``heap.handle`` (:mod:`tilecomm.device.handle`: the rank, the peer base table,
+the error record and the wait bound, in one int64 tensor) and symmetric tensors (data and
+signal pads); after it, the host calls ``heap.check("kernel name")``. This module does not
+import triton.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ..errors import CommError
 from ..heap.allocator import HeapAllocator
 from ..settings import settings
 from . import errors as _errors
+from . import handle as _handle
 
 
 def interpreted() -> bool:
@@ -57,17 +59,42 @@ class DeviceHeap(abc.ABC):
     rank: int
     world_size: int
     device: torch.device
-    #: int64[world_size] on ``device``: heap base address of every rank in this process
+    #: int64[BASES + world_size] on ``device``: what kernels take (tilecomm.device.handle)
+    handle: torch.Tensor
+    #: int64[world_size] on ``device``: heap base address of every rank in this process (a
+    #: view of ``handle``)
     bases: torch.Tensor
-    #: int64[ERR_WORDS] on ``device``: the error record of bounded waits (local to this rank)
+    #: int64[ERR_WORDS] on ``device``: the error record of bounded waits (local to this rank;
+    #: a view of ``handle``)
     errors: torch.Tensor
 
     def __init__(self, rank: int, world_size: int, timeout: float | None):
         self.rank, self.world_size = rank, world_size
-        self.timeout = settings().device_timeout if timeout is None else float(timeout)
-        if self.timeout <= 0:
-            raise ValueError(f"timeout must be > 0 seconds, got {self.timeout}")
+        self._timeout = 0.0
+        self.timeout = settings().device_timeout if timeout is None else timeout
         self._epoch = 0
+
+    def _make_handle(self, bases: Sequence[int]) -> None:
+        """Build ``handle`` (and its views ``bases``, ``errors``) once the subclass knows every
+        rank's heap base and its device."""
+        self.handle = _handle.make_handle(self.rank, bases, self.timeout_ns, self.device)
+        self.bases = _handle.bases_of(self.handle)
+        self.errors = _handle.errors_of(self.handle)
+
+    @property
+    def timeout(self) -> float:
+        """Seconds a device wait polls before it gives up; setting it writes the handle (the
+        kernels launched afterwards see it, no recompilation)."""
+        return self._timeout
+
+    @timeout.setter
+    def timeout(self, seconds: float) -> None:
+        seconds = float(seconds)
+        if not seconds > 0:
+            raise ValueError(f"timeout must be > 0 seconds, got {seconds}")
+        self._timeout = seconds
+        if getattr(self, "handle", None) is not None:
+            _handle.set_timeout(self.handle, self.timeout_ns)
 
     @staticmethod
     def create(comm, *, device: str | torch.device | None = None, nbytes: int | None = None,
@@ -97,7 +124,7 @@ class DeviceHeap(abc.ABC):
     # ---- for kernels ----------------------------------------------------------------------
     @property
     def timeout_ns(self) -> int:
-        """The wait bound to pass to kernels (``timeout_ns`` of lang.wait_ge / barrier)."""
+        """The wait bound in nanoseconds (the handle's ``TIMEOUT_NS`` word)."""
         return int(self.timeout * 1e9)
 
     def next_epoch(self) -> int:
@@ -201,9 +228,7 @@ class ShmDeviceHeap(DeviceHeap):
         self.comm = comm
         self.device = torch.device("cpu")
         heap = comm.host.heap
-        self.bases = torch.tensor([heap.segment(r).ctypes.data for r in range(self.world_size)],
-                                  dtype=torch.int64)
-        self.errors = torch.zeros(_errors.ERR_WORDS, dtype=torch.int64)
+        self._make_handle([heap.segment(r).ctypes.data for r in range(self.world_size)])
 
     def alloc(self, shape, dtype=torch.float32) -> torch.Tensor:
         t = self.comm.alloc(shape, dtype)
@@ -241,9 +266,7 @@ class CudaDeviceHeap(DeviceHeap):
         self.heap = CudaHeap(comm.rank, comm.world_size, nbytes, exchange_via_comm(comm.host),
                              device=device)
         self.device = self.heap.device
-        self.bases = torch.tensor([self.heap.address(r) for r in range(self.world_size)],
-                                  dtype=torch.int64, device=self.device)
-        self.errors = torch.zeros(_errors.ERR_WORDS, dtype=torch.int64, device=self.device)
+        self._make_handle([self.heap.address(r) for r in range(self.world_size)])
         self._alloc = HeapAllocator(0, nbytes)
 
     def alloc(self, shape, dtype=torch.float32) -> torch.Tensor:

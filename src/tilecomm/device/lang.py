@@ -12,9 +12,12 @@ symmetric pointer
     A pointer into this rank's copy of a symmetric object (``DeviceHeap.alloc``). Every rank
     has the object at the same offset from its heap base, so ``peer_ptr`` finds rank ``p``'s
     copy by rebasing: ``ptr - bases[rank] + bases[peer]``.
-``bases, rank``
-    ``DeviceHeap.bases`` (int64 tensor, one heap base address per rank, valid in *this*
-    process) and this rank's number. Every function that touches a peer takes them.
+``heap``
+    The device handle (``DeviceHeap.handle``, a pointer to int64; layout in
+    :mod:`tilecomm.device.handle`): this rank's number, every rank's heap base address as
+    mapped in *this* process, the error record of bounded waits and the wait bound. Every
+    function that touches a peer or waits takes it; :func:`my_rank` and :func:`world_size`
+    read the two numbers a kernel usually needs itself.
 signal pad / slot
     A symmetric int64 (or int32) tensor (``DeviceHeap.signal_pad``); ``pad + slot`` is one
     signal. Signals are *pushed*: a rank writes into the peer's pad, the peer polls its own
@@ -23,10 +26,11 @@ epoch
     Signals only grow. A wait asks for ``slot >= epoch``, so pads never need resetting:
     launch ``k`` uses epoch ``k`` (``DeviceHeap.next_epoch()``), as every rank launches the
     same sequence.
-``err, timeout_ns``
-    ``DeviceHeap.errors`` (int64[8], local) and ``DeviceHeap.timeout_ns``. A wait that
-    expires records who waited on whom there (see :mod:`tilecomm.device.errors`) and returns
-    False; the host turns the record into :class:`tilecomm.CommTimeout` (``DeviceHeap.check``).
+bounded waits
+    A wait that expires (after ``DeviceHeap.timeout``, the handle's ``TIMEOUT_NS``) records
+    who waited on whom in the handle's error words (see :mod:`tilecomm.device.errors`) and
+    returns False; the host turns the record into :class:`tilecomm.CommTimeout`
+    (``DeviceHeap.check``).
 
 Memory model
 ------------
@@ -64,9 +68,9 @@ Same public functions, same promises; only three private helpers differ
   value it read; signals only grow, so it never loses a peer's update), followed by the same
   ``bar.sync`` before any data access. compile_check's ordering check treats an acquire
   ``ld``/``atom`` like a ``fence.acquire``.
-* relaxed load of the error word = ``tl.atomic_add(err, 0, sem="relaxed", scope="gpu")``
-  (``ld.global.gpu.relaxed``, broadcast): the same value in every thread, so the wait loops
-  stay uniform across the CTA (their bodies hold ``bar.sync``).
+* relaxed load of the error word = ``tl.atomic_add(heap + H_ERR, 0, sem="relaxed",
+  scope="gpu")`` (``ld.global.gpu.relaxed``, broadcast): the same value in every thread, so
+  the wait loops stay uniform across the CTA (their bodies hold ``bar.sync``).
 * release: ``signal_set`` / ``signal_add`` are the same release atomics, but Triton 3.6 puts
   no ``bar.sync`` before a scalar atomic whose result is unused (3.9 does), so the compat path
   issues one (``tl.debug_barrier``) right before the atomic: the release again covers every
@@ -84,9 +88,9 @@ Bounded waits
 -------------
 A wait polls with ``tl.atomic_poll`` (compat path: a volatile-load spin; either way timed by
 the GPU global timer, or the CPU clock in the interpreter) in slices of ``SLICE_NS`` for
-``timeout_ns // SLICE_NS + 1`` slices, re-checking ``>=`` with an acquire load after each:
-the total wait is at least ``timeout_ns`` and never endless.
-A wait first looks at ``err``: once a wait of the launch has given up, later waits of this
+``TIMEOUT_NS // SLICE_NS + 1`` slices (the handle's wait bound), re-checking ``>=`` with an
+acquire load after each: the total wait is at least the bound and never endless.
+A wait first looks at the error record: once a wait of the launch has given up, later waits of this
 rank's launch return False at once (no chain of timeouts).
 
 Interpreter limits (see docs/device-api.md)
@@ -104,6 +108,7 @@ import triton
 import triton.language as tl
 
 from . import errors as _e
+from . import handle as _h
 from ..settings import settings as _settings
 
 #: True when kernels run in the Triton interpreter (TRITON_INTERPRET=1 at import).
@@ -131,6 +136,14 @@ SLICE_NS = tl.constexpr(1_000_000 if INTERPRETED else 2_000)
 ERR_CODE = tl.constexpr(_e.CODE)
 WAIT_TIMEOUT = tl.constexpr(_e.WAIT_TIMEOUT)
 BARRIER_TIMEOUT = tl.constexpr(_e.BARRIER_TIMEOUT)
+
+# words of the device handle (tilecomm.device.handle)
+H_RANK = tl.constexpr(_h.RANK)
+H_WORLD = tl.constexpr(_h.WORLD)
+H_TIMEOUT_NS = tl.constexpr(_h.TIMEOUT_NS)
+H_SELF_BASE = tl.constexpr(_h.SELF_BASE)
+H_ERR = tl.constexpr(_h.ERR)
+H_BASES = tl.constexpr(_h.BASES)
 
 #: every heap base (``DeviceHeap.bases``) is a multiple of this many bytes (CUDA allocations
 #: and mmap'd shared-memory segments are); ``peer_ptr`` relies on it for alignment hints
@@ -218,13 +231,27 @@ else:
 
 
 @triton.jit
-def peer_ptr(ptr, peer, bases, rank):
+def my_rank(heap):
+    """This rank's number (int32), from the device handle ``heap``."""
+    return tl.load(heap + H_RANK).to(tl.int32)
+
+
+@triton.jit
+def world_size(heap):
+    """The number of ranks of the heap (int32), from the device handle ``heap``. A kernel
+    that unrolls over the ranks takes the world size as a constexpr instead."""
+    return tl.load(heap + H_WORLD).to(tl.int32)
+
+
+@triton.jit
+def peer_ptr(ptr, peer, heap):
     """Rank ``peer``'s address of the symmetric pointer (or block of pointers) ``ptr``.
 
     ``ptr`` points into this rank's heap; the result has the same type and points at the same
     offset of ``peer``'s heap, as mapped in this process. ``peer == rank`` gives ``ptr``.
     Translate the scalar base once and add offsets afterwards (``peer_ptr(x, ...) + offs``):
-    that costs two scalar loads from ``bases`` instead of a block of them.
+    that costs two scalar loads from the handle instead of a block of them. Neither waits for
+    the load of the rank: the handle keeps this rank's base in a word of its own.
 
     Alignment: heap bases are ``HEAP_ALIGN`` (256) byte aligned (CUDA allocations and IPC
     mappings are, mmap'd shared-memory segments are page aligned; tests/device checks the
@@ -233,44 +260,45 @@ def peer_ptr(ptr, peer, bases, rank):
     specialization, or a ``tl.multiple_of`` offset) gives 128-bit peer accesses. Without the
     hint every peer access was scalar.
     """
-    delta = tl.multiple_of(tl.load(bases + peer) - tl.load(bases + rank), HEAP_ALIGN)
+    delta = tl.multiple_of(tl.load(heap + H_BASES + peer) - tl.load(heap + H_SELF_BASE),
+                           HEAP_ALIGN)
     raw = tl.cast(ptr, tl.pointer_type(tl.int8)) + delta     # byte arithmetic keeps provenance
     return tl.cast(raw, ptr.dtype)
 
 
 @triton.jit
-def put(dst, src, offs, mask, peer, bases, rank):
+def put(dst, src, offs, mask, peer, heap):
     """Copy ``src[offs]`` (local memory, any pointer) to ``peer``'s ``dst[offs]`` (``dst`` a
     symmetric pointer), elements where ``mask`` holds. Plain stores: not visible to the peer
     until a following ``signal_*`` (release) that it waits for."""
     vals = tl.load(src + offs, mask=mask)
-    tl.store(peer_ptr(dst, peer, bases, rank) + offs, vals, mask=mask)
+    tl.store(peer_ptr(dst, peer, heap) + offs, vals, mask=mask)
 
 
 @triton.jit
-def get(dst, src, offs, mask, peer, bases, rank):
+def get(dst, src, offs, mask, peer, heap):
     """Copy ``peer``'s ``src[offs]`` (``src`` a symmetric pointer) to local ``dst[offs]``,
     elements where ``mask`` holds. Only meaningful after a wait that acquired the peer's
     signal published after it wrote ``src``."""
-    vals = tl.load(peer_ptr(src, peer, bases, rank) + offs, mask=mask)
+    vals = tl.load(peer_ptr(src, peer, heap) + offs, mask=mask)
     tl.store(dst + offs, vals, mask=mask)
 
 
 @triton.jit
-def signal_set(pad, slot, value, peer, bases, rank):
+def signal_set(pad, slot, value, peer, heap):
     """Store ``value`` into ``peer``'s signal ``pad[slot]`` (release, system scope) and return
     the old value. Everything this program stored before is visible to a peer that acquires
     the new value. ``peer == rank`` signals this rank's own pad."""
-    p = peer_ptr(pad, peer, bases, rank) + slot
+    p = peer_ptr(pad, peer, heap) + slot
     _before_release()
     return tl.atomic_xchg(p, tl.cast(value, pad.dtype.element_ty), sem="release", scope="sys")
 
 
 @triton.jit
-def signal_add(pad, slot, value, peer, bases, rank):
+def signal_add(pad, slot, value, peer, heap):
     """Add ``value`` to ``peer``'s signal ``pad[slot]`` (release, system scope); returns the old
     value. Use it for counters several ranks bump (e.g. "arrivals >= world - 1")."""
-    p = peer_ptr(pad, peer, bases, rank) + slot
+    p = peer_ptr(pad, peer, heap) + slot
     _before_release()
     return tl.atomic_add(p, tl.cast(value, pad.dtype.element_ty), sem="release", scope="sys")
 
@@ -282,12 +310,13 @@ def read_signal(pad, slot):
 
 
 @triton.jit
-def _record(err, code, rank, peer, epoch, slot, observed, site):
+def _record(heap, code, peer, epoch, slot, observed, site):
     """Claim the error record (first failure of the launch wins) and count the failure."""
+    err = heap + H_ERR
     zero = tl.cast(0, tl.int64)
     prev = tl.atomic_cas(err, zero, tl.cast(code, tl.int64), sem="relaxed", scope="gpu")
     if prev == 0:
-        tl.store(err + 1, tl.cast(rank, tl.int64))
+        tl.store(err + 1, tl.load(heap + H_RANK))
         tl.store(err + 2, tl.cast(peer, tl.int64))
         tl.store(err + 3, tl.cast(epoch, tl.int64))
         tl.store(err + 4, tl.cast(slot, tl.int64))
@@ -297,43 +326,42 @@ def _record(err, code, rank, peer, epoch, slot, observed, site):
 
 
 @triton.jit
-def _wait(pad, slot, epoch, peer, err, rank, timeout_ns, code, site):
+def _wait(pad, slot, epoch, peer, heap, code, site):
     p = pad + slot
     target = tl.cast(epoch, pad.dtype.element_ty)
     v = _load_acquire(p)
     if v < target:
-        slices = tl.cast(timeout_ns, tl.int64) // SLICE_NS + 1
+        slices = tl.load(heap + H_TIMEOUT_NS) // SLICE_NS + 1
         i = tl.cast(0, tl.int64)
-        failed = _load_relaxed(err)
+        failed = _load_relaxed(heap + H_ERR)
         while (v < target) & (i < slices) & (failed == 0):
             # returns early when the slot equals target; a slot that jumped past it is caught
             # by the >= test on the acquire load below, one slice later at most
             _poll(p, target, SLICE_NS)
             v = _load_acquire(p)
-            failed = _load_relaxed(err)
+            failed = _load_relaxed(heap + H_ERR)
             i += 1
         if v < target:
-            _record(err, code, rank, peer, epoch, slot, v, site)
+            _record(heap, code, peer, epoch, slot, v, site)
     return v >= target
 
 
 @triton.jit
-def wait_ge(pad, slot, epoch, peer, err, rank, timeout_ns, site: tl.constexpr = 0):
+def wait_ge(pad, slot, epoch, peer, heap, site: tl.constexpr = 0):
     """Wait until this rank's ``pad[slot] >= epoch`` (acquire, system scope); True if it did.
 
-    ``peer`` is the rank expected to signal (only reported on failure). After ``timeout_ns``
-    (``DeviceHeap.timeout_ns``), or at once if an earlier wait of this launch already failed,
-    the wait records ``(rank, peer, epoch, slot, observed value, site)`` in ``err`` and returns
-    False: the program should then skip what depended on the signal and exit; the host raises
-    :class:`tilecomm.CommTimeout` from ``DeviceHeap.check``. ``site`` (constexpr) tags the wait
-    in the error message.
+    ``peer`` is the rank expected to signal (only reported on failure). After the handle's
+    wait bound (``DeviceHeap.timeout``), or at once if an earlier wait of this launch already
+    failed, the wait records ``(rank, peer, epoch, slot, observed value, site)`` in the
+    handle's error words and returns False: the program should then skip what depended on the
+    signal and exit; the host raises :class:`tilecomm.CommTimeout` from ``DeviceHeap.check``.
+    ``site`` (constexpr) tags the wait in the error message.
     """
-    return _wait(pad, slot, epoch, peer, err, rank, timeout_ns, WAIT_TIMEOUT, site)
+    return _wait(pad, slot, epoch, peer, heap, WAIT_TIMEOUT, site)
 
 
 @triton.jit
-def barrier(pad, slot0, epoch, bases, rank, err, timeout_ns, WORLD: tl.constexpr,
-            group=-1, site: tl.constexpr = 0):
+def barrier(pad, slot0, epoch, heap, WORLD: tl.constexpr, group=-1, site: tl.constexpr = 0):
     """Barrier among the ranks of ``group`` (bit ``r`` set = rank ``r`` takes part; -1: all of
     ``0..WORLD-1``). Returns True if every member arrived at ``epoch``.
 
@@ -357,7 +385,7 @@ def barrier(pad, slot0, epoch, bases, rank, err, timeout_ns, WORLD: tl.constexpr
       and remote round trip).
     * **wait**: one vector acquire load of all members' slots in this rank's pad per round;
       while some member is short it sleeps on the first late one (``tl.atomic_poll`` on that
-      slot, or the compat path's spin, ``SLICE_NS`` per slice, bounded by ``timeout_ns`` as
+      slot, or the compat path's spin, ``SLICE_NS`` per slice, bounded by the handle's wait bound as
       :func:`wait_ge`) and loads them all again; then a ``bar.sync`` so every thread's
       later loads follow the acquire.
     * A barrier that gives up records one failure (``BARRIER_TIMEOUT``): the lowest late
@@ -366,11 +394,13 @@ def barrier(pad, slot0, epoch, bases, rank, err, timeout_ns, WORLD: tl.constexpr
     WP2: tl.constexpr = triton.next_power_of_2(WORLD)
     lane = tl.arange(0, WP2)
     lane64 = tl.cast(lane, tl.int64)
+    rank = my_rank(heap)
     g = tl.cast(group, tl.int64)
     peers = (lane < WORLD) & (((g >> lane64) & 1) != 0) & (lane != rank)
     target = tl.cast(epoch, pad.dtype.element_ty)
     # signal: pad rebased into every member's heap (one lane each), slot slot0 + rank
-    delta = tl.load(bases + lane, mask=lane < WORLD, other=0) - tl.load(bases + rank)
+    delta = tl.load(heap + H_BASES + lane, mask=lane < WORLD, other=0) - \
+        tl.load(heap + H_SELF_BASE)
     delta = tl.multiple_of(delta, HEAP_ALIGN)
     remote = tl.cast(tl.cast(pad, tl.pointer_type(tl.int8)) + delta, pad.dtype) + slot0 + rank
     tl.debug_barrier()              # every thread's stores are ordered before the release
@@ -382,15 +412,15 @@ def barrier(pad, slot0, epoch, bases, rank, err, timeout_ns, WORLD: tl.constexpr
     late = peers & (v < target)
     n_late = tl.sum(late.to(tl.int32), 0)
     if n_late > 0:
-        slices = tl.cast(timeout_ns, tl.int64) // SLICE_NS + 1
+        slices = tl.load(heap + H_TIMEOUT_NS) // SLICE_NS + 1
         i = tl.cast(0, tl.int64)
-        failed = _load_relaxed(err)
+        failed = _load_relaxed(heap + H_ERR)
         while (n_late > 0) & (i < slices) & (failed == 0):
             first = tl.min(tl.where(late, lane, WP2), 0)
             # returns early when that slot equals target; one that jumped past it is caught by
             # the >= test on the acquire load below, one slice later at most
             _poll(pad + slot0 + first, target, SLICE_NS)
-            failed = _load_relaxed(err)
+            failed = _load_relaxed(heap + H_ERR)
             v = _load_acquire(own, peers)
             late = peers & (v < target)
             n_late = tl.sum(late.to(tl.int32), 0)
@@ -398,6 +428,6 @@ def barrier(pad, slot0, epoch, bases, rank, err, timeout_ns, WORLD: tl.constexpr
         if n_late > 0:
             first = tl.min(tl.where(late, lane, WP2), 0)
             seen = tl.sum(tl.where(lane == first, v, 0), 0)
-            _record(err, BARRIER_TIMEOUT, rank, first, epoch, slot0 + first, seen, site)
+            _record(heap, BARRIER_TIMEOUT, first, epoch, slot0 + first, seen, site)
     tl.debug_barrier()              # every thread's later loads follow the acquire
     return n_late == 0

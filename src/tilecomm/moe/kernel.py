@@ -197,9 +197,8 @@ class KernelEngine:
         aligned = int(row_bytes % 16 == 0 and _aligned(xw, meta, recv_x, recv_meta))
         heap = st.heap
         st.k.moe_dispatch_push[(st.programs, w)](
-            xw, meta, tok, plan, recv_x, recv_meta, st.pads["dispatch"], heap.bases, me,
-            heap.errors, heap.timeout_ns, epoch, rw, mw, WORLD=w,
-            BX=self._block(rw), BM=self._block(mw, 64), ALIGNED=aligned)
+            xw, meta, tok, plan, recv_x, recv_meta, st.pads["dispatch"], heap.handle, epoch, rw,
+            mw, WORLD=w, BX=self._block(rw), BM=self._block(mw, 64), ALIGNED=aligned)
         heap.check(f"moe dispatch (epoch {epoch})")
         # read this rank's rows out of the receive half (a peer's call c + 2 may reuse it)
         n = rows_at[me]
@@ -222,7 +221,7 @@ class KernelEngine:
         ``refuse``: this rank rejected its arguments (``x`` etc. then have no rows): it still
         runs the kernel, so the epochs stay in step, with count -1 for every expert."""
         st, comm = self.st, self.comm
-        me, w, el, h = comm.rank, comm.world_size, ep.el, ep.hidden
+        w, el, h = comm.world_size, ep.el, ep.hidden
         dev = x.device
         t, k = idx.shape
         fp8 = scales is not None
@@ -259,9 +258,8 @@ class KernelEngine:
         heap = st.heap
         st.k.moe_ll_dispatch_push[(st.programs, w)](
             xw, meta, flat_e, flat_pos, cnt, desc, rx.view(word), rmeta.view(torch.int32),
-            rcnt.view(torch.int64), bufs.pads["dispatch"], epoch, heap.bases, me, heap.errors,
-            heap.timeout_ns, t * k, k, el, m, rw, mw, WORLD=w, BX=self._block(rw),
-            BM=self._block(mw, 64), ALIGNED=aligned)
+            rcnt.view(torch.int64), bufs.pads["dispatch"], epoch, heap.handle, t * k, k, el, m,
+            rw, mw, WORLD=w, BX=self._block(rw), BM=self._block(mw, 64), ALIGNED=aligned)
         words = rcnt.view(torch.int64)[:(el + DESC_WORDS) * w].view(el + DESC_WORDS, w)
         n = words[:el]
         if not capturing(dev):
@@ -302,7 +300,7 @@ class KernelEngine:
         its k on that rank, in k order, of w * y)))`` in float32 (weighted_rows, then the rank-
         order sum of normal mode: the same bits)."""
         st, comm = self.st, self.comm
-        me, w, el, h = comm.rank, comm.world_size, ep.el, ep.hidden
+        w, el, h = comm.world_size, ep.el, ep.hidden
         m, k, bufs = handle.m, handle.k, handle.bufs
         dev = y.device
         row_bytes = h * ep.itemsize
@@ -317,9 +315,8 @@ class KernelEngine:
         aligned = int(row_bytes % 16 == 0 and _aligned(yw, comb))
         heap = st.heap
         st.k.moe_ll_combine_push[(st.programs, w)](
-            yw, handle.recv_cnt, comb.view(word), bufs.pads["combine"], epoch, heap.bases, me,
-            heap.errors, heap.timeout_ns, el, m, rw, WORLD=w, BLOCK=self._block(rw * 4),
-            ALIGNED=aligned)
+            yw, handle.recv_cnt, comb.view(word), bufs.pads["combine"], epoch, heap.handle, el,
+            m, rw, WORLD=w, BLOCK=self._block(rw * 4), ALIGNED=aligned)
         if not capturing(dev):
             heap.check(f"moe low-latency combine (call {bufs.calls['combine']})")
         t = handle.tokens
@@ -380,8 +377,8 @@ class KernelEngine:
         aligned = int(row_bytes % 16 == 0 and _aligned(yw, recv))
         heap = st.heap
         st.k.moe_combine_push[(st.programs, w)](
-            yw, plan, recv.view(word), st.pads["combine"], heap.bases, me, heap.errors,
-            heap.timeout_ns, epoch, rw, WORLD=w, BLOCK=self._block(rw * 4), ALIGNED=aligned)
+            yw, plan, recv.view(word), st.pads["combine"], heap.handle, epoch, rw, WORLD=w,
+            BLOCK=self._block(rw * 4), ALIGNED=aligned)
         heap.check(f"moe combine (epoch {epoch})")
         t = layout.tokens[me]
         out = torch.empty((t, h), dtype=dtype, device=dev)

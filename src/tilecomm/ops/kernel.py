@@ -129,9 +129,8 @@ def all_gather_matmul(comm, a, b, out=None, return_gathered=False, copy="kernel"
         _gather_by_stream(eng, g, b, dst, pad, epoch, w, me, m, n, k, (bm, bn, bk))
     else:
         eng.k.all_gather_matmul_kernel[(max(1, min(eng.programs, tasks)),)](
-            g, b, dst, pad, h.bases, me, h.errors, h.timeout_ns, epoch, m, n, k,
-            b.stride(0), b.stride(1), WORLD=w, BM=bm, BN=bn, BK=bk,
-            PRECISION=eng.precision(a.dtype))
+            g, b, dst, pad, h.handle, epoch, m, n, k, b.stride(0), b.stride(1), WORLD=w, BM=bm,
+            BN=bn, BK=bk, PRECISION=eng.precision(a.dtype))
     h.check(f"all_gather_matmul (epoch {epoch})")
     if out is not None and dst is not out:
         out.copy_(dst)
@@ -167,13 +166,13 @@ def _gather_by_stream(eng, g, b, dst, pad, epoch, w, me, m, n, k, blocks) -> Non
                                      BM=bm, BN=bn, BK=bk, PRECISION=prec)
 
     def fetch(src):
-        kk.wait_chunk_kernel[(1,)](pad, src, epoch, h.errors, me, h.timeout_ns)
+        kk.wait_chunk_kernel[(1,)](pad, src, epoch, h.handle)
         if src not in g_peer:
             g_peer[src] = h.peer_view(g, src)
         if m:
             g[src * m:(src + 1) * m].copy_(g_peer[src][src * m:(src + 1) * m])
 
-    kk.chunk_ready_kernel[(1,)](pad, h.bases, me, epoch, WORLD=w)
+    kk.chunk_ready_kernel[(1,)](pad, h.handle, epoch, WORLD=w)
     if m == 0:                      # nothing to read (the persistent kernel only signals too)
         return
     gemm(me)
@@ -202,7 +201,7 @@ def _gather_by_stream(eng, g, b, dst, pad, epoch, w, me, m, n, k, blocks) -> Non
 
 def matmul_reduce_scatter(comm, a, b, out=None):
     """See :func:`tilecomm.ops.matmul_reduce_scatter` (kernel engine)."""
-    w, me = comm.world_size, comm.rank
+    w = comm.world_size
     shape = (lambda x, y: (x.shape[0] // w, y.shape[1]) if x.shape[0] % w == 0 else None)
     checks.agree(comm, checks.OPS[1], "kernel", a, b, out=out, out_shape=shape,
                  device_ok=_device_ok)
@@ -217,9 +216,8 @@ def matmul_reduce_scatter(comm, a, b, out=None):
         torch.empty((m, n), dtype=a.dtype, device=a.device)
     h = eng.heap
     eng.k.matmul_reduce_scatter_kernel[(max(1, min(eng.programs, tiles)),)](
-        a, b, part, dst, pad, h.bases, me, h.errors, h.timeout_ns, epoch, m, n, k,
-        a.stride(0), a.stride(1), b.stride(0), b.stride(1), WORLD=w, BM=bm, BN=bn, BK=bk,
-        PRECISION=eng.precision(a.dtype))
+        a, b, part, dst, pad, h.handle, epoch, m, n, k, a.stride(0), a.stride(1), b.stride(0),
+        b.stride(1), WORLD=w, BM=bm, BN=bn, BK=bk, PRECISION=eng.precision(a.dtype))
     h.check(f"matmul_reduce_scatter (epoch {epoch})")
     if out is not None and dst is not out:
         out.copy_(dst)

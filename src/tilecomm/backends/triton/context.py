@@ -61,8 +61,6 @@ class KernelContext:
         self._sym_offset = -1
         self._pad = None
         self._scratch: dict[str, torch.Tensor] = {}
-        self._args = None
-        self._args_timeout = None
         self._range: tuple[int, int] | None = None
         #: the plan kernel's encoded plans of this rank (kernels/plan.py ``encoded``)
         self.encodings: dict = {}
@@ -135,15 +133,11 @@ class KernelContext:
         self.exact_upto = None
         return dev
 
-    def kernel_args(self) -> tuple:
-        """``(bases, rank, errors, timeout_ns)`` for the device-API functions (cached; rebuilt
-        when the heap's timeout changes)."""
-        h = self.heap
-        args, t = self._args, getattr(h, "timeout", None)
-        if args is None or t is None or self._args_timeout != t:
-            self._args_timeout = t
-            args = self._args = (h.bases, h.rank, h.errors, h.timeout_ns)
-        return args
+    @property
+    def handle(self) -> torch.Tensor:
+        """The device handle every kernel takes (``DeviceHeap.handle``,
+        :mod:`tilecomm.device.handle`): rank, peer bases, error record, wait bound."""
+        return self.heap.handle
 
     # ---- launch geometry ------------------------------------------------------------------
     def programs(self, n: int, block: int | None = None, width: int = 1) -> int:

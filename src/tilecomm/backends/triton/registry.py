@@ -56,7 +56,8 @@ Launcher contract
   ``epoch_dev += 1`` before the launcher, so a CUDA graph replay gets a new epoch too). A
   launcher that launches more kernels calls ``ctx.next_epoch()`` before each further one.
   ``ctx.epoch`` is the host count (equal in eager mode), used to name calls in errors.
-* ``kernel_args()``: ``(bases, rank, errors, timeout_ns)``, the device-API arguments.
+* ``handle``: the device handle (``DeviceHeap.handle``), the one argument the device-API
+  functions take for peers, waits and errors.
 * ``signals(groups)``: the int64 symmetric signal pad with at least ``groups * world`` slots.
   **Slot rule**: slot ``g * world + p`` of any rank's pad is written by rank ``p`` only (as
   ``lang.barrier(pad, g * world, ...)`` does), whatever the kernel. Values are epochs.

@@ -68,27 +68,27 @@ def chunk_start(c, n, WORLD: tl.constexpr, ALIGN: tl.constexpr, HINT: tl.constex
 
 
 @collective_jit
-def one_shot_all_reduce_kernel(x, out, stage, half, pad, n, bases, rank, err, timeout_ns,
-                               epoch_ptr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
-                               OP: tl.constexpr, ACC_F32: tl.constexpr):
+def one_shot_all_reduce_kernel(x, out, stage, half, pad, n, heap, epoch_ptr, WORLD: tl.constexpr,
+                               BLOCK: tl.constexpr, OP: tl.constexpr, ACC_F32: tl.constexpr):
     """``stage``: both parity halves of the staging scratch, ``half`` elements apart."""
     epoch = load_epoch(epoch_ptr)
     stage = parity_half(stage, half, epoch)
     pid = tl.program_id(0)
     step = tl.num_programs(0) * BLOCK
     copy_blocks(stage, x, n, pid * BLOCK, step, BLOCK)
-    if lang.barrier(pad, pid * WORLD, epoch, bases, rank, err, timeout_ns, WORLD, site=1):
-        reduce_blocks(out, stage, n, pid * BLOCK, step, bases, rank, WORLD, BLOCK, OP, ACC_F32)
+    if lang.barrier(pad, pid * WORLD, epoch, heap, WORLD, site=1):
+        reduce_blocks(out, stage, n, pid * BLOCK, step, heap, WORLD, BLOCK, OP, ACC_F32)
 
 
 @collective_jit
-def two_shot_all_reduce_kernel(x, out, src, half, red, pad, n, bases, rank, err, timeout_ns,
-                               epoch_ptr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
-                               OP: tl.constexpr, ACC_F32: tl.constexpr, STAGE: tl.constexpr):
+def two_shot_all_reduce_kernel(x, out, src, half, red, pad, n, heap, epoch_ptr,
+                               WORLD: tl.constexpr, BLOCK: tl.constexpr, OP: tl.constexpr,
+                               ACC_F32: tl.constexpr, STAGE: tl.constexpr):
     """Chunk ``c`` is ``[chunk_start(c), chunk_start(c + 1))``: boundaries ``c * n // W``
     rounded down to 16 bytes (``ALIGN`` elements), the last chunk takes the rest. ``src``:
     both parity halves of the staging scratch (``half`` elements apart), or ``x`` with
     ``half = 0`` (zero copy)."""
+    rank = lang.my_rank(heap)
     ALIGN: tl.constexpr = 128 // x.dtype.element_ty.primitive_bitwidth
     epoch = load_epoch(epoch_ptr)
     src = parity_half(src, half, epoch)
@@ -100,20 +100,17 @@ def two_shot_all_reduce_kernel(x, out, src, half, red, pad, n, bases, rank, err,
             c0 = chunk_start(c, n, WORLD, ALIGN, True)
             clen = chunk_start(c + 1, n, WORLD, ALIGN) - c0
             copy_blocks(src + c0, x + c0, clen, pid * BLOCK, step, BLOCK)
-    ok = lang.barrier(pad, pid * WORLD, epoch, bases, rank, err, timeout_ns, WORLD, site=1)
+    ok = lang.barrier(pad, pid * WORLD, epoch, heap, WORLD, site=1)
     if ok:
         r0 = chunk_start(rank, n, WORLD, ALIGN, True)
         rlen = chunk_start(rank + 1, n, WORLD, ALIGN) - r0
-        reduce_blocks(red + r0, src + r0, rlen, pid * BLOCK, step, bases, rank, WORLD, BLOCK,
-                       OP, ACC_F32)
-        ok = lang.barrier(pad, (G + pid) * WORLD, epoch, bases, rank, err, timeout_ns, WORLD,
-                          site=2)
+        reduce_blocks(red + r0, src + r0, rlen, pid * BLOCK, step, heap, WORLD, BLOCK, OP, ACC_F32)
+        ok = lang.barrier(pad, (G + pid) * WORLD, epoch, heap, WORLD, site=2)
     if ok:
         for c in tl.static_range(WORLD):
             c0 = chunk_start(c, n, WORLD, ALIGN, True)
             clen = chunk_start(c + 1, n, WORLD, ALIGN) - c0
-            copy_blocks(out + c0, lang.peer_ptr(red, c, bases, rank) + c0, clen, pid * BLOCK,
-                        step, BLOCK)
+            copy_blocks(out + c0, lang.peer_ptr(red, c, heap) + c0, clen, pid * BLOCK, step, BLOCK)
 
 
 @kernel("all_reduce", "one_shot", dtypes=ALL_DTYPES, ops=REDUCE_OPS)
@@ -126,9 +123,7 @@ def one_shot(ctx, call) -> None:
     g = ctx.programs(n)
     pad = ctx.signals(g)
     stage, half = ctx.halves("all_reduce.one_shot", n, x.dtype)
-    bases, rank, err, tmo = ctx.kernel_args()
-    one_shot_all_reduce_kernel[(g,)](x, x, stage, half, pad, n, bases, rank, err, tmo,
-                                     ctx.epoch_dev,
+    one_shot_all_reduce_kernel[(g,)](x, x, stage, half, pad, n, ctx.handle, ctx.epoch_dev,
                                      WORLD=ctx.world_size, BLOCK=ctx.block, OP=op_code(call),
                                      ACC_F32=acc_f32(x.dtype))
 
@@ -145,9 +140,7 @@ def two_shot(ctx, call) -> None:
     pad = ctx.signals(2 * g)
     src, half = (x, 0) if ctx.zero_copy else ctx.halves("all_reduce.two_shot.src", n, x.dtype)
     red = ctx.scratch("all_reduce.two_shot.red", n, x.dtype)
-    bases, rank, err, tmo = ctx.kernel_args()
-    two_shot_all_reduce_kernel[(g,)](x, x, src, half, red, pad, n, bases, rank, err, tmo,
-                                     ctx.epoch_dev,
+    two_shot_all_reduce_kernel[(g,)](x, x, src, half, red, pad, n, ctx.handle, ctx.epoch_dev,
                                      WORLD=w, BLOCK=ctx.block, OP=op_code(call),
                                      ACC_F32=acc_f32(x.dtype), STAGE=not ctx.zero_copy)
 

@@ -65,15 +65,15 @@ BLOCK_GPU = 2048
 
 
 @collective_jit
-def pairwise_all_to_all(x, out, staging, pad, meta, cap, bases, rank, err, timeout_ns,
-                        epoch_ptr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
-                        ALIGNED: tl.constexpr = 0):
+def pairwise_all_to_all(x, out, staging, pad, meta, cap, heap, epoch_ptr, WORLD: tl.constexpr,
+                        BLOCK: tl.constexpr, ALIGNED: tl.constexpr = 0):
     """``meta`` (int64[4, WORLD], local): send counts, send offsets (into ``x``), receive
     counts, receive offsets (into ``out``), in words. ``staging``: symmetric, 2 halves of
     ``WORLD x cap`` words, half ``epoch % 2`` used. ``cap`` is a multiple of 16 bytes' worth
     of words
     (the launcher makes it so); ``ALIGNED``: every offset in ``meta`` is too, so ``x`` and
     ``out`` are accessed with 128-bit loads and stores (the staging rows always are)."""
+    rank = lang.my_rank(heap)
     WV: tl.constexpr = 128 // x.dtype.element_ty.primitive_bitwidth      # words per 16 bytes
     epoch = load_epoch(epoch_ptr)
     pid = tl.program_id(0)
@@ -93,20 +93,20 @@ def pairwise_all_to_all(x, out, staging, pad, meta, cap, bases, rank, err, timeo
         copy_blocks64(out + recv_off, x + send_off, send_n, pid, nprog, BLOCK)
     else:
         buf = staging + tl.multiple_of((epoch % 2) * (WORLD * cap64), WV)
-        remote = lang.peer_ptr(buf + rank * cap64, dst, bases, rank)
+        remote = lang.peer_ptr(buf + rank * cap64, dst, heap)
         copy_blocks64(remote, x + send_off, send_n, pid, nprog, BLOCK)
-        lang.signal_set(pad, pid * WORLD + rank, epoch, dst, bases, rank)
-        if lang.wait_ge(pad, pid * WORLD + src, epoch, src, err, rank, timeout_ns, site=1):
+        lang.signal_set(pad, pid * WORLD + rank, epoch, dst, heap)
+        if lang.wait_ge(pad, pid * WORLD + src, epoch, src, heap, site=1):
             copy_blocks64(out + recv_off, buf + src * cap64, recv_n, pid, nprog, BLOCK)
 
 
 @collective_jit
-def all_to_all_v_counts(row_in, table, table_out, pad, bases, rank, err, timeout_ns,
-                        epoch_ptr, WORLD: tl.constexpr, RPOW: tl.constexpr,
-                        TPOW: tl.constexpr):
+def all_to_all_v_counts(row_in, table, table_out, pad, heap, epoch_ptr, WORLD: tl.constexpr,
+                        RPOW: tl.constexpr, TPOW: tl.constexpr):
     """Row ``rank`` of every rank's symmetric ``table`` (int64, 2 halves of ``WORLD x
     2 WORLD``, half ``epoch % 2``) <- ``row_in`` (2 WORLD int64); then ``table_out`` (local)
     <- this rank's whole table half. One program; slot ``q`` is raised by rank ``q``."""
+    rank = lang.my_rank(heap)
     R: tl.constexpr = 2 * WORLD
     epoch = load_epoch(epoch_ptr)
     idx = tl.arange(0, RPOW)
@@ -115,14 +115,14 @@ def all_to_all_v_counts(row_in, table, table_out, pad, bases, rank, err, timeout
     t = table + (epoch % 2) * (WORLD * R)
     for p in tl.static_range(WORLD):
         if p != rank:
-            tl.store(lang.peer_ptr(t + rank * R, p, bases, rank) + idx, row, mask=m)
-            lang.signal_set(pad, rank, epoch, p, bases, rank)
+            tl.store(lang.peer_ptr(t + rank * R, p, heap) + idx, row, mask=m)
+            lang.signal_set(pad, rank, epoch, p, heap)
         else:
             tl.store(t + rank * R + idx, row, mask=m)
     ok = tl.cast(1, tl.int1)
     for p in tl.static_range(WORLD):
         if p != rank:
-            ok = ok & lang.wait_ge(pad, p, epoch, p, err, rank, timeout_ns, site=2)
+            ok = ok & lang.wait_ge(pad, p, epoch, p, heap, site=2)
     if ok:
         all_idx = tl.arange(0, TPOW)
         am = all_idx < WORLD * R
@@ -131,8 +131,7 @@ def all_to_all_v_counts(row_in, table, table_out, pad, bases, rank, err, timeout
 
 def _sig(word: str) -> dict:
     return {"x": f"*{word}", "out": f"*{word}", "staging": f"*{word}", "pad": "*i64",
-            "meta": "*i64", "cap": "i64", "bases": "*i64", "rank": "i32",
-            "err": "*i64", "timeout_ns": "i64", "epoch_ptr": "*i64"}
+            "meta": "*i64", "cap": "i64", "heap": "*i64", "epoch_ptr": "*i64"}
 
 
 #: sm_90 compile list (tilecomm.device.compile_check): every word size, 2 and 8 ranks
@@ -140,8 +139,8 @@ COMPILE = [(pairwise_all_to_all, _sig(w), {"WORLD": 8, "BLOCK": BLOCK_GPU, "ALIG
            for w in ("i64", "i32", "i16", "u8") for a in (0, 1)] + [
     (pairwise_all_to_all, _sig("i64"), {"WORLD": 2, "BLOCK": BLOCK_GPU, "ALIGNED": 1}),
     (all_to_all_v_counts,
-     {"row_in": "*i64", "table": "*i64", "table_out": "*i64", "pad": "*i64", "bases": "*i64",
-      "rank": "i32", "err": "*i64", "timeout_ns": "i64", "epoch_ptr": "*i64"},
+     {"row_in": "*i64", "table": "*i64", "table_out": "*i64", "pad": "*i64", "heap": "*i64",
+      "epoch_ptr": "*i64"},
      {"WORLD": 8, "RPOW": 16, "TPOW": 128}),
 ]
 
@@ -214,10 +213,8 @@ def _pairwise(ctx, xw, outw, send, recv, cap: int, wsize: int, word, most: int) 
     row_cap = (half_bytes // w) // 16 * 16 // wsize
     pad = ctx.signals(nprog)
     meta, aligned = _meta(ctx, tuple(send), tuple(recv), wsize)
-    bases, rank, errors, timeout_ns = ctx.kernel_args()
-    pairwise_all_to_all[(nprog, w)](xw, outw, staging, pad, meta, row_cap, bases, rank, errors,
-                                    timeout_ns, ctx.epoch_dev, WORLD=w, BLOCK=block,
-                                    ALIGNED=int(aligned))
+    pairwise_all_to_all[(nprog, w)](xw, outw, staging, pad, meta, row_cap, ctx.handle,
+                                    ctx.epoch_dev, WORLD=w, BLOCK=block, ALIGNED=int(aligned))
 
 
 _META: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -284,9 +281,8 @@ def exchange_counts(ctx, send, expect=None) -> list[list[int]]:
     pad = ctx.signals(1)
     row_in = torch.tensor(row, dtype=torch.int64).to(ctx.device)
     table_out = torch.full((w * 2 * w,), -2, dtype=torch.int64, device=ctx.device)
-    bases, rank, errors, timeout_ns = ctx.kernel_args()
-    all_to_all_v_counts[(1,)](row_in, table, table_out, pad, bases, rank, errors, timeout_ns,
-                              ctx.epoch_dev, WORLD=w, RPOW=triton.next_power_of_2(2 * w),
+    all_to_all_v_counts[(1,)](row_in, table, table_out, pad, ctx.handle, ctx.epoch_dev, WORLD=w,
+                              RPOW=triton.next_power_of_2(2 * w),
                               TPOW=triton.next_power_of_2(2 * w * w))
     ctx.heap.check("all_to_all_v/pairwise (counts)")
     flat = table_out.cpu().tolist()

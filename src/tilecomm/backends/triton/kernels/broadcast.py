@@ -49,12 +49,13 @@ from .common import collective_jit, copy_blocks64, load_epoch, parity_half
 
 
 @collective_jit
-def direct_broadcast(buf, src, half, pad, n, root, arrive_group, bases, rank, err, timeout_ns,
-                     epoch_ptr, WORLD: tl.constexpr, BLOCK: tl.constexpr, STAGE: tl.constexpr):
+def direct_broadcast(buf, src, half, pad, n, root, arrive_group, heap, epoch_ptr,
+                     WORLD: tl.constexpr, BLOCK: tl.constexpr, STAGE: tl.constexpr):
     """``buf``: local, ``n`` words (the root's input, every other rank's output). ``src``:
     symmetric, the words peers read: the root's staging halves (``half`` words apart, half
     ``epoch % 2`` used; ``STAGE``: the root copies ``buf`` into it first), or ``buf`` itself
     (zero copy, ``half = 0``)."""
+    rank = lang.my_rank(heap)
     epoch = load_epoch(epoch_ptr)
     src = parity_half(src, half, epoch)
     pid = tl.program_id(0)
@@ -62,33 +63,31 @@ def direct_broadcast(buf, src, half, pad, n, root, arrive_group, bases, rank, er
     if pid == 0:
         for p in tl.static_range(WORLD):
             if p != rank:
-                lang.signal_set(pad, arrive_group * WORLD + rank, epoch, p, bases, rank)
+                lang.signal_set(pad, arrive_group * WORLD + rank, epoch, p, heap)
     if rank == root:
         if STAGE:
             copy_blocks64(src, buf, n, pid, nprog, BLOCK)
         for p in tl.static_range(WORLD):
             if p != rank:
-                lang.signal_set(pad, pid * WORLD + rank, epoch, p, bases, rank)
+                lang.signal_set(pad, pid * WORLD + rank, epoch, p, heap)
         if not STAGE:
             for p in tl.static_range(WORLD):
                 if p != rank:
-                    lang.wait_ge(pad, pid * WORLD + p, epoch, p, err, rank, timeout_ns, site=3)
+                    lang.wait_ge(pad, pid * WORLD + p, epoch, p, heap, site=3)
     else:
-        if lang.wait_ge(pad, pid * WORLD + root, epoch, root, err, rank, timeout_ns, site=1):
-            copy_blocks64(buf, lang.peer_ptr(src, root, bases, rank), n, pid, nprog, BLOCK)
+        if lang.wait_ge(pad, pid * WORLD + root, epoch, root, heap, site=1):
+            copy_blocks64(buf, lang.peer_ptr(src, root, heap), n, pid, nprog, BLOCK)
             if not STAGE:
-                lang.signal_set(pad, pid * WORLD + rank, epoch, root, bases, rank)
+                lang.signal_set(pad, pid * WORLD + rank, epoch, root, heap)
     if pid == 0:
         for p in tl.static_range(WORLD):
             if p != rank:
-                lang.wait_ge(pad, arrive_group * WORLD + p, epoch, p, err, rank, timeout_ns,
-                             site=2)
+                lang.wait_ge(pad, arrive_group * WORLD + p, epoch, p, heap, site=2)
 
 
 def _sig(word: str) -> dict:
     return {"buf": f"*{word}", "src": f"*{word}", "half": "i32", "pad": "*i64", "n": "i64",
-            "root": "i32", "arrive_group": "i32", "bases": "*i64", "rank": "i32",
-            "err": "*i64", "timeout_ns": "i64", "epoch_ptr": "*i64"}
+            "root": "i32", "arrive_group": "i32", "heap": "*i64", "epoch_ptr": "*i64"}
 
 
 #: sm_90 compile list (tilecomm.device.compile_check): every word size, staged and zero copy
@@ -122,9 +121,7 @@ def launch_broadcast(ctx, call) -> None:
         src, half = raw.view(word), half_bytes // wsize
     # groups 0..nprog-1: publish/done per program; group nprog: arrivals
     pad = ctx.signals(nprog + 1)
-    bases, rank, errors, timeout_ns = ctx.kernel_args()
-    direct_broadcast[(nprog,)](bw, src, half, pad, n, call.root, nprog, bases, rank, errors,
-                               timeout_ns, ctx.epoch_dev, WORLD=w, BLOCK=block,
-                               STAGE=0 if zero_copy else 1)
+    direct_broadcast[(nprog,)](bw, src, half, pad, n, call.root, nprog, ctx.handle, ctx.epoch_dev,
+                               WORLD=w, BLOCK=block, STAGE=0 if zero_copy else 1)
     if n and bw.data_ptr() != buf.data_ptr() and ctx.rank != call.root:
         buf.view(torch.uint8).copy_(bw.view(torch.uint8))

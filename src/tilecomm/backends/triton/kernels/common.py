@@ -18,15 +18,17 @@ TL_NAME = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16",
 
 #: Runtime integer arguments of the collective kernels, none of them specialized
 #: (``triton.jit(do_not_specialize=...)``). Triton otherwise turns an integer argument equal
-#: to 1 into a constant and tags one divisible by 16, so epochs (1, 16, 32, ...), ranks (1),
-#: sizes, roots and parities would each compile another variant mid-run. Sizes need no
-#: divisibility for vector accesses: the kernels copy full blocks unmasked and alignment
-#: comes from the pointers (Triton's 16-byte pointer specialization, heap-base hints in
-#: ``lang.peer_ptr``, ``tl.multiple_of`` on offsets). Names a kernel lacks are ignored. The
+#: to 1 into a constant and tags one divisible by 16, so epochs (1, 16, 32, ...), sizes,
+#: roots and parities would each compile another variant mid-run. The rank and the wait bound
+#: are no arguments: kernels read them from the device handle (tilecomm.device.handle), so
+#: every rank runs the same binary. Sizes need no divisibility for vector accesses: the
+#: kernels copy full blocks unmasked and alignment comes from the pointers (Triton's 16-byte
+#: pointer specialization, heap-base hints in ``lang.peer_ptr``, ``tl.multiple_of`` on
+#: offsets). Names a kernel lacks are ignored. The
 #: epoch is not among them: kernels load it from ``epoch_ptr`` (NOTE [device epochs] in
 #: context.py), a pointer; ``half``/``src_half``/``tmp_half`` are parity-half sizes.
 RUNTIME_INTS = ("n", "m", "cap", "half", "src_half", "tmp_half", "root", "arrive_group",
-                "rank", "timeout_ns", "nphases", "nin", "nout")
+                "nphases", "nin", "nout")
 
 
 def collective_jit(fn):
@@ -153,29 +155,29 @@ def copy_blocks64(dst, src, n, pid, nprog, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def reduce_block(out, src, offs, m, bases, rank, WORLD: tl.constexpr, OP: tl.constexpr,
-                  ACC_F32: tl.constexpr, FULL: tl.constexpr):
+def reduce_block(out, src, offs, m, heap, WORLD: tl.constexpr, OP: tl.constexpr,
+                 ACC_F32: tl.constexpr, FULL: tl.constexpr):
     """``out[offs] = src_0[offs] (op) src_1[offs] (op) ...`` in rank order, ``src`` a
     symmetric pointer (the peers' copies are read), fp32 accumulation when ``ACC_F32``."""
-    acc = load_acc(lang.peer_ptr(src, 0, bases, rank) + offs, m, ACC_F32, FULL)
+    acc = load_acc(lang.peer_ptr(src, 0, heap) + offs, m, ACC_F32, FULL)
     for q in tl.static_range(1, WORLD):
-        v = load_acc(lang.peer_ptr(src, q, bases, rank) + offs, m, ACC_F32, FULL)
+        v = load_acc(lang.peer_ptr(src, q, heap) + offs, m, ACC_F32, FULL)
         acc = combine(acc, v, OP)
     acc = finish(acc, OP, WORLD)
     store_block(out + offs, acc.to(out.dtype.element_ty), m, FULL)
 
 
 @triton.jit
-def reduce_blocks(out, src, n, first, step, bases, rank, WORLD: tl.constexpr,
-                   BLOCK: tl.constexpr, OP: tl.constexpr, ACC_F32: tl.constexpr):
+def reduce_blocks(out, src, n, first, step, heap, WORLD: tl.constexpr, BLOCK: tl.constexpr,
+                  OP: tl.constexpr, ACC_F32: tl.constexpr):
     """:func:`reduce_block` over blocks ``first, first + step, ...`` of ``[0, n)``: full
     blocks unmasked (vectorized), the partial last one masked."""
     for start in range(first, n, step):
         offs = start + tl.arange(0, BLOCK)
         if start + BLOCK <= n:
-            reduce_block(out, src, offs, offs < n, bases, rank, WORLD, OP, ACC_F32, True)
+            reduce_block(out, src, offs, offs < n, heap, WORLD, OP, ACC_F32, True)
         else:
-            reduce_block(out, src, offs, offs < n, bases, rank, WORLD, OP, ACC_F32, False)
+            reduce_block(out, src, offs, offs < n, heap, WORLD, OP, ACC_F32, False)
 
 
 def signature(names_types: dict, dtype: torch.dtype, acc_dtype: torch.dtype | None = None) -> dict:
@@ -185,5 +187,4 @@ def signature(names_types: dict, dtype: torch.dtype, acc_dtype: torch.dtype | No
     return {k: v.replace("*T", "*" + t).replace("*A", "*" + a) for k, v in names_types.items()}
 
 
-COMMON_SIG = {"pad": "*i64", "bases": "*i64", "rank": "i32", "err": "*i64",
-              "timeout_ns": "i64", "epoch_ptr": "*i64"}
+COMMON_SIG = {"pad": "*i64", "heap": "*i64", "epoch_ptr": "*i64"}

@@ -56,16 +56,14 @@ from .common import (COMMON_SIG, OP_SUM, acc_f32, collective_jit, combine, copy_
 
 
 @triton.jit
-def _gather_peers(out, src, n, first, step, bases, rank, WORLD: tl.constexpr,
-                  BLOCK: tl.constexpr):
+def _gather_peers(out, src, n, first, step, heap, WORLD: tl.constexpr, BLOCK: tl.constexpr):
     for j in tl.static_range(WORLD):
-        copy_blocks(out + j * n, lang.peer_ptr(src, j, bases, rank), n, first, step, BLOCK)
+        copy_blocks(out + j * n, lang.peer_ptr(src, j, heap), n, first, step, BLOCK)
 
 
 @collective_jit
-def all_gather_direct_kernel(x, out, src, half, pad, n, bases, rank, err, timeout_ns,
-                             epoch_ptr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
-                             STAGE: tl.constexpr):
+def all_gather_direct_kernel(x, out, src, half, pad, n, heap, epoch_ptr, WORLD: tl.constexpr,
+                             BLOCK: tl.constexpr, STAGE: tl.constexpr):
     ALIGN: tl.constexpr = 128 // x.dtype.element_ty.primitive_bitwidth   # elements / 16 B
     epoch = load_epoch(epoch_ptr)
     src = parity_half(src, half, epoch)
@@ -74,16 +72,14 @@ def all_gather_direct_kernel(x, out, src, half, pad, n, bases, rank, err, timeou
     step = G * BLOCK
     if STAGE:
         copy_blocks(src, x, n, pid * BLOCK, step, BLOCK)
-    ok = lang.barrier(pad, pid * WORLD, epoch, bases, rank, err, timeout_ns, WORLD, site=1)
+    ok = lang.barrier(pad, pid * WORLD, epoch, heap, WORLD, site=1)
     if ok:
         if n % ALIGN == 0:      # out + j * n is 16-byte aligned: say so (128-bit stores)
-            _gather_peers(out, src, n // ALIGN * ALIGN, pid * BLOCK, step, bases, rank, WORLD,
-                          BLOCK)
+            _gather_peers(out, src, n // ALIGN * ALIGN, pid * BLOCK, step, heap, WORLD, BLOCK)
         else:
-            _gather_peers(out, src, n, pid * BLOCK, step, bases, rank, WORLD, BLOCK)
+            _gather_peers(out, src, n, pid * BLOCK, step, heap, WORLD, BLOCK)
         if not STAGE:       # peers read our heap tensor: keep it until they are done
-            lang.barrier(pad, (G + pid) * WORLD, epoch, bases, rank, err, timeout_ns, WORLD,
-                         site=2)
+            lang.barrier(pad, (G + pid) * WORLD, epoch, heap, WORLD, site=2)
 
 
 @triton.jit
@@ -95,8 +91,9 @@ def _ring_copy_block(ring, out, lsrc, offs, n, FULL: tl.constexpr):
 
 
 @collective_jit
-def all_gather_ring_kernel(x, out, ring, half, pad, n, bases, rank, err, timeout_ns, epoch_ptr,
-                           WORLD: tl.constexpr, BLOCK: tl.constexpr):
+def all_gather_ring_kernel(x, out, ring, half, pad, n, heap, epoch_ptr, WORLD: tl.constexpr,
+                           BLOCK: tl.constexpr):
+    rank = lang.my_rank(heap)
     epoch = load_epoch(epoch_ptr)
     ring = parity_half(ring, half, epoch)
     pid = tl.program_id(0)
@@ -108,14 +105,13 @@ def all_gather_ring_kernel(x, out, ring, half, pad, n, bases, rank, err, timeout
     copy_blocks(out + rank * n, x, n, pid * BLOCK, step, BLOCK)
     ok = tl.cast(1, tl.int1)
     if WORLD > 1:
-        lang.signal_set(pad, g0 * WORLD + rank, epoch, right, bases, rank)
+        lang.signal_set(pad, g0 * WORLD + rank, epoch, right, heap)
     for s in tl.static_range(1, WORLD):
         if ok:
-            ok = lang.wait_ge(pad, (g0 + s - 1) * WORLD + left, epoch, left, err, rank,
-                              timeout_ns, site=s)
+            ok = lang.wait_ge(pad, (g0 + s - 1) * WORLD + left, epoch, left, heap, site=s)
         if ok:
             c = (rank + WORLD - s) % WORLD
-            lsrc = lang.peer_ptr(ring, left, bases, rank) + c * n
+            lsrc = lang.peer_ptr(ring, left, heap) + c * n
             for start in range(pid * BLOCK, n, step):
                 offs = start + tl.arange(0, BLOCK)
                 if start + BLOCK <= n:
@@ -123,7 +119,7 @@ def all_gather_ring_kernel(x, out, ring, half, pad, n, bases, rank, err, timeout
                 else:
                     _ring_copy_block(ring + c * n, out + c * n, lsrc, offs, n, False)
             if s < WORLD - 1:
-                lang.signal_set(pad, (g0 + s) * WORLD + rank, epoch, right, bases, rank)
+                lang.signal_set(pad, (g0 + s) * WORLD + rank, epoch, right, heap)
 
 
 @triton.jit
@@ -133,9 +129,10 @@ def _stage_chunks(src, x, m, first, step, WORLD: tl.constexpr, BLOCK: tl.constex
 
 
 @collective_jit
-def reduce_scatter_direct_kernel(x, out, src, half, pad, m, bases, rank, err, timeout_ns,
-                                 epoch_ptr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
-                                 OP: tl.constexpr, ACC_F32: tl.constexpr, STAGE: tl.constexpr):
+def reduce_scatter_direct_kernel(x, out, src, half, pad, m, heap, epoch_ptr, WORLD: tl.constexpr,
+                                 BLOCK: tl.constexpr, OP: tl.constexpr, ACC_F32: tl.constexpr,
+                                 STAGE: tl.constexpr):
+    rank = lang.my_rank(heap)
     ALIGN: tl.constexpr = 128 // x.dtype.element_ty.primitive_bitwidth   # elements / 16 B
     epoch = load_epoch(epoch_ptr)
     src = parity_half(src, half, epoch)
@@ -149,18 +146,17 @@ def reduce_scatter_direct_kernel(x, out, src, half, pad, m, bases, rank, err, ti
             _stage_chunks(src, x, m // ALIGN * ALIGN, pid * BLOCK, step, WORLD, BLOCK)
         else:
             _stage_chunks(src, x, m, pid * BLOCK, step, WORLD, BLOCK)
-    ok = lang.barrier(pad, pid * WORLD, epoch, bases, rank, err, timeout_ns, WORLD, site=1)
+    ok = lang.barrier(pad, pid * WORLD, epoch, heap, WORLD, site=1)
     if ok:
         if m % ALIGN == 0:
             mA = m // ALIGN * ALIGN
-            reduce_blocks(out, src + rank * mA, mA, pid * BLOCK, step, bases, rank, WORLD,
-                          BLOCK, OP, ACC_F32)
+            reduce_blocks(out, src + rank * mA, mA, pid * BLOCK, step, heap, WORLD, BLOCK, OP,
+                          ACC_F32)
         else:
-            reduce_blocks(out, src + rank * m, m, pid * BLOCK, step, bases, rank, WORLD, BLOCK,
-                          OP, ACC_F32)
+            reduce_blocks(out, src + rank * m, m, pid * BLOCK, step, heap, WORLD, BLOCK, OP,
+                          ACC_F32)
         if not STAGE:
-            lang.barrier(pad, (G + pid) * WORLD, epoch, bases, rank, err, timeout_ns, WORLD,
-                         site=2)
+            lang.barrier(pad, (G + pid) * WORLD, epoch, heap, WORLD, site=2)
 
 
 @triton.jit
@@ -180,9 +176,10 @@ def _ring_reduce_block(out, tmp, mine_p, lsrc, offs, m, s: tl.constexpr, OP: tl.
 
 
 @collective_jit
-def reduce_scatter_ring_kernel(x, out, src, src_half, tmp, tmp_half, pad, m, bases, rank, err,
-                               timeout_ns, epoch_ptr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
-                               OP: tl.constexpr, ACC_F32: tl.constexpr, STAGE: tl.constexpr):
+def reduce_scatter_ring_kernel(x, out, src, src_half, tmp, tmp_half, pad, m, heap, epoch_ptr,
+                               WORLD: tl.constexpr, BLOCK: tl.constexpr, OP: tl.constexpr,
+                               ACC_F32: tl.constexpr, STAGE: tl.constexpr):
+    rank = lang.my_rank(heap)
     epoch = load_epoch(epoch_ptr)
     src = parity_half(src, src_half, epoch)
     tmp = parity_half(tmp, tmp_half, epoch)
@@ -205,17 +202,16 @@ def reduce_scatter_ring_kernel(x, out, src, src_half, tmp, tmp_half, pad, m, bas
             v = finish(load_acc(src + offs, mk, ACC_F32), OP, WORLD)
             tl.store(out + offs, v.to(out.dtype.element_ty), mask=mk)
     else:
-        lang.signal_set(pad, g0 * WORLD + rank, epoch, right, bases, rank)
+        lang.signal_set(pad, g0 * WORLD + rank, epoch, right, heap)
         for s in tl.static_range(WORLD - 1):
             if ok:
-                ok = lang.wait_ge(pad, (g0 + s) * WORLD + left, epoch, left, err, rank,
-                                  timeout_ns, site=s + 1)
+                ok = lang.wait_ge(pad, (g0 + s) * WORLD + left, epoch, left, heap, site=s + 1)
             if ok:
                 c = (rank + 2 * WORLD - 2 - s) % WORLD
                 if s == 0:
-                    lsrc = lang.peer_ptr(src, left, bases, rank) + c * m
+                    lsrc = lang.peer_ptr(src, left, heap) + c * m
                 else:
-                    lsrc = lang.peer_ptr(tmp, left, bases, rank) + c * m
+                    lsrc = lang.peer_ptr(tmp, left, heap) + c * m
                 for start in range(pid * BLOCK, m, step):
                     offs = start + tl.arange(0, BLOCK)
                     if start + BLOCK <= m:
@@ -225,10 +221,9 @@ def reduce_scatter_ring_kernel(x, out, src, src_half, tmp, tmp_half, pad, m, bas
                         _ring_reduce_block(out, tmp + c * m, src + c * m, lsrc, offs, m, s, OP,
                                            ACC_F32, WORLD, False)
                 if s < WORLD - 2:
-                    lang.signal_set(pad, (g0 + s + 1) * WORLD + rank, epoch, right, bases, rank)
+                    lang.signal_set(pad, (g0 + s + 1) * WORLD + rank, epoch, right, heap)
         if not STAGE:
-            lang.barrier(pad, (WORLD * G + pid) * WORLD, epoch, bases, rank, err, timeout_ns,
-                         WORLD, site=WORLD + 1)
+            lang.barrier(pad, (WORLD * G + pid) * WORLD, epoch, heap, WORLD, site=WORLD + 1)
 
 
 @kernel("all_gather", "direct", dtypes=ALL_DTYPES)
@@ -241,11 +236,8 @@ def all_gather_direct(ctx, call) -> None:
     g = ctx.programs(n)
     pad = ctx.signals(2 * g)
     src, half = (x, 0) if ctx.zero_copy else ctx.halves("all_gather.direct", n, x.dtype)
-    bases, rank, err, tmo = ctx.kernel_args()
-    all_gather_direct_kernel[(g,)](x, out, src, half, pad, n, bases, rank, err, tmo,
-                                   ctx.epoch_dev,
-                                   WORLD=ctx.world_size, BLOCK=ctx.block,
-                                   STAGE=not ctx.zero_copy)
+    all_gather_direct_kernel[(g,)](x, out, src, half, pad, n, ctx.handle, ctx.epoch_dev,
+                                   WORLD=ctx.world_size, BLOCK=ctx.block, STAGE=not ctx.zero_copy)
 
 
 @kernel("all_gather", "ring", dtypes=ALL_DTYPES)
@@ -258,10 +250,8 @@ def all_gather_ring(ctx, call) -> None:
     g = ctx.programs(n)
     pad = ctx.signals(g * w)
     ring, half = ctx.halves("all_gather.ring", w * n, x.dtype)
-    bases, rank, err, tmo = ctx.kernel_args()
-    all_gather_ring_kernel[(g,)](x, out, ring, half, pad, n, bases, rank, err, tmo,
-                                 ctx.epoch_dev,
-                                 WORLD=w, BLOCK=ctx.block)
+    all_gather_ring_kernel[(g,)](x, out, ring, half, pad, n, ctx.handle, ctx.epoch_dev, WORLD=w,
+                                 BLOCK=ctx.block)
 
 
 @kernel("reduce_scatter", "direct", dtypes=ALL_DTYPES, ops=REDUCE_OPS)
@@ -275,9 +265,7 @@ def reduce_scatter_direct(ctx, call) -> None:
     g = ctx.programs(m)
     pad = ctx.signals(2 * g)
     src, half = (x, 0) if ctx.zero_copy else ctx.halves("reduce_scatter.direct", w * m, x.dtype)
-    bases, rank, err, tmo = ctx.kernel_args()
-    reduce_scatter_direct_kernel[(g,)](x, out, src, half, pad, m, bases, rank, err, tmo,
-                                       ctx.epoch_dev,
+    reduce_scatter_direct_kernel[(g,)](x, out, src, half, pad, m, ctx.handle, ctx.epoch_dev,
                                        WORLD=w, BLOCK=ctx.block, OP=op_code(call),
                                        ACC_F32=acc_f32(x.dtype), STAGE=not ctx.zero_copy)
 
@@ -297,10 +285,8 @@ def reduce_scatter_ring(ctx, call) -> None:
     # partials in the input dtype: the schedule rounds each step's reduction (NOTE
     # [reduction order] in algorithms/lower.py), so fp32 partials would give other bits
     tmp, tmp_half = ctx.halves("reduce_scatter.ring.tmp", w * m, x.dtype)
-    bases, rank, err, tmo = ctx.kernel_args()
-    reduce_scatter_ring_kernel[(g,)](x, out, src, src_half, tmp, tmp_half, pad, m, bases, rank,
-                                     err, tmo, ctx.epoch_dev,
-                                     WORLD=w, BLOCK=ctx.block, OP=op_code(call),
+    reduce_scatter_ring_kernel[(g,)](x, out, src, src_half, tmp, tmp_half, pad, m, ctx.handle,
+                                     ctx.epoch_dev, WORLD=w, BLOCK=ctx.block, OP=op_code(call),
                                      ACC_F32=acc_f32(x.dtype), STAGE=not ctx.zero_copy)
 
 

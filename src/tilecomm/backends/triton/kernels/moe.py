@@ -44,7 +44,7 @@ SITE_COMBINE = tl.constexpr(2)
 
 #: runtime integers never specialized (an epoch of 1 or 16 would otherwise compile new
 #: variants mid-run; see common.RUNTIME_INTS)
-_INTS = ("rank", "timeout_ns", "epoch", "row_words", "meta_words", "tokens", "hidden")
+_INTS = ("epoch", "row_words", "meta_words", "tokens", "hidden")
 
 
 @triton.jit
@@ -69,55 +69,55 @@ def _row_stride(row_words, WV: tl.constexpr, ALIGNED: tl.constexpr):
 
 
 @triton.jit
-def _signal_and_wait(pad, pid, j, dst, src, epoch, bases, rank, err, timeout_ns,
-                     WORLD: tl.constexpr, SITE: tl.constexpr):
+def _signal_and_wait(pad, pid, j, dst, src, epoch, rank, heap, WORLD: tl.constexpr,
+                     SITE: tl.constexpr):
     """After a program's pushes: tell ``dst`` (release), then wait (bounded) for ``src``'s
     program of the same id. ``j == 0`` pushed to this rank itself: nothing to tell."""
     if j != 0:
-        lang.signal_set(pad, pid * WORLD + rank, epoch, dst, bases, rank)
-        lang.wait_ge(pad, pid * WORLD + src, epoch, src, err, rank, timeout_ns, SITE)
+        lang.signal_set(pad, pid * WORLD + rank, epoch, dst, heap)
+        lang.wait_ge(pad, pid * WORLD + src, epoch, src, heap, SITE)
 
 
 @triton.jit(do_not_specialize=_INTS)
-def moe_dispatch_push(x, meta, tok, plan, recv_x, recv_meta, pad, bases, rank, err,
-                      timeout_ns, epoch, row_words, meta_words, WORLD: tl.constexpr,
-                      BX: tl.constexpr, BM: tl.constexpr, ALIGNED: tl.constexpr):
+def moe_dispatch_push(x, meta, tok, plan, recv_x, recv_meta, pad, heap, epoch, row_words,
+                      meta_words, WORLD: tl.constexpr, BX: tl.constexpr, BM: tl.constexpr,
+                      ALIGNED: tl.constexpr):
     """``x [T, row_words]`` words, ``meta [T, meta_words]`` int32 (meta_words a multiple of 4),
     ``tok`` int64 (this rank's chosen tokens, destination by destination, increasing),
     ``plan`` int64 ``[3, W]``: per destination the first entry of ``tok``, the count and the
     first row at the destination. ``recv_x`` / ``recv_meta``: symmetric (this call's half).
     ``ALIGNED``: ``row_words`` is a multiple of 16 bytes of words and every pointer is
     16-byte aligned (128-bit row copies)."""
+    rank = lang.my_rank(heap)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     j, dst, src, first, n, doff = _peers_and_plan(plan, rank, WORLD)
     rw = _row_stride(row_words, 128 // x.dtype.element_ty.primitive_bitwidth, ALIGNED)
     mw = tl.multiple_of(tl.cast(meta_words, tl.int64), 4)
-    rx = lang.peer_ptr(recv_x, dst, bases, rank)
-    rm = lang.peer_ptr(recv_meta, dst, bases, rank)
+    rx = lang.peer_ptr(recv_x, dst, heap)
+    rm = lang.peer_ptr(recv_meta, dst, heap)
     for i in range(pid, n, nprog):
         t = tl.load(tok + first + i)
         row = doff + i
         copy_blocks(rx + row * rw, x + t * rw, rw, 0, BX, BX)       # one row, block by block
         copy_blocks(rm + row * mw, meta + t * mw, mw, 0, BM, BM)
-    _signal_and_wait(pad, pid, j, dst, src, epoch, bases, rank, err, timeout_ns, WORLD,
-                     SITE_DISPATCH)
+    _signal_and_wait(pad, pid, j, dst, src, epoch, rank, heap, WORLD, SITE_DISPATCH)
 
 
 @triton.jit(do_not_specialize=_INTS)
-def moe_combine_push(y, plan, recv, pad, bases, rank, err, timeout_ns, epoch, row_words,
-                     WORLD: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
+def moe_combine_push(y, plan, recv, pad, heap, epoch, row_words, WORLD: tl.constexpr,
+                     BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
     """``y [R, row_words]`` words (this rank's rows, by source rank then token); ``plan``
     int64 ``[3, W]``: per source rank the first row of its rows in ``y``, their count and the
     first row they take in that rank's ``recv`` (symmetric, this call's half)."""
+    rank = lang.my_rank(heap)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     j, dst, src, lo, n, off = _peers_and_plan(plan, rank, WORLD)
     rw = _row_stride(row_words, 128 // y.dtype.element_ty.primitive_bitwidth, ALIGNED)
-    d = lang.peer_ptr(recv, dst, bases, rank) + off * rw
+    d = lang.peer_ptr(recv, dst, heap) + off * rw
     copy_blocks64(d, y + lo * rw, n * rw, pid, nprog, BLOCK)
-    _signal_and_wait(pad, pid, j, dst, src, epoch, bases, rank, err, timeout_ns, WORLD,
-                     SITE_COMBINE)
+    _signal_and_wait(pad, pid, j, dst, src, epoch, rank, heap, WORLD, SITE_COMBINE)
 
 
 @triton.jit(do_not_specialize=_INTS)
@@ -167,10 +167,9 @@ def _ll_peers(epoch_ptr, rank, WORLD: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=_INTS + ("pairs", "el", "m"))
-def moe_ll_dispatch_push(x, meta, idx, pos, cnt, desc, recv_x, recv_meta, recv_cnt, pad,
-                         epoch_ptr, bases, rank, err, timeout_ns, pairs, topk, el, m,
-                         row_words, meta_words, WORLD: tl.constexpr, BX: tl.constexpr,
-                         BM: tl.constexpr, ALIGNED: tl.constexpr):
+def moe_ll_dispatch_push(x, meta, idx, pos, cnt, desc, recv_x, recv_meta, recv_cnt, pad, epoch_ptr,
+                         heap, pairs, topk, el, m, row_words, meta_words, WORLD: tl.constexpr,
+                         BX: tl.constexpr, BM: tl.constexpr, ALIGNED: tl.constexpr):
     """Grid ``(P, W)``; program ``(pid, j)`` serves ``dst = rank + j``: for the (token, k)
     pairs ``pid, pid + P, ...`` of ``idx [T*K]`` (int64 experts, -1 or out of range: none)
     whose expert lives on ``dst``, the token's x row and meta row go to dst's slot
@@ -179,12 +178,13 @@ def moe_ll_dispatch_push(x, meta, idx, pos, cnt, desc, recv_x, recv_meta, recv_c
     expert) for dst's experts and ``desc [2]`` (this call's fp8, K) into dst's
     ``recv_cnt[:, rank]``. Then signal dst and wait for ``src = rank - j`` (bounded), as the
     normal-mode kernels do."""
+    rank = lang.my_rank(heap)
     pid, nprog, j, dst, src, epoch = _ll_peers(epoch_ptr, rank, WORLD)
     rw = _row_stride(row_words, 128 // x.dtype.element_ty.primitive_bitwidth, ALIGNED)
     mw = tl.multiple_of(tl.cast(meta_words, tl.int64), 4)
     m64 = tl.cast(m, tl.int64)
-    rx = lang.peer_ptr(recv_x, dst, bases, rank)
-    rm = lang.peer_ptr(recv_meta, dst, bases, rank)
+    rx = lang.peer_ptr(recv_x, dst, heap)
+    rm = lang.peer_ptr(recv_meta, dst, heap)
     lo = tl.cast(dst, tl.int64) * el
     for i in range(pid, pairs, nprog):
         e = tl.load(idx + i)
@@ -195,34 +195,32 @@ def moe_ll_dispatch_push(x, meta, idx, pos, cnt, desc, recv_x, recv_meta, recv_c
             copy_blocks(rx + row * rw, x + t * rw, rw, 0, BX, BX)
             copy_blocks(rm + row * mw, meta + t * mw, mw, 0, BM, BM)
     if pid == 0:
-        rc = lang.peer_ptr(recv_cnt, dst, bases, rank)
+        rc = lang.peer_ptr(recv_cnt, dst, heap)
         for le in range(0, el):
             tl.store(rc + le * WORLD + rank, tl.load(cnt + lo + le))
         for i in range(0, 2):
             tl.store(rc + (el + i) * WORLD + rank, tl.load(desc + i))
-    _signal_and_wait(pad, pid, j, dst, src, epoch, bases, rank, err, timeout_ns, WORLD,
-                     SITE_LL_DISPATCH)
+    _signal_and_wait(pad, pid, j, dst, src, epoch, rank, heap, WORLD, SITE_LL_DISPATCH)
 
 
 @triton.jit(do_not_specialize=_INTS + ("el", "m"))
-def moe_ll_combine_push(y, recv_cnt, comb, pad, epoch_ptr, bases, rank, err, timeout_ns, el,
-                        m, row_words, WORLD: tl.constexpr, BLOCK: tl.constexpr,
-                        ALIGNED: tl.constexpr):
+def moe_ll_combine_push(y, recv_cnt, comb, pad, epoch_ptr, heap, el, m, row_words,
+                        WORLD: tl.constexpr, BLOCK: tl.constexpr, ALIGNED: tl.constexpr):
     """Grid ``(P, W)``; program ``(pid, j)`` returns to ``dst = rank + j`` the outputs of the
     rows dst sent: for each local expert ``le``, the ``n = recv_cnt[le, dst]`` rows
     ``y[le, dst, 0:n]`` (``y [El, W, M, row_words]``) go to dst's ``comb[rank*El + le, 0:n]``
     (blocks ``pid, pid + P, ...`` of each); then signal and wait as above."""
+    rank = lang.my_rank(heap)
     pid, nprog, j, dst, src, epoch = _ll_peers(epoch_ptr, rank, WORLD)
     rw = _row_stride(row_words, 128 // y.dtype.element_ty.primitive_bitwidth, ALIGNED)
     m64 = tl.cast(m, tl.int64)
-    d = lang.peer_ptr(comb, dst, bases, rank)
+    d = lang.peer_ptr(comb, dst, heap)
     for le in range(0, el):
         n = tl.load(recv_cnt + le * WORLD + dst)
         first = (tl.cast(rank, tl.int64) * el + le) * m64
         copy_blocks64(d + first * rw, y + ((le * WORLD + dst) * m64) * rw, n * rw, pid, nprog,
                       BLOCK)
-    _signal_and_wait(pad, pid, j, dst, src, epoch, bases, rank, err, timeout_ns, WORLD,
-                     SITE_LL_COMBINE)
+    _signal_and_wait(pad, pid, j, dst, src, epoch, rank, heap, WORLD, SITE_LL_COMBINE)
 
 
 #: programs per destination and block sizes on a GPU (not tuned: nothing has run on a GPU);
@@ -234,9 +232,8 @@ SUM_BLOCKS_GPU = (4, 1024)
 
 def _dispatch_sig(word: str) -> dict:
     return {"x": f"*{word}", "meta": "*i32", "tok": "*i64", "plan": "*i64",
-            "recv_x": f"*{word}", "recv_meta": "*i32", "pad": "*i64", "bases": "*i64",
-            "rank": "i32", "err": "*i64", "timeout_ns": "i64", "epoch": "i64",
-            "row_words": "i32", "meta_words": "i32"}
+            "recv_x": f"*{word}", "recv_meta": "*i32", "pad": "*i64", "heap": "*i64",
+            "epoch": "i64", "row_words": "i32", "meta_words": "i32"}
 
 
 def _compile_entries():
@@ -247,21 +244,19 @@ def _compile_entries():
                         {"WORLD": 8, "BX": BLOCK_GPU, "BM": 64, "ALIGNED": aligned}))
             out.append((moe_combine_push,
                         {"y": f"*{word}", "plan": "*i64", "recv": f"*{word}", "pad": "*i64",
-                         "bases": "*i64", "rank": "i32", "err": "*i64", "timeout_ns": "i64",
-                         "epoch": "i64", "row_words": "i32"},
+                         "heap": "*i64", "epoch": "i64", "row_words": "i32"},
                         {"WORLD": 8, "BLOCK": BLOCK_GPU, "ALIGNED": aligned}))
         out.append((moe_ll_dispatch_push,
                     {"x": f"*{word}", "meta": "*i32", "idx": "*i64", "pos": "*i64",
                      "cnt": "*i64", "desc": "*i64", "recv_x": f"*{word}", "recv_meta": "*i32",
-                     "recv_cnt": "*i64", "pad": "*i64", "epoch_ptr": "*i64", "bases": "*i64",
-                     "rank": "i32", "err": "*i64", "timeout_ns": "i64", "pairs": "i32",
-                     "topk": "i32", "el": "i32", "m": "i32", "row_words": "i32",
-                     "meta_words": "i32"},
+                     "recv_cnt": "*i64", "pad": "*i64", "epoch_ptr": "*i64", "heap": "*i64",
+                     "pairs": "i32", "topk": "i32", "el": "i32", "m": "i32",
+                     "row_words": "i32", "meta_words": "i32"},
                     {"WORLD": 8, "BX": BLOCK_GPU, "BM": 64, "ALIGNED": 1}))
         out.append((moe_ll_combine_push,
                     {"y": f"*{word}", "recv_cnt": "*i64", "comb": f"*{word}", "pad": "*i64",
-                     "epoch_ptr": "*i64", "bases": "*i64", "rank": "i32", "err": "*i64",
-                     "timeout_ns": "i64", "el": "i32", "m": "i32", "row_words": "i32"},
+                     "epoch_ptr": "*i64", "heap": "*i64", "el": "i32", "m": "i32",
+                     "row_words": "i32"},
                     {"WORLD": 8, "BLOCK": BLOCK_GPU, "ALIGNED": 1}))
     bt, bh = SUM_BLOCKS_GPU
     for dt in ("bf16", "fp16", "fp32"):

@@ -70,15 +70,16 @@ def _tile(a_ptr, sa_m, sa_k, rows, rmask, b_ptr, sb_k, sb_n, cols, cmask, k,
 
 
 @triton.jit
-def all_gather_matmul_kernel(g, b, c, pad, bases, rank, err, timeout_ns, epoch, m, n, k,
-                             sb_k, sb_n, WORLD: tl.constexpr, BM: tl.constexpr,
-                             BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr):
+def all_gather_matmul_kernel(g, b, c, pad, heap, epoch, m, n, k, sb_k, sb_n, WORLD: tl.constexpr,
+                             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                             PRECISION: tl.constexpr):
+    rank = lang.my_rank(heap)
     pid = tl.program_id(0)
     progs = tl.num_programs(0)
     if pid == 0:                          # this rank's chunk of g is ready (host copy before)
         for p in tl.static_range(WORLD):
             if p != rank:
-                lang.signal_set(pad, rank, epoch, p, bases, rank)
+                lang.signal_set(pad, rank, epoch, p, heap)
     rb_per = tl.cdiv(m, BM)
     nb = tl.cdiv(n, BN)
     tasks = WORLD * rb_per * nb
@@ -98,15 +99,14 @@ def all_gather_matmul_kernel(g, b, c, pad, bases, rank, err, timeout_ns, epoch, 
             copier = tl.where(s + nb > progs, 0, s)
             copy_cb = tl.where(s + nb > progs, (progs - s) % progs, 0)
             if (pid == copier) & (cb == copy_cb):
-                ok = lang.wait_ge(pad, src, epoch, src, err, rank, timeout_ns, SITE_CHUNK)
+                ok = lang.wait_ge(pad, src, epoch, src, heap, SITE_CHUNK)
                 if ok:
                     for k0 in range(0, k, BK):
                         offs = rows[:, None] * k + (k0 + kk)[None, :]
-                        lang.get(g, g, offs, rmask[:, None] & ((k0 + kk) < k)[None, :],
-                                 src, bases, rank)
-                lang.signal_set(pad, WORLD + x, epoch, rank, bases, rank)
+                        lang.get(g, g, offs, rmask[:, None] & ((k0 + kk) < k)[None, :], src, heap)
+                lang.signal_set(pad, WORLD + x, epoch, rank, heap)
             elif pid != copier:
-                lang.wait_ge(pad, WORLD + x, epoch, rank, err, rank, timeout_ns, SITE_ROWS)
+                lang.wait_ge(pad, WORLD + x, epoch, rank, heap, SITE_ROWS)
             tl.debug_barrier()           # every thread's loads below follow the copy
         cols = cb * BN + tl.arange(0, BN)
         cmask = cols < n
@@ -116,10 +116,10 @@ def all_gather_matmul_kernel(g, b, c, pad, bases, rank, err, timeout_ns, epoch, 
 
 
 @triton.jit
-def matmul_reduce_scatter_kernel(a, b, part, out, pad, bases, rank, err, timeout_ns, epoch,
-                                 m, n, k, sa_m, sa_k, sb_k, sb_n, WORLD: tl.constexpr,
-                                 BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                                 PRECISION: tl.constexpr):
+def matmul_reduce_scatter_kernel(a, b, part, out, pad, heap, epoch, m, n, k, sa_m, sa_k, sb_k,
+                                 sb_n, WORLD: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                                 BK: tl.constexpr, PRECISION: tl.constexpr):
+    rank = lang.my_rank(heap)
     pid = tl.program_id(0)
     progs = tl.num_programs(0)
     nb = tl.cdiv(n, BN)
@@ -134,11 +134,11 @@ def matmul_reduce_scatter_kernel(a, b, part, out, pad, bases, rank, err, timeout
             cmask = cols < n
             acc = _tile(a, sa_m, sa_k, dst * m + lrows, rmask, b, sb_k, sb_n, cols, cmask, k,
                         BM, BN, BK, PRECISION)
-            slot = lang.peer_ptr(part, dst, bases, rank) + rank * mn
+            slot = lang.peer_ptr(part, dst, heap) + rank * mn
             tl.store(slot + lrows[:, None] * n + cols[None, :], acc.to(part.dtype.element_ty),
                      mask=rmask[:, None] & cmask[None, :])
             if dst != rank:
-                lang.signal_set(pad, u * WORLD + rank, epoch, dst, bases, rank)
+                lang.signal_set(pad, u * WORLD + rank, epoch, dst, heap)
     tl.debug_barrier()                   # the own partials are stored before they are read
     for u in range(pid, tiles, progs):
         lrows = (u // nb) * BM + tl.arange(0, BM)
@@ -147,7 +147,7 @@ def matmul_reduce_scatter_kernel(a, b, part, out, pad, bases, rank, err, timeout
         offs = lrows[:, None] * n + cols[None, :]
         for s in tl.static_range(WORLD):
             if s != rank:
-                lang.wait_ge(pad, u * WORLD + s, epoch, s, err, rank, timeout_ns, SITE_TILE)
+                lang.wait_ge(pad, u * WORLD + s, epoch, s, heap, SITE_TILE)
         acc = tl.load(part + offs, mask=mask, other=0.0).to(tl.float32)
         for s in tl.static_range(1, WORLD):
             acc += tl.load(part + s * mn + offs, mask=mask, other=0.0).to(tl.float32)
@@ -164,19 +164,20 @@ def matmul_reduce_scatter_kernel(a, b, part, out, pad, bases, rank, err, timeout
 
 
 @triton.jit
-def chunk_ready_kernel(pad, bases, rank, epoch, WORLD: tl.constexpr):
+def chunk_ready_kernel(pad, heap, epoch, WORLD: tl.constexpr):
     """Tell every peer that this rank's chunk of ``g`` is written (slot ``rank`` of the peer's
     pad := epoch, release); the same signal all_gather_matmul_kernel's program 0 sends."""
+    rank = lang.my_rank(heap)
     for p in tl.static_range(WORLD):
         if p != rank:
-            lang.signal_set(pad, rank, epoch, p, bases, rank)
+            lang.signal_set(pad, rank, epoch, p, heap)
 
 
 @triton.jit
-def wait_chunk_kernel(pad, src, epoch, err, rank, timeout_ns):
+def wait_chunk_kernel(pad, src, epoch, heap):
     """Wait (bounded, acquire) for rank ``src``'s ready signal of this epoch; a timeout is
-    recorded in ``err`` (DeviceHeap.check raises it) and the copy after it is garbage."""
-    lang.wait_ge(pad, src, epoch, src, err, rank, timeout_ns, SITE_CHUNK)
+    recorded in the handle (DeviceHeap.check raises it) and the copy after it is garbage."""
+    lang.wait_ge(pad, src, epoch, src, heap, SITE_CHUNK)
 
 
 @triton.jit
@@ -205,15 +206,14 @@ GPU_BLOCKS = {"bf16": (128, 128, 64), "fp16": (128, 128, 64), "fp32": (64, 64, 3
 
 def _sig(ag: bool, dt: str) -> dict:
     if ag:
-        names = ["g", "b", "c", "pad", "bases", "rank", "err", "timeout_ns", "epoch", "m", "n",
-                 "k", "sb_k", "sb_n"]
-        types = [f"*{dt}", f"*{dt}", f"*{dt}", "*i64", "*i64", "i32", "*i64", "i64", "i64",
+        names = ["g", "b", "c", "pad", "heap", "epoch", "m", "n", "k", "sb_k", "sb_n"]
+        types = [f"*{dt}", f"*{dt}", f"*{dt}", "*i64", "*i64", "i64",
                  "i32", "i32", "i32", "i32", "i32"]
     else:
-        names = ["a", "b", "part", "out", "pad", "bases", "rank", "err", "timeout_ns", "epoch",
+        names = ["a", "b", "part", "out", "pad", "heap", "epoch",
                  "m", "n", "k", "sa_m", "sa_k", "sb_k", "sb_n"]
-        types = [f"*{dt}", f"*{dt}", f"*{dt}", f"*{dt}", "*i64", "*i64", "i32", "*i64", "i64",
-                 "i64", "i32", "i32", "i32", "i32", "i32", "i32", "i32"]
+        types = [f"*{dt}", f"*{dt}", f"*{dt}", f"*{dt}", "*i64", "*i64", "i64",
+                 "i32", "i32", "i32", "i32", "i32", "i32", "i32"]
     return dict(zip(names, types))
 
 
@@ -228,10 +228,10 @@ def _compile_entries():
                          [f"*{dt}"] * 3 + ["i32"] * 6))
         out.append((chunk_matmul_kernel, chunk,
                     {k: v for k, v in consts.items() if k != "WORLD"}))
-    out.append((chunk_ready_kernel, {"pad": "*i64", "bases": "*i64", "rank": "i32",
-                                     "epoch": "i64"}, {"WORLD": 8}))
-    out.append((wait_chunk_kernel, {"pad": "*i64", "src": "i32", "epoch": "i64", "err": "*i64",
-                                    "rank": "i32", "timeout_ns": "i64"}, {}))
+    out.append((chunk_ready_kernel, {"pad": "*i64", "heap": "*i64", "epoch": "i64"},
+                {"WORLD": 8}))
+    out.append((wait_chunk_kernel, {"pad": "*i64", "src": "i32", "epoch": "i64",
+                                    "heap": "*i64"}, {}))
     return out
 
 

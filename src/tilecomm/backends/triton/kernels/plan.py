@@ -99,15 +99,15 @@ def _copy_chunks(io, first, last, dst, dst_col: tl.constexpr, src, src_col: tl.c
             tl.store(d + offs, tl.load(sp + offs, mask=m), mask=m)
 
 
-@triton.jit(do_not_specialize=["half", "nin", "nout", "nphases", "rank", "timeout_ns"])
-def plan_kernel(data, half, x, y, io, nin, nout, pad, phases, ops, srcs, nphases, bases, rank,
-                err, timeout_ns, epoch_ptr, WORLD: tl.constexpr, BLOCK: tl.constexpr,
-                OP: tl.constexpr, ACC_F32: tl.constexpr):
+@triton.jit(do_not_specialize=["half", "nin", "nout", "nphases"])
+def plan_kernel(data, half, x, y, io, nin, nout, pad, phases, ops, srcs, nphases, heap, epoch_ptr,
+                WORLD: tl.constexpr, BLOCK: tl.constexpr, OP: tl.constexpr, ACC_F32: tl.constexpr):
     """Run one rank's lowered plan (module docstring). ``data``: this rank's plan scratch,
     both parity halves (``half`` elements apart; symmetric; every element offset in the
     tables is relative to the half of this epoch). ``x``/``y``: the caller's input and
     output (local), ``nin``/``nout`` rows of ``io`` for each. ``nphases``: ``P`` (the phase
     table has ``P + 1`` rows, the last one the end waits)."""
+    rank = lang.my_rank(heap)
     epoch = load_epoch(epoch_ptr)
     data = parity_half(data, half, epoch)
     pid = tl.program_id(0)
@@ -120,7 +120,7 @@ def plan_kernel(data, half, x, y, io, nin, nout, pad, phases, ops, srcs, nphases
     tl.debug_barrier()
     for q in tl.static_range(WORLD):
         if q != rank:
-            lang.signal_set(pad, g0 * WORLD + rank, epoch, q, bases, rank)
+            lang.signal_set(pad, g0 * WORLD + rank, epoch, q, heap)
     ok = tl.cast(1, tl.int1)
     for p in range(0, nphases + 1):
         row = phases + p * 4
@@ -128,7 +128,7 @@ def plan_kernel(data, half, x, y, io, nin, nout, pad, phases, ops, srcs, nphases
         wslot = (g0 + p) * WORLD
         for q in tl.static_range(WORLD):
             if ok & (((wmask >> q) & 1) != 0):
-                ok = lang.wait_ge(pad, wslot + q, epoch, q, err, rank, timeout_ns, site=1)
+                ok = lang.wait_ge(pad, wslot + q, epoch, q, heap, site=1)
         if ok:
             o_begin = tl.load(row)
             o_end = tl.load(row + 1)
@@ -140,7 +140,7 @@ def plan_kernel(data, half, x, y, io, nin, nout, pad, phases, ops, srcs, nphases
                 s0 = tl.load(orow + 3)
                 s1 = tl.load(orow + 4)
                 dptr = data + doff
-                p0 = lang.peer_ptr(data, tl.load(srcs + s0 * 2), bases, rank) + \
+                p0 = lang.peer_ptr(data, tl.load(srcs + s0 * 2), heap) + \
                     tl.load(srcs + s0 * 2 + 1)
                 if s1 - s0 == 1:
                     # a copy: the bits move untouched
@@ -154,7 +154,7 @@ def plan_kernel(data, half, x, y, io, nin, nout, pad, phases, ops, srcs, nphases
                         m = offs < n
                         acc = load_acc(p0 + offs, m, ACC_F32)
                         for s in range(s0 + 1, s1):
-                            ps = lang.peer_ptr(data, tl.load(srcs + s * 2), bases, rank) + \
+                            ps = lang.peer_ptr(data, tl.load(srcs + s * 2), heap) + \
                                 tl.load(srcs + s * 2 + 1)
                             acc = combine(acc, load_acc(ps + offs, m, ACC_F32), OP)
                         if OP == 1:
@@ -166,12 +166,12 @@ def plan_kernel(data, half, x, y, io, nin, nout, pad, phases, ops, srcs, nphases
             nslot = (g0 + p + 1) * WORLD + rank
             for q in tl.static_range(WORLD):
                 if ((nmask >> q) & 1) != 0:
-                    lang.signal_set(pad, nslot, epoch, q, bases, rank)
+                    lang.signal_set(pad, nslot, epoch, q, heap)
     # contract rule 2: every rank has started this call before it completes here
     for q in tl.static_range(WORLD):
         if q != rank:
             if ok:
-                ok = lang.wait_ge(pad, g0 * WORLD + q, epoch, q, err, rank, timeout_ns, site=2)
+                ok = lang.wait_ge(pad, g0 * WORLD + q, epoch, q, heap, site=2)
     if ok:
         tl.debug_barrier()          # the program's (and its waited-for peers') writes first
         _copy_chunks(io, nin, nin + nout, y, 1, data, 0, pid, step, BLOCK)
@@ -341,13 +341,12 @@ def launch_plan(ctx, call) -> None:
     y = data if y is None else y.reshape(-1)
     g = ctx.programs(max(enc.longest, 1))
     pad = ctx.signals(g * (enc.nphases + 1))
-    bases, rank, err, tmo = ctx.kernel_args()
     op = op_code(call)
     if op == OP_AVG and w < 2:
         op = OP_SUM
     plan_kernel[(g,)](data, half, x, y, enc.io, enc.nin, enc.nout, pad, enc.phases, enc.ops,
-                      enc.srcs, enc.nphases, bases, rank, err, tmo, ctx.epoch_dev, WORLD=w,
-                      BLOCK=ctx.block, OP=op, ACC_F32=acc_f32(dtype))
+                      enc.srcs, enc.nphases, ctx.handle, ctx.epoch_dev, WORLD=w, BLOCK=ctx.block,
+                      OP=op, ACC_F32=acc_f32(dtype))
 
 
 register_plan(launch_plan, dtypes=ALL_DTYPES, move_dtypes=MOVE_DTYPES, ops=REDUCE_OPS)
@@ -360,8 +359,7 @@ def _compile_entries():
 
     sig = {"data": "*T", "half": "i32", "x": "*T", "y": "*T", "io": "*i64", "nin": "i32",
            "nout": "i32", "pad": "*i64", "phases": "*i64", "ops": "*i64", "srcs": "*i64",
-           "nphases": "i32", "bases": "*i64", "rank": "i32", "err": "*i64",
-           "timeout_ns": "i64", "epoch_ptr": "*i64"}
+           "nphases": "i32", "heap": "*i64", "epoch_ptr": "*i64"}
 
     def one(dt, world=8, op=OP_SUM):
         s = {k: v.replace("*T", "*i8") for k, v in sig.items()} if dt is torch.int8 else \
