@@ -98,10 +98,15 @@ class Communicator:
         programs). The one place that does so: when the mode changes (deterministic), when
         the engine of CPU tensors changes (:meth:`use_cpu_kernels`), at close. Local."""
         self._calls.forget()
-        for be in {id(b): b for b in [self._backend, *self._backends.values()]}.values():
+        for be in self._each_backend():
             forget = getattr(be, "forget_calls", None)
             if forget is not None:
                 forget()
+
+    def _each_backend(self) -> list[Backend]:
+        """The host backend and every device backend, each once (``"cpu"`` may map to the
+        host backend itself)."""
+        return list({id(b): b for b in [self._backend, *self._backends.values()]}.values())
 
     # ---- lifecycle ------------------------------------------------------------------------
     def close(self) -> None:
@@ -128,11 +133,9 @@ class Communicator:
         wait that gave up raises ``CommTimeout`` naming the call (collective/algorithm, rank,
         peer, epoch). Local: the other ranks do not take part."""
         self._check_open()
-        seen = set()
-        for be in list(self._backends.values()):
+        for be in self._each_backend():
             sync = getattr(be, "synchronize", None)
-            if id(be) not in seen and sync is not None:
-                seen.add(id(be))
+            if sync is not None:
                 try:
                     sync()
                 except BaseException as e:
@@ -148,11 +151,9 @@ class Communicator:
         point. A job should make a new communicator instead (the failed calls' results are
         undefined)."""
         self._check_open()
-        seen = set()
-        for be in list(self._backends.values()):
+        for be in self._each_backend():
             realign = getattr(be, "realign", None)
-            if id(be) not in seen and realign is not None:
-                seen.add(id(be))
+            if realign is not None:
                 realign()
         self.barrier()
 

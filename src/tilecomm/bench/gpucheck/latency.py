@@ -14,6 +14,19 @@ from . import kernels as K
 SIZE = 8192
 
 
+def _seconds_per_call(rk, fn, n_iter: int) -> float:
+    """This rank's seconds per call of ``fn`` (a callable, or a BenchCase the runner times)."""
+    if isinstance(fn, BenchCase):           # avg of equal values: no growth, no refill
+        bufs = rk.runner.make_buffers(rk.comm, fn, rk.dev)
+        return rk.runner.time_case(rk.comm, fn, bufs, rk.dev, 2, n_iter, 1)[0]
+    fn()
+    rk.comm.barrier()
+    t = time.perf_counter()
+    for _ in range(n_iter):
+        fn()
+    return (time.perf_counter() - t) / n_iter
+
+
 def run(rk, deadline: float) -> list[dict]:
     n_iter = rk.cfg["latency_iters"]
     x = torch.ones(SIZE // 4, device=rk.dev)
@@ -36,26 +49,6 @@ def run(rk, deadline: float) -> list[dict]:
         if not rk.in_time(deadline):
             rec["errors"][name] = "skipped: phase budget spent"
             continue
-        us, err = None, None
-        try:
-            if isinstance(fn, BenchCase):   # avg of equal values: no growth, no refill
-                bufs = rk.runner.make_buffers(rk.comm, fn, rk.dev)
-                us = rk.runner.time_case(rk.comm, fn, bufs, rk.dev, 2, n_iter, 1)[0] * 1e6
-                bufs = None
-            else:
-                fn()
-                rk.comm.barrier()
-                t = time.perf_counter()
-                for _ in range(n_iter):
-                    fn()
-                us = (time.perf_counter() - t) * 1e6 / n_iter
-        except Exception as e:  # noqa: BLE001
-            err = f"{type(e).__name__}: {str(e)[:200]}"
-        per = rk.gather([int(us * 1000) if us is not None else -1])
-        if all(p[0] >= 0 for p in per):
-            rec["us"][name] = max(p[0] for p in per) / 1000
-        else:
-            rec["errors"][name] = rk.failed_elsewhere(err)
-            rk.recover()
+        rk.timed_into(rec, name, lambda fn=fn: [_seconds_per_call(rk, fn, n_iter)], 1)
     rk.log(rec)
     return [rec]

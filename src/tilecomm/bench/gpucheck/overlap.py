@@ -170,17 +170,7 @@ def timings(rk, deadline: float) -> list[dict]:
                 if not rk.in_time(deadline):
                     row["errors"][label] = "skipped: phase budget spent"
                     continue
-                secs, err = None, None
-                try:
-                    secs = _time(rk, fn, iters, rounds)
-                except Exception as e:  # noqa: BLE001 - reported
-                    err = f"{type(e).__name__}: {str(e)[:300]}"
-                per = rk.gather_times(secs, rounds)
-                if per is None:
-                    row["errors"][label] = rk.failed_elsewhere(err)
-                    rk.recover()
-                    continue
-                row["us"][label] = rk.slowest_median(per) * 1e6
+                rk.timed_into(row, label, lambda fn=fn: _time(rk, fn, iters, rounds), rounds)
                 gc.collect()
             unfused = [v for lab, v in row["us"].items() if lab.startswith("unfused nccl")
                        or lab.startswith("unfused matmul + nccl")] or \

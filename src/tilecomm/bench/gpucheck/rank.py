@@ -93,6 +93,22 @@ class RankCheck:
         return statistics.median(max(rk[i] for rk in per_rank) for i in range(len(per_rank[0])))
 
     # ---- outcomes ---------------------------------------------------------------------------
+    def timed_into(self, row: dict, label: str, time_it, rounds: int) -> None:
+        """Run ``time_it() -> [seconds per call] * rounds`` on this rank and record, on every
+        rank, the slowest rank's median in ``row["us"][label]`` (microseconds); if a rank
+        failed, its error in ``row["errors"][label]`` and every rank recovers (collective)."""
+        secs, err = None, None
+        try:
+            secs = time_it()
+        except Exception as e:  # noqa: BLE001 - reported
+            err = f"{type(e).__name__}: {str(e)[:300]}"
+        per_rank = self.gather_times(secs, rounds)
+        if per_rank is None:
+            row["errors"][label] = self.failed_elsewhere(err)
+            self.recover()
+            return
+        row["us"][label] = self.slowest_median(per_rank) * 1e6
+
     def judged(self, rec: dict, fn) -> dict:
         """Run ``fn() -> wrong elements`` on every rank; every rank learns every rank's
         outcome, and a failure names the rank that saw it and what it saw."""

@@ -92,17 +92,7 @@ def measure(rk, label: str, fn, row: dict, **kw) -> None:
     if isinstance(fn, str):
         row["errors"][label] = fn
         return
-    secs, err = None, None
-    try:
-        secs = timed(rk, fn, **kw)
-    except Exception as e:  # noqa: BLE001 - reported
-        err = f"{type(e).__name__}: {str(e)[:300]}"
-    per_rank = rk.gather_times(secs, rk.cfg["rounds"])
-    if per_rank is None:
-        row["errors"][label] = rk.failed_elsewhere(err)
-        rk.recover()
-        return
-    row["us"][label] = rk.slowest_median(per_rank) * 1e6
+    rk.timed_into(row, label, lambda: timed(rk, fn, **kw), rk.cfg["rounds"])
 
 
 def agreed(rk, fn):
