@@ -75,6 +75,22 @@ def test_cli_search_and_plot(tmp_path, capsys):
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_reports_name_gpus_and_nodes(capsys):
+    """A system preset is one node: 1024 GPUs of dgx-h100 are 128 nodes, not "1024 x
+    dgx-h100" (issue 34), in the breakdown, the search table and the inference line."""
+    for argv, head in (
+            (["llama3-70b", "--gpus", "1024", "--tp", "8", "--pp", "4"],
+             "llama3-70b on 1024 GPUs in 128 x dgx-h100 nodes (H100"),
+            (["llama3-8b", "--nodes", "2", "--search", "--top", "2", "--global-batch", "64"],
+             "llama3-8b on 16 GPUs in 2 x dgx-h100 nodes (H100"),
+            (["llama3-70b", "--gpus", "8", "--tp", "8", "--mode", "decode"],
+             "llama3-70b decode on 8 GPUs in 1 dgx-h100 node: TP8")):
+        assert main(["model", *argv]) == 0
+        out = " ".join(capsys.readouterr().out.split())
+        assert head in out, out[:300]
+        assert not re.search(r"on \d+ x dgx", out)
+
+
 @pytest.mark.parametrize("argv, msg", [
     (["model", "llama9"], "unknown model 'llama9'; presets: deepseek-v3"),
     (["model", "llama3-70b", "--gpus", "32", "--tp", "16"], "exceeds the 8 GPUs"),

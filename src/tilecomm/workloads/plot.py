@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .report import cluster_text
+
 COLORS = {"compute": "#4c72b0", "hbm": "#4c72b0", "tp": "#dd8452", "cp": "#937860",
           "ep": "#8172b3", "pp": "#da8bc3", "dp": "#55a868", "bubble": "#c0c0c0",
           # serve mode: prefill latency and the KV-cache move, then decode_<part> (the decode
@@ -47,7 +49,7 @@ def plot_step(results: list, path: str, title: str = "") -> None:
         ax.bar(labels, vals, bottom=bottom, color=_color(k, spare), label=k)
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_ylabel("step time (s)" if train else "latency (s)")
-    ax.set_title(title or f"{results[0].model} on {results[0].gpus} x {results[0].system}")
+    ax.set_title(title or f"{results[0].model} on {cluster_text(results[0])}")
     ax.tick_params(axis="x", rotation=30, labelsize=8)
     ax.legend(fontsize=8)
     if train:

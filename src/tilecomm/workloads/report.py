@@ -20,6 +20,16 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.0f} B"
 
 
+def cluster_text(r) -> str:
+    """Where a result runs, in words: ``1024 GPUs in 128 x dgx-h100 nodes`` (``r.system`` names
+    one node, so "1024 x dgx-h100" would read as 1024 nodes)."""
+    from .comm import spec_of
+    gpn = spec_of(r.system).gpus_per_node
+    nodes = -(-r.gpus // gpn)
+    where = f"{nodes} x {r.system} nodes" if nodes > 1 else f"1 {r.system} node"
+    return f"{r.gpus} GPU{'s' if r.gpus != 1 else ''} in {where}"
+
+
 def print_report(results: list, search: bool = False, total: int = 0) -> None:
     from rich.table import Table
 
@@ -28,9 +38,9 @@ def print_report(results: list, search: bool = False, total: int = 0) -> None:
     r0 = results[0]
     train = isinstance(r0, StepResult)
     if search:
-        head = (f"{r0.model} on {r0.gpus} x {r0.system} ({r0.gpu}, efficiency "
+        head = (f"{r0.model} on {cluster_text(r0)} ({r0.gpu}, efficiency "
                 f"{r0.efficiency:.2f}), global batch {r0.global_batch} x {r0.seq} tokens"
-                if train else f"{r0.model} {r0.mode} on {r0.gpus} x {r0.system}, batch "
+                if train else f"{r0.model} {r0.mode} on {cluster_text(r0)}, batch "
                 f"{r0.batch}, prompt {r0.prompt}")
         t = Table(title=f"{head}: {len(results)} fastest of {total} layouts that fit",
                   header_style="bold")
@@ -60,7 +70,7 @@ def print_report(results: list, search: bool = False, total: int = 0) -> None:
         return
     r = r0
     if train:
-        c.print(f"[bold]{r.model}[/] on {r.gpus} x {r.system} ({r.gpu}, compute at "
+        c.print(f"[bold]{r.model}[/] on {cluster_text(r)} ({r.gpu}, compute at "
                 f"{r.efficiency:.0%} of {r.dtype} peak): {r.layout.short()}, SP "
                 f"{'on' if r.layout.sp else 'off'}, ZeRO-{r.layout.zero}, recompute "
                 f"{r.layout.recompute}, global batch {r.global_batch} x {r.seq} tokens, "
@@ -83,7 +93,7 @@ def print_report(results: list, search: bool = False, total: int = 0) -> None:
         c.print(t)
     else:
         unit = "time to first token" if r.mode == "prefill" else "per output token"
-        c.print(f"[bold]{r.model}[/] {r.mode} on {r.gpus} x {r.system}: {r.layout.short()}, "
+        c.print(f"[bold]{r.model}[/] {r.mode} on {cluster_text(r)}: {r.layout.short()}, "
                 f"batch {r.batch}, prompt {r.prompt}, context {r.context}, {r.dtype}")
         c.print(f"latency {r.latency_s * 1e3:.2f} ms ({unit}), {r.tokens_per_s:,.0f} tokens/s "
                 f"({r.tokens_per_s_per_gpu:,.0f} per GPU); KV cache "
