@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .report import cluster_text
+from .training import PARALLELISMS
 
 COLORS = {"compute": "#4c72b0", "hbm": "#4c72b0", "tp": "#dd8452", "cp": "#937860",
           "ep": "#8172b3", "pp": "#da8bc3", "dp": "#55a868", "bubble": "#c0c0c0",
@@ -32,7 +33,7 @@ def _plt():
 
 def plot_step(results: list, path: str, title: str = "") -> None:
     """Stacked bar per result (compute, exposed comm per parallelism, bubble) and, for the
-    first training result, the timeline of pipeline stage 0 and the last stage for one step."""
+    first training result, the timeline of every pipeline stage for one step."""
     plt = _plt()
     train = hasattr(results[0], "step_s")
     fig, axes = plt.subplots(1, 2 if train else 1, figsize=(13 if train else 7, 4.5),
@@ -60,26 +61,43 @@ def plot_step(results: list, path: str, title: str = "") -> None:
 
 
 def _timeline(ax, r) -> None:
-    """One step on the first and last pipeline stage: warm-up idle (bubble), then per
-    micro-batch forward+backward compute and its exposed communication, then the DP tail."""
+    """One step on every pipeline stage (1F1B): stage s idles s/(pp-1) of the bubble while the
+    pipeline fills and the rest while it drains, runs each micro-batch's forward+backward
+    compute and exposed communication in between, then the DP tail. A legend names the
+    colours (only the parts that take time)."""
+    from matplotlib.patches import Patch
+
     L, m = r.layout, r.micro_batches
     b = r.breakdown_s
-    per_mb = {k: b[k] / m for k in ("compute", "tp", "cp", "ep", "pp")}
-    rows = [("stage 0", 0.0), (f"stage {L.pp - 1}", b["bubble"])] if L.pp > 1 else \
-        [("rank 0", 0.0)]
-    for y, (name, start) in enumerate(rows):
-        t = start
-        if start > 0:
-            ax.broken_barh([(0, start)], (y - 0.35, 0.7), color=COLORS["bubble"])
+    per_mb = {k: b[k] / m for k in ("compute", "tp", "cp", "ep", "pp") if b[k] > 0}
+    stages = L.pp
+    names = [f"stage {s}" for s in range(stages)] if stages > 1 else ["rank 0"]
+    drawn: set = set()
+    for y in range(stages):
+        fill = b["bubble"] * y / (stages - 1) if stages > 1 else 0.0
+        spans: dict = {k: [] for k in ("bubble", *per_mb, "dp")}
+        t = 0.0
+        if fill > 0:
+            spans["bubble"].append((0.0, fill))
+            t = fill
         for _ in range(m):
             for k, v in per_mb.items():
-                if v > 0:
-                    ax.broken_barh([(t, v)], (y - 0.35, 0.7), color=COLORS[k])
-                    t += v
-        if y == 0 and L.pp > 1:   # stage 0 waits for the drain at the end
-            ax.broken_barh([(t, b["bubble"])], (y - 0.35, 0.7), color=COLORS["bubble"])
-            t += b["bubble"]
-        ax.broken_barh([(t, b["dp"])], (y - 0.35, 0.7), color=COLORS["dp"])
-    ax.set_yticks(range(len(rows)), [n for n, _ in rows])
+                spans[k].append((t, v))
+                t += v
+        drain = b["bubble"] - fill
+        if drain > 0:
+            spans["bubble"].append((t, drain))
+            t += drain
+        if b["dp"] > 0:
+            spans["dp"].append((t, b["dp"]))
+        for k, xs in spans.items():     # one artist per part and stage, not per micro-batch
+            if xs:
+                ax.broken_barh(xs, (y - 0.35, 0.7), color=COLORS[k], label=k)
+                drawn.add(k)
+    ax.set_yticks(range(stages), names, fontsize=8 if stages <= 16 else 5)
+    ax.invert_yaxis()                   # stage 0 on top, as pipeline diagrams draw it
     ax.set_xlabel("time in step (s)")
     ax.set_title(f"timeline, {L.short()}, {m} micro-batches")
+    ax.legend(handles=[Patch(color=COLORS[k], label=k)
+                       for k in ("compute", *PARALLELISMS, "bubble") if k in drawn], fontsize=8,
+              loc="upper left", bbox_to_anchor=(1.0, 1.0))
