@@ -204,3 +204,29 @@ def test_megatron_tflops_convention_is_eq3():
     eq3 = 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h))
     got = r.hw_tflops_per_gpu * 1e12 * r.step_s * 32
     assert got == pytest.approx(eq3, rel=2e-3)      # the rest: biases and norms (13h/12h^2)
+
+
+def test_the_most_loaded_stage_has_whole_moe_layers():
+    """DeepSeek-V3 at PP4 printed 912.787 MoE dispatches per step (issue 34): the timed stage's
+    16 layers were each 58/61 MoE. The stage holds whole layers, all MoE (the 3 dense layers fit
+    on another stage), so every count is a whole number and the weights follow the same
+    layers; at PP1 nothing changes (61 layers, 58 MoE)."""
+    from tilecomm.workloads.inference import infer
+    from tilecomm.workloads.models import PRESETS
+    from tilecomm.workloads.training import stage_layers, stage_params
+
+    ds = PRESETS["deepseek-v3"]
+    assert stage_layers(ds, 4) == (16, 16) and stage_layers(ds, 1) == (61, 58)
+    assert stage_layers(TINY, 3) == (3, 0)
+    L = Layout(pp=4, dp=64, ep=8)
+    r = train_step("deepseek-v3", "dgx-h100", 256, L, global_batch=1920)
+    assert r.micro_batches == 30
+    assert all(isinstance(c.count, int) for c in r.collectives), r.collectives
+    assert colls(r, "ep")["moe_dispatch"].count == 2 * 16 * 30     # 2 passes x 16 layers x m
+    _, expert = stage_params(ds, L)
+    assert expert == 16 * ds.expert_params_per_layer() / 8
+    _, expert1 = stage_params(ds, Layout(dp=8, ep=8))
+    assert expert1 == 58 * ds.expert_params_per_layer() / 8
+    d = infer("deepseek-v3", "dgx-h100", Layout(pp=4, dp=2, ep=2), 16, 128, 16, "decode")
+    assert all(isinstance(c.count, int) for c in d.collectives), d.collectives
+    assert {c.collective: c.count for c in d.collectives}["moe_dispatch"] == 16

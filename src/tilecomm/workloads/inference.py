@@ -37,7 +37,8 @@ from .comm import Placement, collective_us, p2p_us
 from ..topology.gpus import HBM_EFF, gpu_of
 from .layout import Layout, groups, validate
 from .models import ModelSpec, load_model
-from .training import ACT_BYTES, RESERVE, Coll, add_moe, stage_embedding
+from .training import (ACT_BYTES, RESERVE, Coll, add_moe, stage_layers,
+                       stage_matmul_flops_per_token, stage_params)
 
 WEIGHT_BYTES = {"bf16": 2, "fp16": 2, "fp8": 1}
 
@@ -76,19 +77,16 @@ class InferResult:
 
 def _weights_local(model: ModelSpec, L: Layout, tokens: float) -> tuple[float, float]:
     """(held, read per step) weights on one rank of the most loaded stage, in parameters."""
-    ls = math.ceil(model.layers / L.pp)
-    moe_frac = model.moe_layers / model.layers
-    dense = (ls * ((1 - moe_frac) * model.dense_layer_params() + moe_frac * (
-        model.moe_layer_params() - model.expert_params_per_layer())) +
-        stage_embedding(model, L.pp)) / L.tp
+    dense, _ = stage_params(model, L)
     if not model.is_moe:
         return dense, dense
+    _, moe_ls = stage_layers(model, L.pp)
     e_local = model.experts / L.ep
-    held_e = ls * moe_frac * e_local * model.mlp_params(model.expert_ffn) / L.tp
+    held_e = moe_ls * e_local * model.mlp_params(model.expert_ffn) / L.tp
     # Tokens routed to this rank's experts: every EP rank sees the whole EP group's tokens.
     routed = tokens * L.ep
     touched = e_local * (1 - (1 - model.top_k / model.experts) ** routed)
-    read_e = ls * moe_frac * touched * model.mlp_params(model.expert_ffn) / L.tp
+    read_e = moe_ls * touched * model.mlp_params(model.expert_ffn) / L.tp
     return dense + held_e, dense + read_e
 
 
@@ -178,14 +176,12 @@ def infer(model: str | ModelSpec, system: str, layout: Layout, batch: int,
     b = batch / (L.dp * L.pp)                        # sequences per micro-batch per DP rank
     tokens = b * (prompt if mode == "prefill" else 1)
     context = prompt if mode == "prefill" else prompt + gen // 2
-    ls = math.ceil(model.layers / L.pp)
-    moe_ls = ls * model.moe_layers / model.layers
+    ls, moe_ls = stage_layers(model, L.pp)
     h, e = model.hidden, ACT_BYTES
     wb = WEIGHT_BYTES[dtype]
     # compute
     head = 2.0 * model.vocab * h
-    mm_layer = (model.matmul_flops_per_token() - head) / model.layers
-    mm = tokens * (ls * mm_layer + head / L.pp) / L.tp
+    mm = tokens * (stage_matmul_flops_per_token(model, L.pp) + head / L.pp) / L.tp
     attn_tok = model.attn_flops_per_token(context, causal=(mode == "prefill"))
     attn = tokens * attn_tok * ls / model.layers / L.tp
     t_comp = mm / (gpu.peak(dtype) * gpu.efficiency) + attn / (gpu.peak("bf16") * gpu.efficiency)

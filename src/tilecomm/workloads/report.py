@@ -108,7 +108,7 @@ def print_report(results: list, search: bool = False, total: int = 0) -> None:
               "total ms", title="collectives per rank", header_style="bold")
     for x in r.collectives:
         t.add_row(x.parallelism, x.collective, _fmt_bytes(x.nbytes), str(x.group), x.where,
-                  f"{x.count:g}", f"{x.time_us:,.1f}", f"{x.total_us / 1e3:,.2f}")
+                  f"{x.count:,}", f"{x.time_us:,.1f}", f"{x.total_us / 1e3:,.2f}")
     c.print(t)
     m = r.memory
     parts = ", ".join(f"{k} {v / GB:.1f}" for k, v in m.items()

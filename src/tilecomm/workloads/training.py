@@ -75,7 +75,7 @@ class Coll:
     nbytes: float
     group: int
     where: str
-    count: float
+    count: int              # whole calls: the most loaded stage has whole layers
     time_us: float          # one call
 
     @property
@@ -119,7 +119,7 @@ class StepResult:
 
 
 def add_moe(colls: list, tokens: float, h: int, e: float, model: ModelSpec, system: str,
-            pl: Placement, count: float, repeat: float = 1) -> float:
+            pl: Placement, count: int, repeat: int = 1) -> float:
     """Record ``count`` MoE dispatches and as many combines over the EP group ``pl`` (``Coll``
     counts are ``count * repeat``: per step with ``repeat`` micro-batches); seconds they take
     (``count`` of each). ``nbytes``: what one rank sends in one dispatch (de-duplicated rows)."""
@@ -140,20 +140,41 @@ def stage_embedding(model: ModelSpec, pp: int) -> float:
     return model.vocab * model.hidden + model.learned_positions * model.hidden
 
 
+def stage_layers(model: ModelSpec, pp: int) -> tuple[int, int]:
+    """(layers, MoE layers) of the most loaded pipeline stage: ``ceil(layers / pp)`` layers, as
+    many of them MoE as the model has. An MoE layer costs more than a dense one (routed experts,
+    the EP all_to_all), and the leading dense layers (``dense_layers``) fit on another stage, so
+    the stage that holds the most layers from the back is the slowest. Whole layers, so the
+    collectives a rank issues per step are whole counts (the model's average mix of dense and
+    MoE layers gave e.g. 16 x 58/61 = 15.2 MoE layers)."""
+    ls = math.ceil(model.layers / pp)
+    return ls, min(ls, model.moe_layers)
+
+
+def stage_matmul_flops_per_token(model: ModelSpec, pp: int) -> float:
+    """Forward weight-matmul FLOPs per token of the most loaded stage's layers (the output
+    head not included): its layers at the model's average, plus what its MoE layers beyond
+    the average mix add (2 x the active weights an MoE layer has over a dense one)."""
+    ls, moe_ls = stage_layers(model, pp)
+    avg = (model.matmul_flops_per_token() - 2.0 * model.vocab * model.hidden) / model.layers
+    extra = moe_ls - ls * model.moe_layers / model.layers
+    return ls * avg + extra * 2.0 * (model.moe_layer_params(active=True) -
+                                     model.dense_layer_params())
+
+
 def stage_params(model: ModelSpec, L: Layout) -> tuple[float, float]:
     """(dense, expert) weights held by one rank of the most loaded stage."""
-    ls = math.ceil(model.layers / L.pp)
-    moe_frac = model.moe_layers / model.layers
-    per_layer_dense = ((1 - moe_frac) * model.dense_layer_params() +
-                       moe_frac * (model.moe_layer_params() - model.expert_params_per_layer()))
-    dense = (ls * per_layer_dense + stage_embedding(model, L.pp)) / L.tp
-    expert = ls * moe_frac * model.expert_params_per_layer() / (L.ep * L.tp)
+    ls, moe_ls = stage_layers(model, L.pp)
+    dense_part = ((ls - moe_ls) * model.dense_layer_params() +
+                  moe_ls * (model.moe_layer_params() - model.expert_params_per_layer()))
+    dense = (dense_part + stage_embedding(model, L.pp)) / L.tp
+    expert = moe_ls * model.expert_params_per_layer() / (L.ep * L.tp)
     return dense, expert
 
 
 def activation_bytes_per_token_layer(model: ModelSpec, L: Layout) -> float:
-    """Stored activation bytes per token per layer on one rank, averaged over dense and MoE
-    layers (Korthikanti et al. 2022, "Reducing Activation Recomputation", sec. 4.1, with flash
+    """Stored activation bytes per token per layer on one rank, averaged over the dense and MoE
+    layers of the most loaded stage (:func:`stage_layers`; Korthikanti et al. 2022, "Reducing Activation Recomputation", sec. 4.1, with flash
     attention: no s x s score, softmax or dropout-mask tensors, i.e. their 5as/h term is 0).
 
     Replicated on every TP rank unless SP splits them (their 10sbh for GPT): the two norm
@@ -181,7 +202,8 @@ def activation_bytes_per_token_layer(model: ModelSpec, L: Layout) -> float:
     out = model.heads * model.vd / t
     attn = (q + k + v + out) * e
     mats = 3 if model.gated_ffn else 2
-    moe_frac = model.moe_layers / model.layers
+    ls, moe_ls = stage_layers(model, L.pp)
+    moe_frac = moe_ls / ls
     moe_mlp = ((model.top_k + model.shared_experts) * mats * model.expert_ffn +
                model.top_k * h) / t * e
     mlp = (1 - moe_frac) * mats * model.ffn / t * e + moe_frac * moe_mlp
@@ -238,15 +260,13 @@ def train_step(model: str | ModelSpec, system: str, gpus: int, layout: Layout,
     grp = groups(L, spec.gpus_per_node)
     h, e = model.hidden, ACT_BYTES
     T = micro_batch * seq / L.cp                 # tokens per rank per micro-batch
-    ls = math.ceil(model.layers / L.pp)          # layers on the most loaded stage
-    moe_ls = ls * model.moe_layers / model.layers
+    ls, moe_ls = stage_layers(model, L.pp)       # layers on the most loaded stage
 
     # -- compute (per micro-batch, one rank of the most loaded stage) -----------------------
     eff = gpu.efficiency
     peak_mm, peak_attn = gpu.peak(dtype) * eff, gpu.peak("bf16") * eff
     head = 2.0 * model.vocab * h
-    mm_layer = (model.matmul_flops_per_token() - head) / model.layers
-    mm_flops = T * (ls * mm_layer + head / L.pp) / L.tp
+    mm_flops = T * (stage_matmul_flops_per_token(model, L.pp) + head / L.pp) / L.tp
     attn_flops = T * model.attn_flops_per_token(seq, causal=True) * ls / model.layers / L.tp
     t_mm_f, t_attn_f = mm_flops / peak_mm, attn_flops / peak_attn
     # Routed experts: a pass cannot beat reading the rank's expert weights from HBM
