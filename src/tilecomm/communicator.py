@@ -24,7 +24,7 @@ from .backends.base import DEVICE_BACKENDS, Backend, CollectiveCall, PreparedCal
 from .buffers import Bytes, as_tensor, buffer_for, host_tensor
 from .calls import CallMemo, memo_key
 from .debug import attach as _attach_debug
-from .errors import CommError
+from .errors import CommError, NoDeviceError
 from .heap.allocator import HeapAllocator
 from .hier.layout import Topology
 from .host import HostPort
@@ -210,7 +210,7 @@ class Communicator:
         """
         if device is not None and torch.device(device).type != "cpu":
             with self._validating("alloc"):
-                be = self._backend_for_device(torch.device(device).type)
+                be = self._backend_for_device(torch.device(device).type, "alloc")
             return be.alloc(shape, dtype)
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         with self._validating("alloc"):
@@ -321,7 +321,7 @@ class Communicator:
                 self._check_rank(root, name, "root")
             rop = None if op is None else ReduceOp.parse(op, name)
             d = self._dtype(tensor, name, rop)
-            be = self._backend_for(tensor)
+            be = self._backend_for(tensor, name)
             resolved = self._algo(name, algo, tensor.numel() * d.itemsize, be, d, rop, root)
             buf = buffer_for(be, tensor, name, heap=self._heap_bytes)
         p = be.prepare(CollectiveCall(name, resolved, d, tensor.numel(), {"buf": buf.flat},
@@ -342,7 +342,7 @@ class Communicator:
         with self._validating(name, tensor):
             rop = None if op is None else ReduceOp.parse(op, name)
             d = self._dtype(tensor, name, rop)
-            be = self._backend_for(tensor)
+            be = self._backend_for(tensor, name)
             if not gathered:
                 self._check_rows(tensor, name)
             out = self._out(out, out_shape(tensor), tensor, name)
@@ -384,7 +384,7 @@ class Communicator:
         holder: list[torch.Tensor] = []
         with self._validating("all_to_all_v", tensor):
             d = self._dtype(tensor, "all_to_all_v")
-            be = self._backend_for(tensor)
+            be = self._backend_for(tensor, "all_to_all_v")
             if tensor.dim() == 0:
                 raise ValueError("all_to_all_v: tensor needs at least one dimension")
             send = self._counts(send_counts, "send_counts")
@@ -545,16 +545,28 @@ class Communicator:
     # interpreter under TILECOMM_CPU_KERNELS=triton; "cuda" -> the Triton kernels). A backend
     # is created on the first call that needs it; creating it is collective, which holds
     # because every rank makes the same calls in the same order.
-    def _backend_for(self, t: torch.Tensor) -> Backend:
-        return self._backend_for_device(t.device.type)
+    def _backend_for(self, t: torch.Tensor, what: str) -> Backend:
+        return self._backend_for_device(t.device.type, what)
 
-    def _backend_for_device(self, kind: str) -> Backend:
+    def _backend_for_device(self, kind: str, what: str) -> Backend:
+        """The backend for ``kind`` tensors, created on first use; ``what`` names the call
+        in the errors."""
         be = self._backends.get(kind)
         if be is None:
             factory = DEVICE_BACKENDS.get(kind)
             if factory is None:
-                raise TypeError(f"no backend for {kind} tensors; supported devices: "
+                raise TypeError(f"{what}: no backend for {kind} tensors; supported devices: "
                                 f"{', '.join(DEVICE_BACKENDS)}")
+            if kind == "cuda":
+                # Said here, with the call's name: deeper down the CUDA heap's error speaks of
+                # the device heap, which the caller of a collective never asked for.
+                from .heap.cuda import cuda_unavailable_reason
+                why = cuda_unavailable_reason()
+                if why is not None:
+                    raise NoDeviceError(
+                        f"{what}: needs a CUDA GPU (device 'cuda'), but no CUDA GPU is "
+                        f"available on this machine ({why}); use device='cpu' tensors, which "
+                        f"the host executor runs")
             be = self._backends[kind] = factory(self)
         return be
 

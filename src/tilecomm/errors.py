@@ -14,6 +14,12 @@ class CommMismatch(CommError):
     """
 
 
+class NoDeviceError(CommError):
+    """A call needs a CUDA GPU and this machine has none usable (a CPU-only torch build, or
+    no driver or visible GPU). Raised before any communication, with the call's name and the
+    reason; a :class:`CommError` so that code catching those still catches it."""
+
+
 class CommTimeout(CommError):
     """A rank waited longer than the timeout for peers that did not arrive.
 

@@ -139,5 +139,5 @@ def test_importable_and_clear_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("this test is for machines without CUDA")
     assert cuda_heap.cuda_unavailable_reason()
-    with pytest.raises(tilecomm.CommError, match="CudaHeap"):
+    with pytest.raises(tilecomm.NoDeviceError, match="CudaHeap: no CUDA GPU is available"):
         cuda_heap.CudaHeap(0, 1, 4096, lambda o: [o])

@@ -316,3 +316,27 @@ def test_a_rank_arriving_after_a_timeout_raises_too():
     early, late = tilecomm.launch(_late_rank, 2, timeout=0.5)
     assert early[0] == "CommTimeout"
     assert late is not None and late[0] == "CommError" and "gave up" in late[1], late
+
+
+def _cuda_without_gpu(comm):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():                  # a tensor on "cuda" that a CPU-only torch can hold
+        t = torch.ones(4, device="cuda")
+    return [_catch(lambda: comm.alloc(4, device="cuda")), _catch(lambda: comm.all_reduce(t)),
+            _catch(lambda: comm.all_gather(t)), comm.all_reduce(torch.ones(2)).tolist()]
+
+
+def test_cuda_on_a_machine_without_a_gpu_says_so(ranks):
+    """A CUDA tensor (or alloc(device="cuda")) without a GPU raised the CUDA heap's CommError
+    about device heaps (issue 34): the error names the call and says no CUDA GPU is
+    available, and the communicator still works."""
+    if torch.cuda.is_available():
+        pytest.skip("this test is for machines without CUDA")
+    for *errs, after in ranks(2).run(_cuda_without_gpu):
+        for call, (kind, text) in zip(("alloc", "all_reduce", "all_gather"), errs):
+            assert kind == "NoDeviceError", (kind, text)
+            assert text.startswith(f"{call}: needs a CUDA GPU"), text
+            assert "no CUDA GPU is available on this machine" in text
+        assert after == [2.0, 2.0]
+    assert issubclass(tilecomm.NoDeviceError, tilecomm.CommError)

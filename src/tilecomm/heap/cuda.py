@@ -42,7 +42,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..errors import CommError
+from ..errors import CommError, NoDeviceError
 
 #: cudaIpcMemLazyEnablePeerAccess
 IPC_LAZY_ENABLE_PEER_ACCESS = 1
@@ -188,9 +188,10 @@ class CudaHeap:
                  exchange: Callable[[Any], list], device: torch.device | str | int | None = None):
         why = cuda_unavailable_reason()
         if why is not None:
-            raise CommError(f"CudaHeap: {why}; run device kernels on the CPU heap under "
-                            f"TRITON_INTERPRET=1 instead (tilecomm.device.DeviceHeap.create("
-                            f"comm, device='cpu'))")
+            raise NoDeviceError(f"CudaHeap: no CUDA GPU is available on this machine ({why}); "
+                                f"run device kernels on the CPU heap under TRITON_INTERPRET=1 "
+                                f"instead (tilecomm.device.DeviceHeap.create(comm, "
+                                f"device='cpu'))")
         if device is None:
             device = torch.device("cuda", rank % torch.cuda.device_count())
         self.device = torch.device(device)
