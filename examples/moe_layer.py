@@ -16,8 +16,10 @@ Rank ``r`` owns experts ``[r*E/W, (r+1)*E/W)``: ``w1 [E/W, H, F]``, ``w2 [E/W, F
 backward goes through the same two calls (:mod:`tilecomm.moe.autograd`); the router's
 gradient is summed over the ranks (as data parallelism would) and the experts' gradients stay
 where the experts live. The reference computes every token with every expert in one process
-from the same weights; the two agree to float32 rounding (the GEMMs see other batch shapes),
-which the script reports and ``tests/moe/test_moe_autograd.py`` checks.
+from the same weights; the two agree to float32 rounding (the GEMMs see other batch shapes).
+The script ends with ``PASS`` when every relative error is within ``--tol`` (1e-5: float32
+rounding is ~1e-7, a misrouted row is ~1) and ``FAIL`` with exit status 1 otherwise;
+``tests/moe/test_moe_autograd.py`` runs it.
 """
 
 from __future__ import annotations
@@ -138,8 +140,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--experts", type=int, default=8)
     ap.add_argument("--topk", type=int, default=2)
     ap.add_argument("--layout", choices=("grouped", "normal"), default="grouped")
+    ap.add_argument("--tol", type=float, default=1e-5,
+                    help="largest relative error that passes (float32 rounding: ~1e-7)")
     ap.add_argument("--json", help="write the errors here")
     a = ap.parse_args(argv)
+    if not a.tol > 0:
+        ap.error(f"--tol must be > 0, got {a.tol}")
     tokens = [max(0, a.tokens - 5 * r) for r in range(a.ranks)]     # uneven, maybe zero
     results = tilecomm.launch(run_rank, a.ranks, tokens, a.hidden, a.ffn, a.experts, a.topk,
                               a.layout)
@@ -149,6 +155,14 @@ def main(argv=None) -> dict:
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(err, fh, indent=1)
+    bad = [name for name, v in err.items() if not v <= a.tol]     # NaN fails too
+    if bad:
+        print("FAIL: " + ", ".join(f"{name} {err[name]:.2e}" for name in bad) +
+              f" above the tolerance {a.tol:g} (relative error vs one process)")
+        raise SystemExit(1)
+    worst = max(err, key=err.get)
+    print(f"PASS: forward and backward match one process (largest relative error "
+          f"{err[worst]:.2e}, {worst}; tolerance {a.tol:g})")
     return err
 
 

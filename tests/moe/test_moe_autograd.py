@@ -71,4 +71,20 @@ def test_moe_layer_example_matches_one_process(argv, capsys):
     assert set(err) == {"out", "grad x", "grad router", "grad w1", "grad w2"}
     for name, v in err.items():
         assert v < 1e-5, f"{name}: {v}"
-    assert "grad router" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "grad router" in out
+    assert out.splitlines()[-1].startswith("PASS: forward and backward match one process")
+
+
+@pytest.mark.parametrize("bad", [1e-3, float("nan")])
+def test_moe_layer_example_fails_loudly(bad, capsys, monkeypatch):
+    """It printed the errors and no verdict (issue 34): an error above --tol (or NaN) ends
+    with a FAIL line naming it and exit status 1."""
+    mod = _example()
+    errs = {"out": 1e-7, "grad x": bad, "grad router": 0.0, "grad w1": 0.0, "grad w2": 0.0}
+    monkeypatch.setattr(mod, "compare", lambda *a, **k: dict(errs))
+    with pytest.raises(SystemExit) as info:
+        mod.main(["-n", "2", "--tokens", "4"])
+    assert info.value.code == 1
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("FAIL: grad x ") and "above the tolerance 1e-05" in last, last
