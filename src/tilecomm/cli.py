@@ -204,8 +204,34 @@ def _console():
 
 
 def add_doctor_parser(sub) -> None:
-    p = sub.add_parser("doctor", help="settings, versions, and a 2-rank self-test")
+    p = sub.add_parser("doctor", help="settings, versions, and a 2-rank self-test",
+                       formatter_class=HelpFormatter,
+                       description="Versions, settings and a 2-rank all_reduce self-test; "
+                                   "with --device, the GPU check's preflight too. Exit "
+                                   "status: 0 all well; 1 the self-test failed, or --device "
+                                   "found that the GPU path cannot run here (no CUDA device "
+                                   "included); 2 bad arguments.")
+    p.add_argument("--device", action="store_true",
+                   help="run the GPU check's preflight (tilecomm.bench.gpucheck.preflight: the "
+                        "CUDA device, the driver against Triton's ptxas, compute and MIG "
+                        "modes, peer access, tools) and print what it finds")
     p.set_defaults(func=run_doctor)
+
+
+def _doctor_device(c) -> bool:
+    """The GPU check's preflight, printed; True if it found nothing that stops the GPU path.
+    The preflight is the one ``scripts/gpu_check.py`` runs (its probe is a subprocess, so
+    this process never initializes CUDA)."""
+    from .bench.gpucheck import preflight as gpu_preflight
+
+    pf = gpu_preflight.preflight(False)
+    if not (pf.get("probe") or {}).get("cuda_available"):
+        c.print("device: no CUDA device on this machine: the GPU kernels cannot run here "
+                "(the CPU collectives and the Triton interpreter still do)")
+    c.print(f"device preflight: {pf['summary']}: {pf['verdict']}")
+    for w in pf["warnings"]:
+        c.print(f"  warning: {w}")
+    return not pf["problems"]
 
 
 def _doctor_check(comm):
@@ -271,6 +297,8 @@ def run_doctor(args) -> int:
                "ptrace_scope 2-3)")
         c.print(f"single-copy reads (process_vm_readv): {why}; every tensor is staged "
                 f"through shared memory (broadcast and all_gather 1.1-2.3x slower from 16 KiB on 2 ranks)")
+    if args.device:
+        ok = _doctor_device(c) and ok
     return 0 if ok else 1
 
 

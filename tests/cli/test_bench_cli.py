@@ -87,6 +87,48 @@ def test_doctor_runs(capsys):
     assert "native runner: " in out and "TILECOMM_NATIVE" in out
 
 
+def test_doctor_device_without_cuda_says_so_and_exits_1(capsys):
+    """``doctor --device`` runs the GPU check's own preflight (issue 34): on a machine
+    without CUDA it says so in plain words and exits 1 (documented in --help)."""
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this test is for machines without CUDA")
+    assert main(["doctor", "--device"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "self-test: ok" in out
+    assert "device: no CUDA device on this machine" in out
+    assert "device preflight: 0 GPU(s), " in out and "CANNOT RUN: torch sees no CUDA device" in out
+    with pytest.raises(SystemExit):
+        main(["doctor", "--help"])
+    assert "--device found that the GPU path cannot run here" in \
+        " ".join(capsys.readouterr().out.split())
+
+
+def test_doctor_device_prints_the_gpu_checks_preflight(capsys, monkeypatch):
+    """Its findings are the preflight's (no copy of its logic): a passing preflight exits 0
+    with its summary and warnings, one with a problem exits 1 with the verdict."""
+    from tilecomm.bench.gpucheck import preflight as gpu_preflight
+    calls = []
+
+    def fake(interpret, problems=()):
+        calls.append(interpret)
+        return dict(probe=dict(cuda_available=True), summary="2 GPU(s) H100, H100",
+                    warnings=["no ncu (Nsight Compute): no kernel profile"],
+                    problems=list(problems),
+                    verdict="CANNOT RUN: " + "; ".join(problems) if problems else "ok")
+
+    monkeypatch.setattr(gpu_preflight, "preflight", fake)
+    assert main(["doctor", "--device"]) == 0
+    out = capsys.readouterr().out
+    assert calls == [False]
+    assert "device preflight: 2 GPU(s) H100, H100: ok" in out
+    assert "warning: no ncu" in out and "no CUDA device" not in out
+    monkeypatch.setattr(gpu_preflight, "preflight",
+                        lambda i: fake(i, ["GPU 0 compute mode Prohibited"]))
+    assert main(["doctor", "--device"]) == 1
+    assert "CANNOT RUN: GPU 0 compute mode Prohibited" in capsys.readouterr().out
+
+
 def test_torchrun_init(tmp_path):
     """tilecomm.init() under torchrun rendezvouses through torch.distributed's store."""
     env = dict(os.environ, OMP_NUM_THREADS="1")

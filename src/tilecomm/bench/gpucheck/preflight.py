@@ -165,6 +165,17 @@ def probe(env: dict | None = None) -> dict:
         return dict(error=f"probe failed (rc {rc}): {err.strip()[-600:]}")
 
 
+def _no_cuda_reason(pr: dict) -> str:
+    """Why the probe saw no CUDA device, from what it recorded."""
+    if pr.get("error"):
+        return pr["error"]
+    if "torch_cuda" in pr and pr["torch_cuda"] is None:
+        return "torch is a CPU-only build"
+    if pr.get("driver_cuda_error"):
+        return f"no NVIDIA driver: {pr['driver_cuda_error']}"
+    return "is_available False: no visible GPU (CUDA_VISIBLE_DEVICES?)"
+
+
 def preflight(interpret: bool) -> dict:
     """``verdict`` is ``ok`` or ``CANNOT RUN: reasons``; ``warnings`` lists what may distort
     the numbers. MPS is started later (the check needs the GPUs' compute modes first)."""
@@ -176,7 +187,7 @@ def preflight(interpret: bool) -> dict:
     probs, warns = [], []
     pr = pf["probe"]
     if not pr.get("cuda_available"):
-        probs.append(f"torch sees no CUDA device ({pr.get('error') or 'is_available False'})")
+        probs.append(f"torch sees no CUDA device ({_no_cuda_reason(pr)})")
     drv = _ver(pr.get("driver_cuda") or pf["nvidia_smi"].get("cuda_version"))
     px = _ver(pf["ptxas"].get("version"))
     if px is None:
@@ -207,9 +218,10 @@ def preflight(interpret: bool) -> dict:
         warns.append("GPUs 0 and 1 have no peer access: no 2-GPU world")
     if not pf["tools"]["ncu"]:
         warns.append("no ncu (Nsight Compute): no kernel profile")
+    names = ", ".join(d["name"] for d in pr.get("devices", []))
     pf.update(problems=probs, warnings=warns,
               verdict="ok" if not probs else "CANNOT RUN: " + "; ".join(probs),
-              summary=(f"{n} GPU(s) {', '.join(d['name'] for d in pr.get('devices', []))}, "
+              summary=(f"{n} GPU(s){' ' + names if names else ''}, "
                        f"driver CUDA {pr.get('driver_cuda')}, ptxas "
                        f"{pf['ptxas'].get('version')}, NCCL {pr.get('nccl')}"))
     return pf
