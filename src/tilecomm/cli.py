@@ -5,7 +5,7 @@
     tilecomm topo [--system NAME]
     tilecomm model llama3-70b --system dgx-h100 --gpus 1024 --tp 8 --pp 4 [--search] [--plot F]
     tilecomm trace analyze DIR [--json] | tilecomm trace merge DIR -o FILE
-    tilecomm doctor
+    tilecomm doctor [--device]
     tilecomm hosts run --hosts 2 --per-host 2 -- train.py   (simulated hosts, torchrun in each)
 """
 
