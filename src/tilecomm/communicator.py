@@ -548,7 +548,7 @@ class Communicator:
     def _backend_for(self, t: torch.Tensor, what: str) -> Backend:
         return self._backend_for_device(t.device.type, what)
 
-    def _backend_for_device(self, kind: str, what: str) -> Backend:
+    def _backend_for_device(self, kind: str, what: str = "collective") -> Backend:
         """The backend for ``kind`` tensors, created on first use; ``what`` names the call
         in the errors."""
         be = self._backends.get(kind)
