@@ -112,10 +112,10 @@ def test_doctor_device_prints_the_gpu_checks_preflight(capsys, monkeypatch):
 
     def fake(interpret, problems=()):
         calls.append(interpret)
-        return dict(probe=dict(cuda_available=True), summary="2 GPU(s) H100, H100",
-                    warnings=["no ncu (Nsight Compute): no kernel profile"],
-                    problems=list(problems),
-                    verdict="CANNOT RUN: " + "; ".join(problems) if problems else "ok")
+        return {"probe": {"cuda_available": True}, "summary": "2 GPU(s) H100, H100",
+                "warnings": ["no ncu (Nsight Compute): no kernel profile"],
+                "problems": list(problems),
+                "verdict": "CANNOT RUN: " + "; ".join(problems) if problems else "ok"}
 
     monkeypatch.setattr(gpu_preflight, "preflight", fake)
     assert main(["doctor", "--device"]) == 0
