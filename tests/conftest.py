@@ -1,5 +1,6 @@
-"""Shared fixtures. ``ranks(world_size)`` returns a RankGroup that stays alive across tests
-(starting processes per test is too slow); a group whose rank failed is restarted."""
+"""Shared fixtures: ``rank_pool(world, engine)``, the one way tests get live ranks (kept across
+the session: starting processes per test is too slow); the session's check that no
+shared-memory file is left; ``debug_dir``/``trace_dir`` for the ranks' environment."""
 
 from __future__ import annotations
 
@@ -7,43 +8,77 @@ import os
 
 import pytest
 
+import rank_setup  # tests/ is on sys.path (rootdir conftest)
 import tilecomm
 
 # Small scratch so that modest test sizes already run in several pieces.
 TEST_SCRATCH = 64 << 10
 TEST_HEAP = 16 << 20
+#: how long a pool's ranks wait for a peer: the interpreter runs kernels slowly
+ENGINE_TIMEOUT = {"executor": 20, "interpreter": 60, "compat": 60, "kernels": 60}
+
+
+class RankPool:
+    """``world`` live ranks on one engine (``rank_setup.SETUP``), shared by every test of the
+    session that asks for the same pair. ``run(fn, *args)`` runs ``fn(comm, *args)`` on every
+    rank (then collects garbage there) and returns the ranks' results in rank order; a call that
+    raised stops the group (its ranks may be out of step) and the next ``run`` starts anew."""
+
+    def __init__(self, pools: "_Pools", world: int, engine: str):
+        self.pools, self.world, self.engine = pools, world, engine
+
+    @property
+    def group(self) -> tilecomm.RankGroup:
+        return self.pools.group(self.world, self.engine)
+
+    def run(self, fn, *args):
+        try:
+            return self.group.run(rank_setup.call, fn, *args)
+        except BaseException:
+            self.discard()
+            raise
+
+    def run_and_discard(self, fn, *args):
+        """``run``, then stop these ranks whatever happened: for a call that leaves them out of
+        step on purpose (a peer that stays silent until a wait times out)."""
+        try:
+            return self.run(fn, *args)
+        finally:
+            self.discard()
+
+    def discard(self) -> None:
+        """Stop these ranks (e.g. after a test left their epochs out of step)."""
+        self.pools.discard(self.world, self.engine)
 
 
 class _Pools:
     def __init__(self):
-        self.groups: dict[int, tilecomm.RankGroup] = {}
+        self.groups: dict[tuple[int, str], tilecomm.RankGroup] = {}
 
-    def get(self, world_size: int) -> "PoolHandle":
-        g = self.groups.get(world_size)
+    def group(self, world: int, engine: str) -> tilecomm.RankGroup:
+        key = (world, engine)
+        g = self.groups.get(key)
         if g is None or not g.procs or not all(p.is_alive() for p in g.procs):
             if g is not None:
                 g.stop()
-            g = tilecomm.RankGroup(world_size, timeout=20, heap_bytes=TEST_HEAP,
+            g = tilecomm.RankGroup(world, timeout=ENGINE_TIMEOUT[engine], heap_bytes=TEST_HEAP,
                                    scratch_bytes=TEST_SCRATCH).start()
-            self.groups[world_size] = g
-        return PoolHandle(self, world_size, g)
+            self.groups[key] = g
+            try:
+                g.run(rank_setup.SETUP[engine])
+            except BaseException:
+                self.discard(world, engine)
+                raise
+        return g
+
+    def discard(self, world: int, engine: str) -> None:
+        g = self.groups.pop((world, engine), None)
+        if g is not None:
+            g.stop()
 
     def close(self):
-        for g in self.groups.values():
-            g.stop()
-        self.groups.clear()
-
-
-class PoolHandle:
-    def __init__(self, pools, world_size, group):
-        self.pools, self.world_size, self.group = pools, world_size, group
-
-    def run(self, fn, *args):
-        try:
-            return self.group.run(fn, *args)
-        except BaseException:
-            self.pools.groups.pop(self.world_size, None)  # stopped by collect(); restart next time
-            raise
+        for key in list(self.groups):
+            self.discard(*key)
 
 
 @pytest.fixture(scope="session")
@@ -54,9 +89,16 @@ def _pools():
 
 
 @pytest.fixture
-def ranks(_pools):
-    """``ranks(w).run(fn, *args)`` runs ``fn(comm, *args)`` on w live ranks."""
-    return _pools.get
+def rank_pool(_pools):
+    """``rank_pool(world, engine="executor")``: a RankPool of live ranks kept for the session
+    (starting ranks, and importing triton on them, is slow). Engines: ``executor``,
+    ``interpreter``, ``compat``, ``kernels`` (see tests/rank_setup.py)."""
+    def get(world: int, engine: str = "executor") -> RankPool:
+        if engine not in rank_setup.SETUP:
+            raise ValueError(f"rank_pool: engine must be one of {sorted(rank_setup.SETUP)}, "
+                             f"got {engine!r}")
+        return RankPool(_pools, world, engine)
+    return get
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -90,24 +132,3 @@ def trace_dir(tmp_path, monkeypatch):
     settings.cache_clear()
     yield d
     settings.cache_clear()
-
-
-@pytest.fixture(scope="module")
-def kernel_group():
-    """``kernel_group(w)``: a RankGroup of ``w`` ranks running kernels in the interpreter,
-    kept for the module's tests (restarted if a rank died)."""
-    groups: dict[int, tilecomm.RankGroup] = {}
-
-    from kernel_setup import kernels_on, live_group     # tests/ is on sys.path (conftest)
-
-    def start(w):
-        g = tilecomm.RankGroup(w, timeout=60, heap_bytes=8 << 20, scratch_bytes=64 << 10).start()
-        g.run(kernels_on)
-        return g
-
-    def get(w):
-        return live_group(groups, w, start)
-
-    yield get
-    for g in groups.values():
-        g.stop()

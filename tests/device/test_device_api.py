@@ -29,24 +29,24 @@ def test_import_tilecomm_does_not_import_triton():
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_put_get_exact(device_ranks, world_size):
+def test_put_get_exact(rank_pool, world_size):
     # 02's run() compares inbox (put) and out (get) exactly with the numpy reference
-    checked = device_ranks(world_size).run(run_tutorial, "02_put_get", 300, 64, 2)
+    checked = rank_pool(world_size, "interpreter").run(run_tutorial, "02_put_get", 300, 64, 2)
     assert checked == [2 * 2 * 300] * world_size
 
 
-def test_notify_wait(device_ranks):
-    seen = device_ranks(2).run(run_tutorial, "01_notify_wait", 16, 3)
+def test_notify_wait(rank_pool):
+    seen = rank_pool(2, "interpreter").run(run_tutorial, "01_notify_wait", 16, 3)
     assert seen[0] == [[(i * 10 + e) * 2 for i in range(16)] for e in (1, 2, 3)]
 
 
-def test_barrier_all_and_subset(device_ranks):
-    res = device_ranks(4).run(run_tutorial, "03_barrier", 100, 32, 2)
+def test_barrier_all_and_subset(rank_pool):
+    res = rank_pool(4, "interpreter").run(run_tutorial, "03_barrier", 100, 32, 2)
     assert res[0] == 4        # 2 even ranks x 2 rounds arrived at rank 0's counter
 
 
-def test_one_shot_all_reduce(device_ranks):
-    assert device_ranks(2).run(run_tutorial, "04_one_shot_all_reduce", 200, 64, 3) == [3, 3]
+def test_one_shot_all_reduce(rank_pool):
+    assert rank_pool(2, "interpreter").run(run_tutorial, "04_one_shot_all_reduce", 200, 64, 3) == [3, 3]
 
 
 def _bases(comm):
@@ -55,11 +55,11 @@ def _bases(comm):
     return DeviceHeap.create(comm).bases.tolist()
 
 
-def test_heap_bases_are_256_byte_aligned(device_ranks):
+def test_heap_bases_are_256_byte_aligned(rank_pool):
     # lang.peer_ptr and lang.barrier hint the rebasing delta bases[peer] - bases[rank] as a
     # multiple of lang.HEAP_ALIGN (256) for 128-bit peer accesses: a base off that would make
     # the compiled vector accesses misaligned
-    for bases in device_ranks(2).run(_bases):
+    for bases in rank_pool(2, "interpreter").run(_bases):
         assert len(bases) == 2 and all(b % 256 == 0 for b in bases), bases
 
 
@@ -77,10 +77,10 @@ def _handle_words(comm):
     return words, views, int(heap.handle[dh.TIMEOUT_NS])
 
 
-def test_device_handle_holds_rank_world_bound_and_bases(device_ranks):
+def test_device_handle_holds_rank_world_bound_and_bases(rank_pool):
     from tilecomm.device import handle as dh
 
-    res = device_ranks(2).run(_handle_words)
+    res = rank_pool(2, "interpreter").run(_handle_words)
     bases = res[0][0][dh.BASES:]
     for r, (words, views, bound) in enumerate(res):
         assert len(words) == dh.BASES + 2
@@ -118,9 +118,9 @@ def _silent_peer(comm, timeout, later=None):
     return ("no error", elapsed)
 
 
-def test_wait_on_silent_peer_raises_commtimeout(device_ranks):
+def test_wait_on_silent_peer_raises_commtimeout(rank_pool):
     t = time.perf_counter()
-    _, res = device_ranks(2).run(_silent_peer, 0.3)
+    _, res = rank_pool(2, "interpreter").run_and_discard(_silent_peer, 0.3)
     assert time.perf_counter() - t < 15
     assert res[0] == "DeviceTimeout", res
     name, msg, rank, peer, epoch, slot, site, missing, elapsed, again = res
@@ -131,9 +131,9 @@ def test_wait_on_silent_peer_raises_commtimeout(device_ranks):
     assert again == [0] * derr.ERR_WORDS      # check() cleared the record
 
 
-def test_a_new_wait_bound_takes_effect_without_recompiling(device_ranks):
+def test_a_new_wait_bound_takes_effect_without_recompiling(rank_pool):
     # made with a 60 s bound, then set to 0.3 s: the kernel reads the bound from the handle
-    _, res = device_ranks(2).run(_silent_peer, 60.0, 0.3)
+    _, res = rank_pool(2, "interpreter").run_and_discard(_silent_peer, 60.0, 0.3)
     assert res[0] == "DeviceTimeout", res
     elapsed = res[8]
     assert 0.3 <= elapsed < 10, elapsed

@@ -22,19 +22,11 @@ import time
 import pytest
 import torch
 
-import tilecomm
-
-from .helpers import EXAMPLES, call, run_tutorial
+from .helpers import EXAMPLES, run_tutorial
 from .test_device_api import _silent_peer
 
 
-def _interpret_compat(comm):
-    assert "tilecomm.device.lang" not in sys.modules, "kernels imported without the interpreter"
-    from tilecomm.settings import settings
-
-    os.environ["TRITON_INTERPRET"] = "1"
-    os.environ["TILECOMM_DEVICE_COMPAT"] = "1"
-    settings.cache_clear()          # forked ranks inherit the parent's cached settings
+def _compat_flags(comm):
     from tilecomm.device import lang
 
     return lang.COMPAT, lang.INTERPRETED
@@ -56,17 +48,10 @@ def _one_shot_all_reduce(comm, n):
         comm.use_cpu_kernels("executor")
 
 
-@pytest.fixture(scope="module")
-def compat_ranks():
-    g = tilecomm.RankGroup(2, timeout=30, heap_bytes=8 << 20, scratch_bytes=64 << 10).start()
-    try:
-        assert g.run(_interpret_compat) == [(True, True)] * 2
-        yield lambda fn, *args: g.run(call, fn, *args)
-    finally:
-        g.stop()
-
-
-def test_compat_interpreter_scenarios(compat_ranks):
+def test_compat_interpreter_scenarios(rank_pool):
+    pool = rank_pool(2, "compat")
+    assert pool.run(_compat_flags) == [(True, True)] * 2
+    compat_ranks = pool.run
     t = time.perf_counter()
     # put + signal_set + wait_ge (ping-pong), three epochs
     seen = compat_ranks(run_tutorial, "01_notify_wait", 16, 3)
@@ -78,7 +63,7 @@ def test_compat_interpreter_scenarios(compat_ranks):
     # a registered collective kernel through the Communicator
     assert compat_ranks(_one_shot_all_reduce, 100) == [[True, True]] * 2
     # last (leaves rank 1 an epoch ahead): a wait on a silent peer times out and names it
-    _, res = compat_ranks(_silent_peer, 0.3)
+    _, res = pool.run_and_discard(_silent_peer, 0.3)
     assert res[0] == "DeviceTimeout", res
     name, msg, rank, peer, epoch, slot, site, missing, elapsed, again = res
     assert (rank, peer, epoch, slot, site, missing) == (1, 0, 7, 0, 1, (0,))

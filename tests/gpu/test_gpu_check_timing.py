@@ -106,11 +106,11 @@ def _one_rank_raises_before_a_barrier(comm):
     return seen, rk.gather([comm.rank])
 
 
-def test_a_rank_that_fails_before_its_peers_barrier_keeps_the_world_in_step(ranks):
+def test_a_rank_that_fails_before_its_peers_barrier_keeps_the_world_in_step(rank_pool):
     """Rank 1's case raises before the barrier rank 0 is in: both calls fail as mismatched,
     and the agreement after it still meets (RankCheck.gather retries once), so every rank
     learns what happened instead of the world ending."""
-    got = ranks(2).run(_one_rank_raises_before_a_barrier)
+    got = rank_pool(2).run(_one_rank_raises_before_a_barrier)
     assert got[1][0].startswith("RuntimeError: rank 1's case failed")
     assert "CommMismatch" in got[0][0] or "failed on rank 1" in got[0][0], got
     assert got[0][1] == got[1][1] == [[0], [1]]

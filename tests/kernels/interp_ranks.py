@@ -1,19 +1,13 @@
 """Rank-side helpers for the kernel tests that drive a TritonBackend directly, in the Triton
-interpreter, on ranks of a tilecomm.RankGroup (the ``ranks`` fixture in conftest.py)."""
+interpreter, on ranks of ``rank_pool(w, "interpreter")`` (tests/conftest.py); and the sm_90
+compile of a kernel module."""
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 
 _BACKENDS: dict = {}
-
-
-def interpret(comm):
-    """Run first on every rank: the interpreter must be on before triton is imported there."""
-    assert "tilecomm.device.lang" not in sys.modules, "kernels imported without the interpreter"
-    os.environ["TRITON_INTERPRET"] = "1"
 
 
 def kernel_backend(comm):
@@ -23,15 +17,6 @@ def kernel_backend(comm):
         from tilecomm.backends.triton import TritonBackend
         b = _BACKENDS[id(comm)] = TritonBackend(comm, "cpu", timeout=5)
     return b
-
-
-def call(comm, fn, *args):
-    """``fn(comm, *args)``, then collect garbage: symmetric tensors die with their last view,
-    and frees must stay in step across ranks."""
-    try:
-        return fn(comm, *args)
-    finally:
-        gc.collect()
 
 
 def compile_for_sm90(module: str) -> str:
@@ -49,49 +34,3 @@ def compile_for_sm90(module: str) -> str:
         pytest.skip(r.stderr.strip())
     assert r.returncode == 0, r.stdout + r.stderr
     return r.stdout
-
-
-def kernel_ranks(comm):
-    """Rank-side setup of a kernel-path pool: the interpreter on, CPU tensors on the kernels."""
-    interpret(comm)
-    comm.use_cpu_kernels("triton")
-
-
-class RankPools:
-    """Live rank groups per world size whose communicators run CPU tensors on the Triton
-    kernels (``kernel_ranks``), kept across the tests of a module (starting ranks and
-    compiling in the interpreter is slow). ``run(w, fn, *args)`` runs ``call(comm, fn,
-    *args)`` on every rank; a group whose call raised is stopped and restarted next time."""
-
-    def __init__(self, setup=kernel_ranks, heap_bytes: int = 8 << 20,
-                 scratch_bytes: int = 64 << 10):
-        self.setup, self.heap_bytes, self.scratch_bytes = setup, heap_bytes, scratch_bytes
-        self.groups: dict = {}
-
-    def group(self, w: int):
-        import tilecomm
-        from kernel_setup import live_group      # tests/ is on sys.path (conftest)
-
-        def start(w):
-            g = tilecomm.RankGroup(w, timeout=60, heap_bytes=self.heap_bytes,
-                                   scratch_bytes=self.scratch_bytes).start()
-            g.run(call, self.setup)
-            return g
-        return live_group(self.groups, w, start)
-
-    def run(self, w: int, fn, *args):
-        try:
-            return self.group(w).run(call, fn, *args)
-        except BaseException:
-            self.discard(w)
-            raise
-
-    def discard(self, w: int) -> None:
-        """Stop the group of ``w`` ranks (its ranks' epochs may be out of step)."""
-        g = self.groups.pop(w, None)
-        if g is not None:
-            g.stop()
-
-    def stop(self) -> None:
-        for w in list(self.groups):
-            self.discard(w)

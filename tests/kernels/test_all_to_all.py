@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import tilecomm
-from interp_ranks import call, compile_for_sm90, kernel_backend
+from interp_ranks import compile_for_sm90, kernel_backend
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32,
           torch.int64, torch.uint8, torch.int8]
@@ -146,25 +146,25 @@ def _silent_peer(comm, collective):
 # ---- pytest side -------------------------------------------------------------------------------
 
 
-def test_all_to_all_every_dtype_two_ranks(ranks):
+def test_all_to_all_every_dtype_two_ranks(rank_pool):
     # 37 elements per chunk: odd byte lengths for the 1- and 2-byte types (uint8/int16 words)
-    assert ranks(2).run(call, _a2a, 37, DTYPES, 2) == [16, 16]
+    assert rank_pool(2, "interpreter").run(_a2a, 37, DTYPES, 2) == [16, 16]
 
 
 @pytest.mark.parametrize("w", [3, 4])
-def test_all_to_all_more_ranks(ranks, w):
+def test_all_to_all_more_ranks(rank_pool, w):
     # 4 ranks x 150 elements: several blocks and programs per step
     dts = [torch.float32, torch.bfloat16] if w == 4 else [torch.float16, torch.int64]
-    assert ranks(w).run(call, _a2a, 150 if w == 4 else 9, dts, 2) == [4] * w
+    assert rank_pool(w, "interpreter").run(_a2a, 150 if w == 4 else 9, dts, 2) == [4] * w
 
 
-def test_all_to_all_empty_chunks(ranks):
-    assert ranks(2).run(call, _a2a, 0, [torch.float32], 2) == [2, 2]
+def test_all_to_all_empty_chunks(rank_pool):
+    assert rank_pool(2, "interpreter").run(_a2a, 0, [torch.float32], 2) == [2, 2]
 
 
 @pytest.mark.parametrize("w,row,dt", [(2, 3, torch.bfloat16), (3, 1, torch.float32),
                                       (4, 2, torch.int32)])
-def test_all_to_all_v_uneven(ranks, w, row, dt):
+def test_all_to_all_v_uneven(rank_pool, w, row, dt):
     rng = np.random.default_rng(w)
     first = rng.integers(0, 6, size=(w, w)).tolist()
     first[0] = [0] * w                     # rank 0 sends nothing
@@ -173,26 +173,27 @@ def test_all_to_all_v_uneven(ranks, w, row, dt):
     second = (rng.integers(0, 40, size=(w, w)) * (rng.random((w, w)) > 0.3)).tolist()
     # the second call's larger counts grow the staging (host barrier path)
     for give_recv in (False, True):
-        assert ranks(w).run(call, _a2av, [first, second], row, dt, give_recv) == [2] * w
+        got = rank_pool(w, "interpreter").run(_a2av, [first, second], row, dt, give_recv)
+        assert got == [2] * w
 
 
-def test_all_to_all_v_all_zero_and_odd_bytes(ranks):
+def test_all_to_all_v_all_zero_and_odd_bytes(rank_pool):
     # uint8 with odd counts: moved as single bytes; then a call where nobody sends anything
     mats = [[[3, 5], [7, 1]], [[0, 0], [0, 0]], [[1, 0], [0, 2]]]
-    assert ranks(2).run(call, _a2av, mats, 1, torch.uint8, False) == [3, 3]
+    assert rank_pool(2, "interpreter").run(_a2av, mats, 1, torch.uint8, False) == [3, 3]
 
 
-def test_all_to_all_v_recv_counts_mismatch_raises_everywhere(ranks):
-    msgs = ranks(2).run(call, _a2av_mismatch)
+def test_all_to_all_v_recv_counts_mismatch_raises_everywhere(rank_pool):
+    msgs = rank_pool(2, "interpreter").run(_a2av_mismatch)
     for m in msgs:
         assert m is not None and "rank 1 expects 2 rows from rank 0, which sends 1" in m, msgs
     # the pool still works afterwards
-    assert ranks(2).run(call, _a2a, 5, [torch.float32], 1) == [1, 1]
+    assert rank_pool(2, "interpreter").run(_a2a, 5, [torch.float32], 1) == [1, 1]
 
 
 @pytest.mark.parametrize("collective", ["all_to_all", "all_to_all_v"])
-def test_silent_peer_raises_commtimeout(ranks, collective):
-    res = ranks(2).run(call, _silent_peer, collective)
+def test_silent_peer_raises_commtimeout(rank_pool, collective):
+    res = rank_pool(2, "interpreter").run_and_discard(_silent_peer, collective)
     assert res[0] is None
     name, rank, peer, epoch, ctx_epoch, msg, elapsed = res[1]
     assert name == "DeviceTimeout", res
@@ -209,10 +210,10 @@ def test_compiles_for_sm90():
         "all_to_all_v_counts" in out, out
 
 
-def test_all_to_all_v_large_local_chunk_same_grid_everywhere(ranks):
+def test_all_to_all_v_large_local_chunk_same_grid_everywhere(rank_pool):
     # rank 0 keeps 600 rows for itself (its diagonal) and sends 1: the grid must be sized from
     # the whole count matrix, the same on every rank (program (pid, s) meets the peer's
     # (pid, s)); sized from a rank's own counts, rank 0's extra programs waited on programs
     # rank 1 never launched and timed out
     mats = [[[600, 1], [1, 1]], [[1, 2], [3, 500]]]
-    assert ranks(2).run(call, _a2av, mats, 1, torch.int64, True) == [2, 2]
+    assert rank_pool(2, "interpreter").run(_a2av, mats, 1, torch.int64, True) == [2, 2]

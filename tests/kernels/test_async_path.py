@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 import torch
-from interp_ranks import call, kernel_backend
+from interp_ranks import kernel_backend
 
 import tilecomm
 
@@ -261,8 +261,8 @@ def _error_found_at_periodic_check(comm):
 
 # ---- pytest side -------------------------------------------------------------------------------
 
-def test_default_calls_make_no_host_synchronization(ranks):
-    res = ranks(2).run(call, _count_syncs, False)
+def test_default_calls_make_no_host_synchronization(rank_pool):
+    res = rank_pool(2, "interpreter").run(_count_syncs, False)
     for r in res:
         for placement in ("heap", "plain"):
             counts, made, zero_copy = r[placement]
@@ -271,23 +271,23 @@ def test_default_calls_make_no_host_synchronization(ranks):
             assert all(v == 0 for v in counts.values()), (placement, counts)
 
 
-def test_debug_mode_handshakes_and_checks_every_call(ranks):
-    res = ranks(2).run(call, _count_syncs, True)
+def test_debug_mode_handshakes_and_checks_every_call(rank_pool):
+    res = rank_pool(2, "interpreter").run(_count_syncs, True)
     for r in res:
         for placement in ("heap", "plain"):
             counts, made, _ = r[placement]
             assert counts["rendezvous"] == made and counts["heap.check"] == made, counts
 
 
-def test_mismatch_raises_at_the_call_in_debug_mode(ranks):
-    res = ranks(2).run(call, _mismatch, True)
+def test_mismatch_raises_at_the_call_in_debug_mode(rank_pool):
+    res = rank_pool(2, "interpreter").run(_mismatch, True)
     for seen in res:
         assert seen[0] == (0, "ok") and seen[2] == (2, "ok"), seen
         assert "ranks disagree on count" in seen[1][1], seen
 
 
-def test_mismatch_raises_at_the_next_check_point_by_default(ranks):
-    res = ranks(2).run(call, _mismatch, False)
+def test_mismatch_raises_at_the_next_check_point_by_default(rank_pool):
+    res = rank_pool(2, "interpreter").run(_mismatch, False)
     for seen in res:
         assert seen[0] == (0, "ok") and seen[1] == (1, "ok"), seen
         k, msg = seen[2]
@@ -295,14 +295,14 @@ def test_mismatch_raises_at_the_next_check_point_by_default(ranks):
         assert "TILECOMM_DEVICE_DEBUG=1" in msg
 
 
-def test_debug_mode_names_different_input_placements(ranks):
-    res = ranks(2).run(call, _placement_mismatch)
+def test_debug_mode_names_different_input_placements(rank_pool):
+    res = rank_pool(2, "interpreter").run(_placement_mismatch)
     for msg in res:
         assert "rank 0: heap offset" in msg and "rank 1: outside the symmetric heap" in msg, msg
 
 
-def test_silent_peer_raises_commtimeout_at_synchronize(ranks):
-    res = ranks(2).run(call, _silent_peer_found_at_synchronize)
+def test_silent_peer_raises_commtimeout_at_synchronize(rank_pool):
+    res = rank_pool(2, "interpreter").run_and_discard(_silent_peer_found_at_synchronize)
     assert res[0] is None
     name, rank, peer, same_epoch, kernel, seq, msg, returned, later, again = res[1]
     assert name == "DeviceTimeout"
@@ -315,8 +315,8 @@ def test_silent_peer_raises_commtimeout_at_synchronize(ranks):
     assert again == "clean"
 
 
-def test_device_error_raised_at_the_periodic_check_names_the_failed_call(ranks):
-    res = ranks(2).run(call, _error_found_at_periodic_check)
+def test_device_error_raised_at_the_periodic_check_names_the_failed_call(rank_pool):
+    res = rank_pool(2, "interpreter").run_and_discard(_error_found_at_periodic_check)
     assert res[0] == [(k, "ok") for k in range(1, 5)]
     got = res[1]
     assert got[:3] == [(1, "ok"), (2, "ok"), (3, "ok")], got
@@ -382,8 +382,8 @@ def _short_run_mismatch_and_rejection(comm):
     return out
 
 
-def test_short_runs_and_rejections_are_reported(ranks):
-    res = ranks(2).run(call, _short_run_mismatch_and_rejection)
+def test_short_runs_and_rejections_are_reported(rank_pool):
+    res = rank_pool(2, "interpreter").run(_short_run_mismatch_and_rejection)
     assert res[0][:3] == ["ValueError", 2.0, "ValueError"]
     assert res[1][:3] == ["ValueError", 2.0, "launched"]
     assert res[0][3] == "CommMismatch" and res[1][3] in ("CommMismatch", "CommTimeout"), res

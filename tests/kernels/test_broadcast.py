@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import tilecomm
-from interp_ranks import call, compile_for_sm90, kernel_backend
+from interp_ranks import compile_for_sm90, kernel_backend
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32,
           torch.int64, torch.uint8, torch.int8]
@@ -74,35 +74,37 @@ def _silent_root(comm):
     return res
 
 
-def test_broadcast_every_dtype_and_root_two_ranks(ranks):
+def test_broadcast_every_dtype_and_root_two_ranks(rank_pool):
     # 45 elements: odd byte counts for the 1-byte types; roots 0, 1, 1, 0 (same root twice too)
-    assert ranks(2).run(call, _bcast, 45, DTYPES, [0, 1, 1, 0], False) == [32, 32]
+    assert rank_pool(2, "interpreter").run(_bcast, 45, DTYPES, [0, 1, 1, 0], False) == [32, 32]
 
 
 @pytest.mark.parametrize("w", [3, 4])
-def test_broadcast_every_root(ranks, w):
+def test_broadcast_every_root(rank_pool, w):
     # 4 ranks x 600 elements: several blocks per program, several programs
     n = 600 if w == 4 else 33
     dts = [torch.bfloat16] if w == 4 else [torch.float32, torch.int64]
     roots = list(range(w)) + [w - 1]
-    assert ranks(w).run(call, _bcast, n, dts, roots, False) == [len(roots) * len(dts)] * w
+    got = rank_pool(w, "interpreter").run(_bcast, n, dts, roots, False)
+    assert got == [len(roots) * len(dts)] * w
 
 
-def test_broadcast_zero_copy_heap_tensor(ranks):
+def test_broadcast_zero_copy_heap_tensor(rank_pool):
     # every rank's buf at the same heap offset: peers read the root's buf directly
-    assert ranks(3).run(call, _bcast, 200, [torch.float16], [2, 0, 1, 1], True) == [4] * 3
+    got = rank_pool(3, "interpreter").run(_bcast, 200, [torch.float16], [2, 0, 1, 1], True)
+    assert got == [4] * 3
 
 
-def test_broadcast_sizes_change_between_calls(ranks):
+def test_broadcast_sizes_change_between_calls(rank_pool):
     # growing, shrinking and empty buffers on consecutive calls
     res = []
     for n in (5, 300, 17, 0, 301):
-        res.append(ranks(2).run(call, _bcast, n, [torch.float32], [1, 0], False))
+        res.append(rank_pool(2, "interpreter").run(_bcast, n, [torch.float32], [1, 0], False))
     assert res == [[2, 2]] * 5
 
 
-def test_silent_root_raises_commtimeout(ranks):
-    res = ranks(2).run(call, _silent_root)
+def test_silent_root_raises_commtimeout(rank_pool):
+    res = rank_pool(2, "interpreter").run_and_discard(_silent_root)
     assert res[0] is None
     name, rank, peer, epoch, ctx_epoch, site, msg, elapsed = res[1]
     assert name == "DeviceTimeout", res

@@ -22,7 +22,6 @@ import pytest
 import torch
 
 import tilecomm
-from interp_ranks import RankPools
 
 KERNELS = [("all_reduce", "one_shot"), ("all_reduce", "two_shot"), ("all_gather", "direct"),
            ("all_gather", "ring"), ("reduce_scatter", "direct"), ("reduce_scatter", "ring")]
@@ -248,49 +247,39 @@ def _auto(comm):
 
 # ---- pools -------------------------------------------------------------------------------------
 
-_POOLS = RankPools()          # interp_ranks.kernel_ranks on every rank
-_run = _POOLS.run
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _stop_pools():
-    yield
-    _POOLS.stop()
-
-
 # ---- tests -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("w", [2, 3])
-def test_every_kernel_exact_vs_numpy_and_executor(w):
+def test_every_kernel_exact_vs_numpy_and_executor(w, rank_pool):
     # n not a multiple of the block (128) nor of w: masked tails and uneven two_shot chunks
     ops = ("sum", "max") if w == 3 else ("sum", "avg")
-    res = _run(w, _exact, 157, 2, ops)
+    res = rank_pool(w, "kernels").run(_exact, 157, 2, ops)
     assert res == [2 * (4 * 2 + 2)] * w   # (4 reducing kernels x 2 ops + 2 all_gathers) x 2 rounds
 
 
-def test_aligned_chunks_and_full_block_paths_small_and_odd_sizes():
+def test_aligned_chunks_and_full_block_paths_small_and_odd_sizes(rank_pool):
     # two_shot's chunk starts are rounded down to 16 bytes (the last chunk takes the rest):
     # n = 1, 5 leave most chunks empty; 37 and 300 (> one 128-element block) uneven ones;
     # 256 is two full blocks (the unmasked path only), 300 full blocks and a tail
     sizes = [1, 5, 37, 256, 300]
-    assert _run(3, _two_shot_sizes, sizes) == [2 * len(sizes) * 4] * 3
+    assert rank_pool(3, "kernels").run(_two_shot_sizes, sizes) == [2 * len(sizes) * 4] * 3
 
 
-def test_four_ranks_mixed_sequence():
-    assert _run(4, _mixed, 150, 2) == [12] * 4
+def test_four_ranks_mixed_sequence(rank_pool):
+    assert rank_pool(4, "kernels").run(_mixed, 150, 2) == [12] * 4
 
 
 @pytest.mark.parametrize("w", [2, 3])
-def test_zero_copy_heap_inputs(w):
-    assert _run(w, _zero_copy, 140) == [True] * w
+def test_zero_copy_heap_inputs(w, rank_pool):
+    assert rank_pool(w, "kernels").run(_zero_copy, 140) == [True] * w
 
 
-def test_low_precision_and_integer_dtypes():
-    assert _run(3, _dtypes, 70) == [True] * 3
+def test_low_precision_and_integer_dtypes(rank_pool):
+    assert rank_pool(3, "kernels").run(_dtypes, 70) == [True] * 3
 
 
-def test_unsupported_calls_name_what_is_supported():
-    res = _run(2, _unsupported)
+def test_unsupported_calls_name_what_is_supported(rank_pool):
+    res = rank_pool(2, "kernels").run(_unsupported)
     for errs in res:
         assert errs[0].startswith("ValueError") and "one_shot" in errs[0] and \
             "recursive_doubling" in errs[0], errs[0]
@@ -300,19 +289,16 @@ def test_unsupported_calls_name_what_is_supported():
         assert errs[3] == [3.0] * 8
 
 
-def test_auto_picks_gpu_kernels():
-    res = _run(2, _auto)
+def test_auto_picks_gpu_kernels(rank_pool):
+    res = rank_pool(2, "kernels").run(_auto)
     small, big, val, ag = res[0]
     assert (small, big, val) == ("one_shot", "two_shot", 2.0)
     assert set(ag) == {"direct", "ring"}
 
 
-def test_silent_peer_raises_commtimeout():
+def test_silent_peer_raises_commtimeout(rank_pool):
     t = time.perf_counter()
-    try:
-        res = _run(2, _silent_peer, 0.3)
-    finally:
-        _POOLS.discard(2)            # the ranks' epochs are out of step now: fresh pool
+    res = rank_pool(2, "kernels").run_and_discard(_silent_peer, 0.3)
     assert time.perf_counter() - t < 40
     assert res[0] is None
     assert len(res[1]) == len(KERNELS)
@@ -376,13 +362,13 @@ def _huge(comm):
     return errs
 
 
-def test_int32_offsets_that_would_wrap_are_refused():
+def test_int32_offsets_that_would_wrap_are_refused(rank_pool):
     from tilecomm.backends.triton import registry
 
     registry.check_int32("all_gather", "direct", (1 << 31) - (1 << 23))
     with pytest.raises(ValueError, match="int32"):
         registry.check_int32("all_gather", "direct", 1 << 31)
-    errs = _run(2, _huge)
+    errs = rank_pool(2, "kernels").run(_huge)
     assert len(errs[0]) == len(KERNELS) - 1
     for e in errs[0]:
         assert "exceed what the GPU kernel indexes with int32" in e, errs[0]

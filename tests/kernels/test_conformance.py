@@ -102,16 +102,10 @@ def compare(comm, coll, algo):
     return out
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _stop_pools():
-    yield
-    tpk._POOLS.stop()
-
-
 @pytest.mark.parametrize("w", [2, 3, 4])
 @pytest.mark.parametrize("coll,algo", PAIRS, ids=[f"{c}-{a}" for c, a in PAIRS])
-def test_fused_plan_and_executor_bits_agree(coll, algo, w):
-    res = tpk._run(w, compare, coll, algo)
+def test_fused_plan_and_executor_bits_agree(coll, algo, w, rank_pool):
+    res = rank_pool(w, "kernels").run(compare, coll, algo)
     bad = []
     for r, rows in enumerate(res):
         for tag, fp, fe, pe, ndiff, first in rows:
@@ -154,6 +148,6 @@ def _deterministic_on_kernels(comm):
     return bad
 
 
-def test_deterministic_mode_on_the_kernels_gives_rank_order_bits():
-    res = tpk._run(3, _deterministic_on_kernels)
+def test_deterministic_mode_on_the_kernels_gives_rank_order_bits(rank_pool):
+    res = rank_pool(3, "kernels").run(_deterministic_on_kernels)
     assert res == [[]] * 3, res

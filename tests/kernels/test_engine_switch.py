@@ -37,6 +37,6 @@ def _switch_back_and_forth(comm):
     return got
 
 
-def test_a_memoized_call_follows_the_engine_switch(kernel_group):
-    for got in kernel_group(2).run(_switch_back_and_forth):
+def test_a_memoized_call_follows_the_engine_switch(rank_pool):
+    for got in rank_pool(2, "kernels").run(_switch_back_and_forth):
         assert all(ok and where for _, _, ok, where in got), got

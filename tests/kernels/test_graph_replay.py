@@ -17,7 +17,7 @@ from __future__ import annotations
 import sys
 
 import torch
-from interp_ranks import call, kernel_backend
+from interp_ranks import kernel_backend
 
 import tilecomm
 
@@ -276,9 +276,9 @@ def _stale_replay_times_out(comm):
 
 # ---- pytest side -------------------------------------------------------------------------------
 
-def test_replayed_launches_synchronize_and_alternate_halves(ranks):
+def test_replayed_launches_synchronize_and_alternate_halves(rank_pool):
     for w in (2, 3):
-        res = ranks(w).run(call, _replays)
+        res = rank_pool(w, "interpreter").run(_replays)
         for r, out in enumerate(res):
             assert all(not v for v in out["bad"].values()), (w, r, out["bad"])
             kinds = set(out["kinds"])
@@ -297,8 +297,8 @@ def test_replayed_launches_synchronize_and_alternate_halves(ranks):
             assert out["host_ops"] == {}, out["host_ops"]
 
 
-def test_replay_without_a_peer_times_out(ranks):
-    res = ranks(2).run(call, _stale_replay_times_out)
+def test_replay_without_a_peer_times_out(rank_pool):
+    res = rank_pool(2, "interpreter").run_and_discard(_stale_replay_times_out)
     assert res[0] == ("skipped", True), res[0]
     name, rank, peer, same_epoch, msg, first = res[1]
     assert first and name == "DeviceTimeout", res[1]

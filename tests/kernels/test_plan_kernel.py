@@ -19,7 +19,6 @@ import pytest
 import torch
 
 import tilecomm
-from interp_ranks import RankPools
 
 REDUCING = ("all_reduce", "reduce_scatter", "reduce")
 
@@ -354,56 +353,44 @@ def lookups(comm):
 
 # ---- pools -------------------------------------------------------------------------------------
 
-_POOLS = RankPools()          # interp_ranks.kernel_ranks on every rank
-_run = _POOLS.run
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _stop_pools():
-    yield
-    _POOLS.stop()
-
-
 # ---- tests -------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("w", [2, 3])
-def test_every_schedule_through_the_plan_kernel(w):
-    res = _run(w, plan_everything)
+def test_every_schedule_through_the_plan_kernel(w, rank_pool):
+    res = rank_pool(w, "kernels").run(plan_everything)
     for r, (bad, v, z) in enumerate(res):
         assert bad == [], f"rank {r}: " + "\n".join(bad)
         assert all(v), f"rank {r}: all_to_all_v {v}"
         assert all(z), f"rank {r}: empty all_to_all_v {z}"
 
 
-def test_four_ranks():
-    for r, (bad, v) in enumerate(_run(4, plan_four)):
+def test_four_ranks(rank_pool):
+    for r, (bad, v) in enumerate(rank_pool(4, "kernels").run(plan_four)):
         assert bad == [], f"rank {r}: " + "\n".join(bad)
         assert all(v), f"rank {r}: all_to_all_v {v}"
 
 
-def test_fused_and_plan_kernels_back_to_back():
-    for r, bad in enumerate(_run(3, mixed_fused_and_plan)):
+def test_fused_and_plan_kernels_back_to_back(rank_pool):
+    for r, bad in enumerate(rank_pool(3, "kernels").run(mixed_fused_and_plan)):
         assert bad == [], f"rank {r}: {bad}"
 
 
-def test_registry_offers_every_schedule():
-    out, fused_fast, plan_when_off, ring_plan, byte_plan, errs = _run(2, lookups)[0]
+def test_registry_offers_every_schedule(rank_pool):
+    got = rank_pool(2, "kernels").run(lookups)[0]
+    out, fused_fast, plan_when_off, ring_plan, byte_plan, errs = got
     assert all(out.values()), out
     assert fused_fast and plan_when_off and ring_plan and byte_plan
     assert errs[0].startswith("TypeError") and "uint8" in errs[0] and "float32" in errs[0]
     assert errs[1].startswith("ValueError") and "ring" in errs[1] and "two_shot" in errs[1]
 
 
-def test_barrier_schedule_waits_for_every_rank():
-    took = _run(3, barrier_kernel, 0.6)
+def test_barrier_schedule_waits_for_every_rank(rank_pool):
+    took = rank_pool(3, "kernels").run(barrier_kernel, 0.6)
     assert all(t >= 0.45 for t in took[1:]), took
 
 
-def test_silent_peer_raises_commtimeout():
-    try:
-        res = _run(2, silent_peer, 0.3)
-    finally:
-        _POOLS.discard(2)            # the ranks' epochs are out of step now
+def test_silent_peer_raises_commtimeout(rank_pool):
+    res = rank_pool(2, "kernels").run_and_discard(silent_peer, 0.3)
     assert res[0] is None
     name, rank, peer, msg, elapsed = res[1]
     assert (name, rank, peer) == ("DeviceTimeout", 1, 0), res[1]
@@ -427,9 +414,9 @@ def _mask_limit(comm):
     return out
 
 
-def test_plan_kernel_refuses_more_ranks_than_its_masks_hold():
+def test_plan_kernel_refuses_more_ranks_than_its_masks_hold(rank_pool):
     """Waits travel as int64 rank masks: beyond 63 ranks the plan kernel is refused with a
     clear error at check time (on every rank alike), while fused kernels stay available.
     (In the ranks: looking kernels up imports them, which must happen under the interpreter.)"""
-    for res in _run(2, _mask_limit):
+    for res in rank_pool(2, "kernels").run(_mask_limit):
         assert "at most 63 ranks" in res[0] and res[1:] == ["ok", "ok"], res

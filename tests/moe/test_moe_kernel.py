@@ -32,9 +32,9 @@ def _engine_kind(comm):
     ([5, 3], torch.bfloat16, 32, 8),           # random bf16: exact bits
     ([4, 0, 6], torch.float32, 16, 6),         # random float32, a rank with no tokens
 ], ids=["w2-bf16", "w3-f32-empty-rank"])
-def test_roundtrip_every_layout_matches_reference(kernel_group, tokens, dtype, h, e):
+def test_roundtrip_every_layout_matches_reference(rank_pool, tokens, dtype, h, e):
     # normal, grouped and low-latency in a row: six calls, both halves of each buffer
-    g = kernel_group(len(tokens))
+    g = rank_pool(len(tokens), "kernels")
     assert g.run(_engine_kind) == ["triton"] * len(tokens)
     res = g.run(S.roundtrip, tokens, 1, dtype, False, False,
                 ("normal", "grouped", "low_latency"), None, e, h)
@@ -61,16 +61,16 @@ def _same_as_cpu_engine(comm, tokens, dtype, h, e, fp8):
 @pytest.mark.parametrize("w,dtype,h,fp8", [(3, torch.bfloat16, 16, False),
                                            (2, torch.bfloat16, 128, True)],
                          ids=["w3-bf16", "w2-fp8"])
-def test_same_bits_as_the_cpu_engine(kernel_group, w, dtype, h, fp8):
+def test_same_bits_as_the_cpu_engine(rank_pool, w, dtype, h, fp8):
     tokens = [6, 5, 7][:w]
     e = 6 if w == 3 else 4
-    for same in kernel_group(w).run(_same_as_cpu_engine, tokens, dtype, h, e, fp8):
+    for same in rank_pool(w, "kernels").run(_same_as_cpu_engine, tokens, dtype, h, e, fp8):
         assert all(same), same
 
 
-def test_fp8_rows_and_scales_every_layout(kernel_group):
+def test_fp8_rows_and_scales_every_layout(rank_pool):
     tokens = [4, 3]
-    res = kernel_group(2).run(S.roundtrip, tokens, 2, torch.bfloat16, False, True,
+    res = rank_pool(2, "kernels").run(S.roundtrip, tokens, 2, torch.bfloat16, False, True,
                        ("normal", "low_latency"), None, 4, 128)
     S.check(res, tokens, seed=2, fp8=True, e=4, h=128)
 
@@ -95,8 +95,8 @@ def _back_to_back(comm):
     return intact, [out0, out1, out2], ll
 
 
-def test_back_to_back_calls_growth_and_low_latency(kernel_group):
-    res = kernel_group(2).run(_back_to_back)
+def test_back_to_back_calls_growth_and_low_latency(rank_pool):
+    res = rank_pool(2, "kernels").run(_back_to_back)
     assert all(r[0] for r in res)
     from tilecomm.moe import reference as R
     for s, t in enumerate([3, 4, 9]):
@@ -111,9 +111,9 @@ def test_back_to_back_calls_growth_and_low_latency(kernel_group):
     S.check([r[2] for r in res], [2, 2], seed=3, dtype=torch.float32, m=3, e=4, h=16)
 
 
-def test_gradients_through_the_kernel_engine(kernel_group):
+def test_gradients_through_the_kernel_engine(rank_pool):
     tokens = [5, 3]
-    res = kernel_group(2).run(S.grad_roundtrip, tokens, 4, "normal")
+    res = rank_pool(2, "kernels").run(S.grad_roundtrip, tokens, 4, "normal")
     S.check_grads(res, tokens, 4)
 
 
@@ -145,8 +145,8 @@ def _low_latency_steps(comm):
     return out, per_step
 
 
-def test_low_latency_on_the_device_talks_to_the_host_once_per_layer(kernel_group):
-    res = kernel_group(2).run(_low_latency_steps)
+def test_low_latency_on_the_device_talks_to_the_host_once_per_layer(rank_pool):
+    res = rank_pool(2, "kernels").run(_low_latency_steps)
     for r in range(2):
         assert res[r][1] == [1, 2, 2, 2, 2, 2], res[r][1]     # exchanges after each call
     for j in range(6):
@@ -194,9 +194,9 @@ def _ll_refusal(comm, what):
      "rank 1 rejected its call"),
     ("k", "K (topk columns): rank 0: 2, rank 1: 1", "K (topk columns): rank 0: 2, rank 1: 1"),
 ], ids=["tokens", "range", "m-first-call", "m-later", "k"])
-def test_low_latency_bad_call_raises_on_every_rank_and_the_layer_goes_on(kernel_group, what,
+def test_low_latency_bad_call_raises_on_every_rank_and_the_layer_goes_on(rank_pool, what,
                                                                          mine, peer):
-    res = kernel_group(2).run(_ll_refusal, what)
+    res = rank_pool(2, "kernels").run(_ll_refusal, what)
     assert res[1][0] is not None and mine in res[1][0][1], res[1][0]
     assert res[0][0] is not None and peer in res[0][0][1], res[0][0]
     S.check([res[0][1], res[1][1]], [3, 3], seed=4, dtype=torch.float32, m=4, e=4, h=16)
@@ -228,8 +228,8 @@ def _bad_call(comm, what):
 @pytest.mark.parametrize("what,exc,text", [("range", "ValueError", "token 2"),
                                            ("k", "CommMismatch", "K (topk columns)"),
                                            ("y", "ValueError", "y has the wrong shape")])
-def test_bad_input_raises_on_every_rank(kernel_group, what, exc, text):
-    res = kernel_group(2).run(_bad_call, what)
+def test_bad_input_raises_on_every_rank(rank_pool, what, exc, text):
+    res = rank_pool(2, "kernels").run(_bad_call, what)
     for rank, (got, ok) in enumerate(res):
         assert got is not None and got[0] == exc, (rank, got)
         assert text in got[1], (rank, got)
@@ -258,7 +258,7 @@ def _silent_peer(comm):
     """Rank 1 passes the handshake but never pushes (its dispatch kernel is a no-op): rank 0's
     bounded device wait must give up and name the op, the peer and the epoch."""
     from tilecomm import CommTimeout
-    os.environ["TRITON_INTERPRET"] = "1"      # a fresh launch, not kernel_group's ranks
+    os.environ["TRITON_INTERPRET"] = "1"      # a fresh launch, not the rank pool's ranks
     comm.use_cpu_kernels("triton")
     ep = ExpertParallel(comm, num_experts=4, hidden=16, dtype=torch.float32)
     x, idx, w = S.inputs(comm.rank, 4, h=16, k=2, e=4, dtype=torch.float32, drop=0.0)
@@ -331,8 +331,8 @@ def _ll_bad_y(comm):
     return got, out.shape
 
 
-def test_low_latency_combine_checks_y_as_normal_mode(kernel_group):
-    for got, shape in kernel_group(2).run(_ll_bad_y):
+def test_low_latency_combine_checks_y_as_normal_mode(rank_pool):
+    for got, shape in rank_pool(2, "kernels").run(_ll_bad_y):
         assert [g[0] for g in got] == ["ValueError", "TypeError"], got
         assert "y has the wrong shape" in got[0][1] and "y has the wrong dtype" in got[1][1]
         assert tuple(shape) == (3, 16)

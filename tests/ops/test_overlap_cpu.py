@@ -8,25 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import tilecomm
 import cases
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-@pytest.fixture(scope="module")
-def group():
-    groups = {}
-
-    def get(w):
-        if w not in groups:
-            groups[w] = tilecomm.RankGroup(w, timeout=30, heap_bytes=4 << 20,
-                                           scratch_bytes=64 << 10).start()
-        return groups[w]
-
-    yield get
-    for g in groups.values():
-        g.stop()
 
 
 def _ag_many(comm, dtype):
@@ -51,16 +35,16 @@ def _rs_many(comm, dtype):
 
 @pytest.mark.parametrize("w", [2, 3])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_cpu_engine_gives_the_reference_bits(group, w, dtype):
-    for rank_res in group(w).run(_ag_many, dtype):
+def test_cpu_engine_gives_the_reference_bits(rank_pool, w, dtype):
+    for rank_res in rank_pool(w).run(_ag_many, dtype):
         assert all(eq for eq, _, _ in rank_res), rank_res
         assert [g for _, _, g in rank_res if g is not None] == [True]
-    for rank_res in group(w).run(_rs_many, dtype):
+    for rank_res in rank_pool(w).run(_rs_many, dtype):
         assert all(eq for eq, _ in rank_res), rank_res
 
 
-def test_reduction_is_in_rank_order(group):
-    for same, reorder_changes in group(3).run(cases.order_sensitive_rs, 4, 6):
+def test_reduction_is_in_rank_order(rank_pool):
+    for same, reorder_changes in rank_pool(3).run(cases.order_sensitive_rs, 4, 6):
         assert same
         assert reorder_changes > 0     # the data can tell the order apart
 
@@ -78,8 +62,8 @@ def test_reduction_is_in_rank_order(group):
     ("copy", ("CommMismatch", "rank 1: stream"), ("CommMismatch", "disagree on copy")),
     ("copy_value", ("ValueError", "'dma'"), ("ValueError", "rank 1 rejected")),
 ])
-def test_bad_calls_raise_on_every_rank(group, case, rank1, others):
-    res = group(3).run(cases.bad_call, case)
+def test_bad_calls_raise_on_every_rank(rank_pool, case, rank1, others):
+    res = rank_pool(3).run(cases.bad_call, case)
     for r, (got, after) in enumerate(res):
         want = rank1 if r == 1 else others
         assert got is not None and got[0] == want[0] and want[1] in got[1], (r, got)
@@ -110,6 +94,6 @@ def _tp_grads(comm):
 
 
 @pytest.mark.parametrize("w", [2, 3])
-def test_autograd_matches_single_process(group, w):
-    for diffs in group(w).run(_tp_grads):
+def test_autograd_matches_single_process(rank_pool, w):
+    for diffs in rank_pool(w).run(_tp_grads):
         assert max(diffs) < 1e-4, diffs

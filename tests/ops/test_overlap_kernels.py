@@ -36,8 +36,8 @@ def _many(comm, dtype):
 
 @pytest.mark.parametrize("w,dtype", [(2, torch.float32), (3, torch.float32),
                                      (2, torch.bfloat16), (3, torch.float16)], ids=str)
-def test_kernels_match_the_references(kernel_group, w, dtype):
-    for ag, rs in kernel_group(w).run(_many, dtype):
+def test_kernels_match_the_references(rank_pool, w, dtype):
+    for ag, rs in rank_pool(w, "kernels").run(_many, dtype):
         assert all(d <= TOL[dtype] for _, d, _ in ag), ag
         assert [g for _, _, g in ag if g is not None] == [True]     # the gathered A: exact
         assert all(d <= TOL[dtype] for _, d in rs), rs
@@ -57,21 +57,21 @@ def _stream_many(comm, dtype):
 
 
 @pytest.mark.parametrize("w,dtype", [(2, torch.float32), (3, torch.bfloat16)], ids=str)
-def test_copy_engine_variant_matches_the_references(kernel_group, w, dtype):
-    for res in kernel_group(w).run(_stream_many, dtype):
+def test_copy_engine_variant_matches_the_references(rank_pool, w, dtype):
+    for res in rank_pool(w, "kernels").run(_stream_many, dtype):
         assert all(d <= TOL[dtype] for _, d, _ in res), res
         assert [g for _, _, g in res if g is not None] == [True]
 
 
-def test_kernel_reduction_is_in_rank_order(kernel_group):
-    for same, reorder_changes in kernel_group(3).run(cases.order_sensitive_rs, 19, 40):
+def test_kernel_reduction_is_in_rank_order(rank_pool):
+    for same, reorder_changes in rank_pool(3, "kernels").run(cases.order_sensitive_rs, 19, 40):
         assert same
         assert reorder_changes > 0
 
 
 @pytest.mark.parametrize("case", ["K", "dtype", "rows", "copy"])
-def test_kernel_path_errors_on_every_rank(kernel_group, case):
-    for got, after in kernel_group(2).run(cases.bad_call, case):
+def test_kernel_path_errors_on_every_rank(rank_pool, case):
+    for got, after in rank_pool(2, "kernels").run(cases.bad_call, case):
         assert got is not None and got[0] in ("ValueError", "CommMismatch"), got
         assert after <= 1e-4
 

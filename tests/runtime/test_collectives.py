@@ -34,10 +34,10 @@ def _run_all_reduce(comm, algo, cases):
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("algo", algorithms("all_reduce") + ["auto"])
-def test_all_reduce(ranks, world_size, algo):
+def test_all_reduce(rank_pool, world_size, algo):
     cases = [(i, n, d, op) for i, (n, d) in enumerate((n, d) for n in SIZES for d in ALL_DTYPES)
              for op in _ops_for(d) if n < 2000 or op == "sum"]
-    results = ranks(world_size).run(_run_all_reduce, algo, cases)
+    results = rank_pool(world_size).run(_run_all_reduce, algo, cases)
     for c, (seed, n, dtype, op) in enumerate(cases):
         inputs = [make(seed, r, (n,), dtype, op) for r in range(world_size)]
         want = reference.all_reduce(inputs, op)
@@ -56,10 +56,10 @@ def _run_all_gather(comm, algo, cases):
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("algo", algorithms("all_gather") + ["auto"])
-def test_all_gather(ranks, world_size, algo):
+def test_all_gather(rank_pool, world_size, algo):
     cases = [(i, shape, d) for i, (shape, d) in enumerate(
         (s, d) for s in [(1,), (7, 3), (1000,), (9001, 2)] for d in MOVE_DTYPES)]
-    results = ranks(world_size).run(_run_all_gather, algo, cases)
+    results = rank_pool(world_size).run(_run_all_gather, algo, cases)
     for c, (seed, shape, dtype) in enumerate(cases):
         want = reference.all_gather([make(seed, r, shape, dtype) for r in range(world_size)])
         for r in range(world_size):
@@ -80,11 +80,11 @@ def _run_reduce_scatter(comm, algo, cases):
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("algo", algorithms("reduce_scatter") + ["auto"])
-def test_reduce_scatter(ranks, world_size, algo):
+def test_reduce_scatter(rank_pool, world_size, algo):
     cases = [(i, rows, d, op) for i, (rows, d) in enumerate(
         (rows, d) for rows in [1, 5, 3001] for d in ALL_DTYPES) for op in _ops_for(d)
         if rows < 3000 or op == "sum"]
-    results = ranks(world_size).run(_run_reduce_scatter, algo, cases)
+    results = rank_pool(world_size).run(_run_reduce_scatter, algo, cases)
     for c, (seed, rows, dtype, op) in enumerate(cases):
         inputs = [make(seed, r, (rows * world_size, 3), dtype, op) for r in range(world_size)]
         want = reference.reduce_scatter(inputs, op)
@@ -108,7 +108,7 @@ def _run_rooted(comm, name, algo, cases):
 @pytest.mark.parametrize("name,algo", [("broadcast", a) for a in algorithms("broadcast")]
                          + [("reduce", a) for a in algorithms("reduce")]
                          + [("broadcast", "auto"), ("reduce", "auto")])
-def test_rooted(ranks, world_size, name, algo):
+def test_rooted(rank_pool, world_size, name, algo):
     dtypes = MOVE_DTYPES if name == "broadcast" else ALL_DTYPES
     cases = []
     for i, (n, d) in enumerate((n, d) for n in [1, 33, 20_011] for d in dtypes):
@@ -117,7 +117,7 @@ def test_rooted(ranks, world_size, name, algo):
                 if n > 2000 and op not in (None, "sum"):
                     continue
                 cases.append((i, n, d, root, op))
-    results = ranks(world_size).run(_run_rooted, name, algo, cases)
+    results = rank_pool(world_size).run(_run_rooted, name, algo, cases)
     for c, (seed, n, dtype, root, op) in enumerate(cases):
         inputs = [make(seed, r, (n,), dtype, op or "sum") for r in range(world_size)]
         want = (reference.broadcast(inputs, root) if name == "broadcast"
@@ -137,10 +137,10 @@ def _run_all_to_all(comm, algo, cases):
 
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("algo", algorithms("all_to_all") + ["auto"])
-def test_all_to_all(ranks, world_size, algo):
+def test_all_to_all(rank_pool, world_size, algo):
     cases = [(i, rows, d) for i, (rows, d) in enumerate(
         (rows, d) for rows in [1, 7, 5003] for d in MOVE_DTYPES)]
-    results = ranks(world_size).run(_run_all_to_all, algo, cases)
+    results = rank_pool(world_size).run(_run_all_to_all, algo, cases)
     for c, (seed, rows, dtype) in enumerate(cases):
         want = reference.all_to_all([make(seed, r, (rows * world_size, 2), dtype)
                                      for r in range(world_size)])
@@ -172,9 +172,9 @@ def _run_all_to_all_v(comm, algo, cases, give_recv):
 @pytest.mark.parametrize("world_size", WORLD_SIZES)
 @pytest.mark.parametrize("algo", algorithms("all_to_all_v") + ["auto"])
 @pytest.mark.parametrize("give_recv", [False, True])
-def test_all_to_all_v(ranks, world_size, algo, give_recv):
+def test_all_to_all_v(rank_pool, world_size, algo, give_recv):
     cases = [(seed, d) for seed in range(6) for d in (torch.float32, torch.bfloat16, torch.int8)]
-    results = ranks(world_size).run(_run_all_to_all_v, algo, cases, give_recv)
+    results = rank_pool(world_size).run(_run_all_to_all_v, algo, cases, give_recv)
     for c, (seed, dtype) in enumerate(cases):
         m = _counts(seed, world_size)
         inputs = [make(seed, r, (sum(m[r]), 3), dtype) for r in range(world_size)]
@@ -204,8 +204,8 @@ def _run_heap(comm, n):
 
 @pytest.mark.parametrize("world_size", [2, 3])
 @pytest.mark.parametrize("n", [5, 30_000])
-def test_symmetric_heap_tensors(ranks, world_size, n):
-    results = ranks(world_size).run(_run_heap, n)
+def test_symmetric_heap_tensors(rank_pool, world_size, n):
+    results = rank_pool(world_size).run(_run_heap, n)
     inputs = [make(1, r, (n,), torch.float32) for r in range(world_size)]
     want = reference.reduced(inputs)
     for r in range(world_size):
@@ -226,9 +226,9 @@ def _run_noncontig(comm):
     return base, g, out
 
 
-def test_non_contiguous(ranks):
+def test_non_contiguous(rank_pool):
     w = 2
-    results = ranks(w).run(_run_noncontig)
+    results = rank_pool(w).run(_run_noncontig)
     inputs = [make(3, r, (6, 8), torch.float32) for r in range(w)]
     want = reference.reduced(inputs)
     ag = reference.all_gather([make(4, r, (6, 8), torch.float32)[:, ::2] for r in range(w)])
@@ -264,9 +264,9 @@ def _run_send_recv(comm, sizes):
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_send_recv(ranks, world_size):
+def test_send_recv(rank_pool, world_size):
     sizes = [1, 1000, 1_000_003]   # the last one is larger than a mailbox: several pieces
-    results = ranks(world_size).run(_run_send_recv, sizes)
+    results = rank_pool(world_size).run(_run_send_recv, sizes)
     for r in range(1, world_size):
         got, y = results[r]
         for t, n in zip(got, sizes):
@@ -284,8 +284,8 @@ def _run_barrier(comm):
     return time.monotonic() - t0
 
 
-def test_barrier_waits_for_slowest(ranks):
-    waited = ranks(3).run(_run_barrier)
+def test_barrier_waits_for_slowest(rank_pool):
+    waited = rank_pool(3).run(_run_barrier)
     assert all(w > 0.15 for w in waited[1:]), waited
 
 
@@ -305,9 +305,9 @@ def _run_repeated(comm):
     return outs
 
 
-def test_repeated_calls_and_aliasing_views(ranks):
+def test_repeated_calls_and_aliasing_views(rank_pool):
     w = 3
-    res = ranks(w).run(_run_repeated)
+    res = rank_pool(w).run(_run_repeated)
     for i in range(6):
         want = reference.reduced([make(10 + i, r, (300,), torch.float32) for r in range(w)])
         for r in range(w):
@@ -365,9 +365,9 @@ def _run_repeated_pairs(comm):
     return got
 
 
-def test_repeated_two_buffer_calls_follow_their_tensors(ranks):
+def test_repeated_two_buffer_calls_follow_their_tensors(rank_pool):
     w = 2
-    res = ranks(w).run(_run_repeated_pairs)
+    res = rank_pool(w).run(_run_repeated_pairs)
     for me, got in enumerate(res):
         assert got["kept"] and not got["strided_kept"] and got["dropped"] and got["moved_ok"]
         for i in range(3):
@@ -398,9 +398,9 @@ def _run_a2av_out(comm):
     return got is out, out
 
 
-def test_all_to_all_v_into_out(ranks):
+def test_all_to_all_v_into_out(rank_pool):
     w = 3
-    res = ranks(w).run(_run_a2av_out)
+    res = rank_pool(w).run(_run_a2av_out)
     m = _counts(7, w)
     want = reference.all_to_all_v([make(7, r, (sum(m[r]), 3), torch.float32) for r in range(w)], m)
     for r in range(w):
@@ -415,8 +415,8 @@ def _exchanges(comm):
     return got
 
 
-def test_exchange_returns_every_calls_own_values(ranks):
-    results = ranks(3).run(_exchanges)
+def test_exchange_returns_every_calls_own_values(rank_pool):
+    results = rank_pool(3).run(_exchanges)
     for got in results:
         for i in range(5):
             assert got[i] == [[r * 100 + i, -i, 2**62 + r] for r in range(3)]
@@ -428,5 +428,5 @@ def _host_comm_is_self(comm):
     return comm.host_comm is comm
 
 
-def test_host_comm_of_one_host_is_the_communicator(ranks):
-    assert ranks(2).run(_host_comm_is_self) == [True, True]
+def test_host_comm_of_one_host_is_the_communicator(rank_pool):
+    assert rank_pool(2).run(_host_comm_is_self) == [True, True]

@@ -78,27 +78,27 @@ def _cases(w, algos_of, sizes=SIZES):
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
-def test_deterministic_mode_gives_rank_order_bits(ranks, world_size):
+def test_deterministic_mode_gives_rank_order_bits(rank_pool, world_size):
     cases = _cases(world_size, lambda c: ["auto"] + deterministic_algorithms(c, world_size,
                                                                              world_size - 1))
-    bad = ranks(world_size).run(_check_all, cases, True)
+    bad = rank_pool(world_size).run(_check_all, cases, True)
     assert bad == [[]] * world_size
 
 
 @pytest.mark.parametrize("world_size", [3, 4])
-def test_default_mode_rank_ordered_algorithms_give_rank_order_bits(ranks, world_size):
+def test_default_mode_rank_ordered_algorithms_give_rank_order_bits(rank_pool, world_size):
     """The default mode runs the same plans: the rank-ordered algorithms (what auto picks on
     up to 8 ranks) give the reference's bits there too, which the GPU kernels must match."""
     cases = _cases(world_size, lambda c: deterministic_algorithms(c, world_size,
                                                                   world_size - 1), [5, 40_001])
-    bad = ranks(world_size).run(_check_all, cases, False)
+    bad = rank_pool(world_size).run(_check_all, cases, False)
     assert bad == [[]] * world_size
 
 
-def test_ring_is_not_rank_order_and_the_check_sees_it(ranks):
+def test_ring_is_not_rank_order_and_the_check_sees_it(rank_pool):
     """The check is not vacuous: ring all_reduce on random floats differs from the reference
     (it sums each chunk starting at another rank), which is why deterministic mode refuses it."""
-    bad = ranks(3).run(_check_all, [("all_reduce", "ring", 999, torch.float32, "sum", 0),
+    bad = rank_pool(3).run(_check_all, [("all_reduce", "ring", 999, torch.float32, "sum", 0),
                                     ("all_reduce", "ring", 999, torch.bfloat16, "sum", 0)], False)
     assert all(len(b) == 2 for b in bad)
 
@@ -124,8 +124,8 @@ def _refused(comm, coll, algo):
                                              ("all_reduce", "recursive_doubling", "one_shot"),
                                              ("reduce_scatter", "ring", "direct"),
                                              ("reduce", "tree", "direct")])
-def test_deterministic_mode_refuses_other_algorithms_on_every_rank(ranks, coll, algo, named):
-    msgs = ranks(3).run(_refused, coll, algo)
+def test_deterministic_mode_refuses_other_algorithms_on_every_rank(rank_pool, coll, algo, named):
+    msgs = rank_pool(3).run(_refused, coll, algo)
     for m in msgs:
         assert m is not None and f"{algo!r}" in m and named in m and "deterministic" in m
 

@@ -50,9 +50,9 @@ def _mismatch(comm, case):
 
 @pytest.mark.parametrize("case", ["count", "dtype", "op", "root", "collective", "algorithm",
                                   "split sizes"])
-def test_mismatch_raises_on_every_rank(ranks, case):
+def test_mismatch_raises_on_every_rank(rank_pool, case):
     w = 3
-    results = ranks(w).run(_mismatch, case)
+    results = rank_pool(w).run(_mismatch, case)
     for r, (err, after) in enumerate(results):
         assert err is not None and err[0] == "CommMismatch", (r, err)
         assert case in err[1], err[1]
@@ -84,9 +84,9 @@ def _bad_args(comm, case):
     ("avg_int", "TypeError"), ("bool_dtype", "TypeError"), ("bad_algo", "ValueError"),
     ("bad_op", "ValueError"), ("counts_sum", "ValueError"), ("out_shape", "ValueError"),
     ("not_tensor", "TypeError")])
-def test_bad_arguments_raise_everywhere(ranks, case, expect):
+def test_bad_arguments_raise_everywhere(rank_pool, case, expect):
     w = 3
-    results = ranks(w).run(_bad_args, case)
+    results = rank_pool(w).run(_bad_args, case)
     for r, (err, after) in enumerate(results):
         assert err is not None, f"rank {r} did not raise for {case}"
         if case == "root_one_rank" and r != 1:
@@ -98,10 +98,10 @@ def test_bad_arguments_raise_everywhere(ranks, case, expect):
         assert after == [float(w)] * 2, "communicator unusable after an argument error"
 
 
-def test_error_messages_say_what_to_change(ranks):
-    results = ranks(2).run(_bad_args, "not_divisible")
+def test_error_messages_say_what_to_change(rank_pool):
+    results = rank_pool(2).run(_bad_args, "not_divisible")
     assert "multiple of world_size" in results[0][0][1]
-    results = ranks(2).run(_bad_args, "int8_sum")
+    results = rank_pool(2).run(_bad_args, "int8_sum")
     assert "data movement only" in results[0][0][1]
 
 
@@ -111,8 +111,8 @@ def _send_mismatch(comm):
     return _catch(lambda: comm.recv(torch.empty(5), 0))
 
 
-def test_send_recv_mismatch_raises_on_both(ranks):
-    for err in ranks(2).run(_send_mismatch):
+def test_send_recv_mismatch_raises_on_both(rank_pool):
+    for err in rank_pool(2).run(_send_mismatch):
         assert err[0] == "CommMismatch" and "4 x float32" in err[1] and "5 x float32" in err[1]
 
 
@@ -121,8 +121,8 @@ def _bad_peer(comm):
             _catch(lambda: comm.recv(torch.ones(1), 7))]
 
 
-def test_bad_peer(ranks):
-    for errs in ranks(2).run(_bad_peer):
+def test_bad_peer(rank_pool):
+    for errs in rank_pool(2).run(_bad_peer):
         assert all(e[0] == "ValueError" for e in errs)
 
 
@@ -215,8 +215,8 @@ def _alloc_diverge(comm):
     return sizes, diverged
 
 
-def test_alloc_must_be_collective(ranks):
-    for sizes, diverged in ranks(2).run(_alloc_diverge):
+def test_alloc_must_be_collective(rank_pool):
+    for sizes, diverged in rank_pool(2).run(_alloc_diverge):
         assert sizes[0] == "CommMismatch" and "bytes" in sizes[1]
         assert diverged[0] == "CommError" and "diverged" in diverged[1]
 
@@ -283,8 +283,8 @@ def _sparse_on_one_rank(comm):
     return _catch(lambda: comm.all_reduce(t)), time.monotonic() - t0
 
 
-def test_unsupported_layout_on_one_rank_does_not_hang(ranks):
-    res = ranks(2).run(_sparse_on_one_rank)
+def test_unsupported_layout_on_one_rank_does_not_hang(rank_pool):
+    res = rank_pool(2).run(_sparse_on_one_rank)
     assert res[0][0][0] == "TypeError" and "sparse" in res[0][0][1]
     assert res[1][0][0] == "CommError" and "rank 0 rejected" in res[1][0][1]
     assert res[1][1] < 5
@@ -300,8 +300,8 @@ def _memo_with_auto(comm):
     return hit, t[0].item()
 
 
-def test_call_memo_serves_the_default_auto_algorithm(ranks):
-    for hit, v in ranks(2).run(_memo_with_auto):
+def test_call_memo_serves_the_default_auto_algorithm(rank_pool):
+    for hit, v in rank_pool(2).run(_memo_with_auto):
         assert hit and v == 4.0
 
 
@@ -327,13 +327,13 @@ def _cuda_without_gpu(comm):
             _catch(lambda: comm.all_gather(t)), comm.all_reduce(torch.ones(2)).tolist()]
 
 
-def test_cuda_on_a_machine_without_a_gpu_says_so(ranks):
+def test_cuda_on_a_machine_without_a_gpu_says_so(rank_pool):
     """A CUDA tensor (or alloc(device="cuda")) without a GPU raised the CUDA heap's CommError
     about device heaps (issue 34): the error names the call and says no CUDA GPU is
     available, and the communicator still works."""
     if torch.cuda.is_available():
         pytest.skip("this test is for machines without CUDA")
-    for *errs, after in ranks(2).run(_cuda_without_gpu):
+    for *errs, after in rank_pool(2).run(_cuda_without_gpu):
         for call, (kind, text) in zip(("alloc", "all_reduce", "all_gather"), errs):
             assert kind == "NoDeviceError", (kind, text)
             assert text.startswith(f"{call}: needs a CUDA GPU"), text

@@ -161,8 +161,8 @@ def _rows(comm):
     return "accepted"
 
 
-def test_all_gather_rows_of_different_shapes_are_a_mismatch_on_every_rank(ranks):
-    out = ranks(3).run(_rows)
+def test_all_gather_rows_of_different_shapes_are_a_mismatch_on_every_rank(rank_pool):
+    out = rank_pool(3).run(_rows)
     assert out[0].startswith("all_gather #") and "disagree on the row shape" in out[0]
     assert "rank 0: (3,), rank 1: not (3,), rank 2: not (3,)" in out[0]
     for r in (1, 2):
@@ -184,8 +184,8 @@ def _rows_a2a(comm, which):
 
 
 @pytest.mark.parametrize("which", ["all_to_all", "all_to_all_v"])
-def test_all_to_all_rows_of_different_shapes_are_a_mismatch_on_every_rank(ranks, which):
-    out = ranks(2).run(_rows_a2a, which)
+def test_all_to_all_rows_of_different_shapes_are_a_mismatch_on_every_rank(rank_pool, which):
+    out = rank_pool(2).run(_rows_a2a, which)
     for r, text in enumerate(out):
         assert text.startswith(f"{which} #") and "disagree on the row shape" in text, (r, text)
     assert "rank 0: (3, 4), rank 1: not (3, 4)" in out[0]
@@ -200,8 +200,8 @@ def _bad_op(comm):
     return "accepted"
 
 
-def test_a_bad_op_names_the_collective_on_every_rank(ranks):
-    out = ranks(2).run(_bad_op)
+def test_a_bad_op_names_the_collective_on_every_rank(rank_pool):
+    out = rank_pool(2).run(_bad_op)
     assert out[0] == "ValueError: all_reduce: unknown reduction op 'bogus'; use one of sum, " \
                      "prod, min, max, avg"
     # the pooled ranks' sequence number depends on the tests before

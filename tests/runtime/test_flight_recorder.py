@@ -27,8 +27,8 @@ def _calls(comm, path):
     return comm.dump_flight(f"{path}-{comm.rank}.json")
 
 
-def test_records_every_call_with_its_fields(ranks, tmp_path):
-    paths = ranks(2).run(_calls, str(tmp_path / "d"))
+def test_records_every_call_with_its_fields(rank_pool, tmp_path):
+    paths = rank_pool(2).run(_calls, str(tmp_path / "d"))
     for r, path in enumerate(paths):
         doc = json.loads(open(path).read())
         assert (doc["rank"], doc["world_size"], doc["host"]) == (r, 2, os.uname().nodename)

@@ -141,8 +141,8 @@ def _cases(world: int):
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_native_python_and_mixed_ranks_give_the_same_bits(ranks, world_size):
-    group = ranks(world_size)
+def test_native_python_and_mixed_ranks_give_the_same_bits(rank_pool, world_size):
+    group = rank_pool(world_size)
     cases = _cases(world_size)
     py = group.run(_collectives, cases, "python")
     nat = group.run(_collectives, cases, "native")
@@ -175,8 +175,8 @@ def _mismatch_after_native(comm):
     return err, float(x[0])
 
 
-def test_mismatch_on_a_native_call_raises_on_every_rank(ranks):
-    out = ranks(2).run(_mismatch_after_native)
+def test_mismatch_on_a_native_call_raises_on_every_rank(rank_pool):
+    out = rank_pool(2).run(_mismatch_after_native)
     for err, x0 in out:
         assert err is not None and "dtype" in err and "rank 0: float64" in err, err
         assert x0 == 16.0
@@ -196,8 +196,8 @@ def _switch_places(comm):
     return outs
 
 
-def test_peers_changing_placement_between_native_calls(ranks):
-    out = ranks(2).run(_switch_places)
+def test_peers_changing_placement_between_native_calls(rank_pool):
+    out = rank_pool(2).run(_switch_places)
     for i in range(6):
         a, b = (_random(i * 7 + r, 4096, torch.float32) for r in range(2))
         want = a + b        # two operands: one rounding in any order

@@ -55,10 +55,10 @@ def _every_collective(comm):
     return out
 
 
-def test_every_collective_takes_one_element_tensors_with_any_stride(ranks):
+def test_every_collective_takes_one_element_tensors_with_any_stride(rank_pool):
     w = 2
     total = float(sum(range(1, w + 1)))
-    results = ranks(w).run(_every_collective)
+    results = rank_pool(w).run(_every_collective)
     for r, out in enumerate(results):
         for i in range(3):
             assert out[f"all_reduce{i}"] == total

@@ -98,8 +98,8 @@ def _cases(world: int):
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_reading_in_place_gives_the_staged_bits(ranks, world_size):
-    group = ranks(world_size)
+def test_reading_in_place_gives_the_staged_bits(rank_pool, world_size):
+    group = rank_pool(world_size)
     if not all(group.run(_can_read_peers)):
         pytest.skip("process_vm_readv between ranks is not allowed here (see doctor)")
     cases = _cases(world_size)

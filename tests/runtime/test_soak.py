@@ -15,8 +15,8 @@ CALLS = 1500
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_soak_mix_matches_the_references(ranks, world_size):
-    results = ranks(world_size).run(soak_rank, 12, 0, CALLS)
+def test_soak_mix_matches_the_references(rank_pool, world_size):
+    results = rank_pool(world_size).run(soak_rank, 12, 0, CALLS)
     wrong = [line for r in results for line in r["wrong"]]
     assert not wrong, "\n".join(wrong[:20])
     assert sum(results[0]["by_collective"].values()) == CALLS
@@ -67,8 +67,8 @@ def _soak_broken(comm, seed, count):
     return soak_rank(_OffByOne(comm), seed, 0, count)
 
 
-def test_the_soak_reports_a_wrong_result(ranks):
-    results = ranks(2).run(_soak_broken, 12, 300)
+def test_the_soak_reports_a_wrong_result(rank_pool):
+    results = rank_pool(2).run(_soak_broken, 12, 300)
     assert results[0]["wrong"] == []
     assert results[1]["wrong"], "an all_reduce off by one went unnoticed"
     assert all("all_reduce" in line and "rank 1" in line for line in results[1]["wrong"])
