@@ -379,6 +379,10 @@ def launch(fn: Callable, world_size: int, *args, timeout: float | None = None,
             daemon.stop()
 
 
+#: how many times this process called :func:`init` (its store prefix follows the count)
+_INITS = 0
+
+
 def init(*, timeout: float | None = None, heap_bytes: int | None = None,
          scratch_bytes: int | None = None, deterministic: bool | None = None) -> Communicator:
     """The communicator of this process under torchrun (``RANK``, ``WORLD_SIZE``,
@@ -396,7 +400,13 @@ def init(*, timeout: float | None = None, heap_bytes: int | None = None,
     tmo = settings().timeout if timeout is None else float(timeout)
     from datetime import timedelta
     store, rank, world = next(dist.rendezvous("env://", timeout=timedelta(seconds=tmo)))
-    return connect(dist.PrefixStore("tilecomm", store), rank, world, timeout=tmo,
+    # Each init of this process meets under its own prefix: every rank makes the same calls in
+    # the same order, so the k-th init of each rank meets the k-th of the others, and a second
+    # init (after close) does not find the first one's keys.
+    global _INITS
+    _INITS += 1
+    prefix = "tilecomm" if _INITS == 1 else f"tilecomm/init{_INITS}"
+    return connect(dist.PrefixStore(prefix, store), rank, world, timeout=tmo,
                    heap_bytes=heap_bytes, scratch_bytes=scratch_bytes,
                    deterministic=deterministic)
 

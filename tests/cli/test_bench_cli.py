@@ -89,12 +89,16 @@ def test_doctor_runs(capsys):
 
 def test_doctor_device_without_cuda_says_so_and_exits_1(capsys):
     """``doctor --device`` runs the GPU check's own preflight (issue 34): on a machine
-    without CUDA it says so in plain words and exits 1 (documented in --help)."""
+    without CUDA it says so in plain words and exits 1 (documented in --help). In a
+    subprocess: the preflight imports triton, which the pytest process must not (the rank
+    pools fork from it and turn the interpreter on before triton is imported)."""
     import torch
     if torch.cuda.is_available():
         pytest.skip("this test is for machines without CUDA")
-    assert main(["doctor", "--device"]) == 1
-    out = " ".join(capsys.readouterr().out.split())
+    r = subprocess.run([sys.executable, "-m", "tilecomm.cli", "doctor", "--device"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stdout + r.stderr
+    out = " ".join(r.stdout.split())
     assert "self-test: ok" in out
     assert "device: no CUDA device on this machine" in out
     assert "device preflight: 0 GPU(s), " in out and "CANNOT RUN: torch sees no CUDA device" in out

@@ -1,6 +1,7 @@
 """Ranks on several (simulated) hosts under torchrun: the Communicator API and the
 torch.distributed backend on 2 hosts x 2 ranks and on 3 hosts of 1-2 ranks, the failure
-promises, and DDP's loss curve against Gloo's."""
+promises, and DDP's loss curve against Gloo's. Starting hosts costs seconds, so scenarios that
+leave the ranks alive share a launch (hosts_api.py)."""
 
 from __future__ import annotations
 
@@ -20,26 +21,7 @@ def _ok_lines(out: str, pattern: str) -> list[str]:
     return re.findall(pattern, out)
 
 
-@pytest.mark.timeout(400)
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_every_collective_across_hosts(run_on_hosts, layout):
-    per_host = LAYOUTS[layout]
-    out = run_on_hosts(per_host, "hosts_collectives.py")
-    oks = _ok_lines(out, r"rank \d+: \d+ checks OK")
-    assert len(oks) == sum(per_host), out[-3000:]
-
-
-@pytest.mark.timeout(400)
-@pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_torch_backend_across_hosts(run_on_hosts, layout):
-    per_host = LAYOUTS[layout]
-    out = run_on_hosts(per_host, "hosts_torch.py")
-    assert len(_ok_lines(out, r"torch backend OK")) == sum(per_host), out[-3000:]
-
-
-@pytest.mark.timeout(400)
-def test_mismatch_and_bad_arguments_raise_on_every_rank_of_every_host(run_on_hosts):
-    out = run_on_hosts((2, 2), "hosts_faults.py", "mismatch")
+def _check_mismatch(out: str) -> None:
     assert len(_ok_lines(out, r"mismatch OK")) == 4, out[-3000:]
     # a count that differs between the hosts is named as such
     assert _ok_lines(out, r"hosts/auto: CommMismatch: .*different hosts disagree on count")
@@ -56,6 +38,27 @@ def test_mismatch_and_bad_arguments_raise_on_every_rank_of_every_host(run_on_hos
 
 
 @pytest.mark.timeout(400)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_every_collective_the_torch_backend_and_the_error_paths_across_hosts(run_on_hosts,
+                                                                            layout):
+    """One launch per layout (hosts_api.py), each scenario with its own communicator or
+    process group in the same processes (so a second ``tilecomm.init`` in a process is tried
+    too): every collective against the reference, the torch backend, then on 2 x 2 the
+    mismatch and bad-argument errors on every rank of every host, on 1+2+1 no shared-memory
+    file left once every rank has initialized."""
+    per_host = LAYOUTS[layout]
+    faults = "mismatch" if layout == "2x2" else "shm"
+    out = run_on_hosts(per_host, "hosts_api.py", "collectives", "torch", faults)
+    oks = _ok_lines(out, r"rank \d+: \d+ checks OK")
+    assert len(oks) == sum(per_host), out[-3000:]
+    assert len(_ok_lines(out, r"torch backend OK")) == sum(per_host), out[-3000:]
+    if faults == "mismatch":
+        _check_mismatch(out)
+    else:
+        assert len(_ok_lines(out, r"shm OK")) == 4, out[-3000:]
+
+
+@pytest.mark.timeout(400)
 def test_split_sizes_that_disagree_raise_on_every_rank_of_uneven_hosts(run_on_hosts):
     """2 + 1: the single rank sits on both rails, so both rails must carry the split matrix,
     and a mismatch seen on one rail must still reach the partner on the other."""
@@ -65,18 +68,6 @@ def test_split_sizes_that_disagree_raise_on_every_rank_of_uneven_hosts(run_on_ho
     assert len(_ok_lines(out, want)) == 3, out[-3000:]
     for case in ("all_to_all/auto", "all_to_all_v/auto"):
         assert len(_ok_lines(out, rf"rows {case}: CommMismatch")) == 3, (case, out[-3000:])
-
-
-@pytest.mark.timeout(400)
-def test_a_rank_dying_on_another_host_is_named_by_every_other_rank(run_on_hosts):
-    out = run_on_hosts((2, 2), "hosts_faults.py", "dies")
-    assert len(_ok_lines(out, r"dies OK")) == 3, out[-3000:]
-
-
-@pytest.mark.timeout(400)
-def test_no_shared_memory_files_survive_initialization_on_any_host(run_on_hosts):
-    out = run_on_hosts((1, 2, 1), "hosts_faults.py", "shm")
-    assert len(_ok_lines(out, r"shm OK")) == 4, out[-3000:]
 
 
 @pytest.mark.timeout(600)
@@ -95,12 +86,13 @@ def test_ddp_over_two_hosts_follows_gloo_loss_curve(run_on_hosts, tmp_path):
 
 
 @pytest.mark.timeout(400)
-def test_trace_analyze_names_the_rank_that_died_on_another_host(run_on_hosts, tmp_path,
-                                                               monkeypatch):
+def test_a_rank_dying_on_another_host_is_named_by_every_rank_and_by_trace_analyze(
+        run_on_hosts, tmp_path, monkeypatch):
     from tilecomm.debug.analyze import analyze
 
     monkeypatch.setenv("TILECOMM_DEBUG_DIR", str(tmp_path))
-    run_on_hosts((2, 2), "hosts_faults.py", "dies")
+    out = run_on_hosts((2, 2), "hosts_faults.py", "dies")
+    assert len(_ok_lines(out, r"dies OK")) == 3, out[-3000:]
     res = analyze(str(tmp_path))
     assert res["culprits"] == [3], res
     assert res["op"] == "all_reduce" and res["seq"] == 2, res
