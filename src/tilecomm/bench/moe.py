@@ -17,12 +17,13 @@ number of ranks it went to. Compared in the same run, on the same routing:
 The methods run as one bench's cases (:mod:`.harness`): interleaved rounds, each phase timed
 between barriers, a round's time the sum over phases of the slowest rank's, the median round
 reported with its spread; ``x gloo`` and ``x a2av`` are the layer's time over tilecomm's
-(above 1: tilecomm is faster). GB/s follows DeepEP's convention: bytes of token rows a rank receives in dispatch (fp8 rows and
-their scales under ``--fp8``), the same rows in the layer's dtype sent back in combine, over
-the phase's time, averaged over ranks; a row per (source, token) in normal mode, per
-(token, expert) slot in low-latency mode (as DeepEP's low-latency test counts). The memory bound: each of those bytes must be written
-once at the copy rate (dispatch) and added once at the add rate (combine), measured with all
-ranks running (:func:`.roofline.measure_rates`); one host only.
+(above 1: tilecomm is faster). GB/s follows DeepEP's convention: bytes of token rows a rank
+receives in dispatch (fp8 rows and their scales under ``--fp8``), the same rows in the layer's
+dtype sent back in combine, over the phase's time, averaged over ranks; a row per (source,
+token) in normal mode, per (token, expert) slot in low-latency mode (as DeepEP's low-latency
+test counts). The memory bound: each of those bytes must be written once at the copy rate
+(dispatch) and added once at the add rate (combine), at the rates of the level the working set
+is held to (:mod:`.roofline`: cache or DRAM); one host only.
 """
 
 from __future__ import annotations
@@ -82,9 +83,8 @@ class MoEBenchConfig(Bench):
         super().prepare(group)
         if not self.bound or self.hosts:
             return {"rates": None}
-        from .roofline import measure_rates
-        per = group.run(measure_rates)
-        return {"rates": {k: max(p[k] for p in per) for k in ("copy", "add")}}
+        from .roofline import measure_rates, merge_rates
+        return {"rates": merge_rates(group.run(measure_rates))}
 
     def row(self, case, per_rank: list[dict], ctx: dict) -> dict:
         return summarize(self, per_rank, ctx.get("rates"))
@@ -254,11 +254,26 @@ def summarize(cfg: MoEBenchConfig, per_rank: list[dict], rates: dict | None = No
         out[f"{pre}wrong"] = sum(r["wrong"][m] for r in per_rank)
     out["wrong"] = sum(sum(r["wrong"].values()) for r in per_rank)
     if rates:
-        bd, bc = disp_bytes / rates["copy"], comb_bytes / rates["add"]
-        out.update(bound_us=(bd + bc) * 1e6, dispatch_bound_us=bd * 1e6,
-                   combine_bound_us=bc * 1e6, frac_of_bound=(bd + bc) * 1e6 / out["time_us"],
-                   copy_gbs=rates["copy"] / 1e9, add_gbs=rates["add"] / 1e9)
+        out.update(_bound(cfg, disp_bytes, comb_bytes, itemsize, rates, out["time_us"] / 1e6))
     return out
+
+
+def _bound(cfg, disp_bytes: float, comb_bytes: float, itemsize: int, rates: dict,
+           t: float) -> dict:
+    """Every received row byte written once at the copy rate (dispatch) and added once at
+    the add rate (combine), on every rank, at the level the working set is held to (the
+    tokens, what a rank receives and its combine output, every rank's together)."""
+    from .roofline import bound_level, bound_time
+
+    mine = cfg.tokens * cfg.hidden * itemsize
+    ws = cfg.world_size * (2 * mine + disp_bytes + comb_bytes)
+    level = bound_level(rates, ws)
+    lv = rates[level]
+    bd = bound_time([(disp_bytes, 0)] * cfg.world_size, lv)
+    bc = bound_time([(0, comb_bytes)] * cfg.world_size, lv)
+    return {"bound_us": (bd + bc) * 1e6, "dispatch_bound_us": bd * 1e6,
+            "combine_bound_us": bc * 1e6, "frac_of_bound": (bd + bc) / t, "bound_level": level,
+            "copy_gbs": lv["copy"] / 1e9, "add_gbs": lv["add"] / 1e9}
 
 
 def run(cfg: MoEBenchConfig) -> dict:
@@ -283,6 +298,7 @@ def table(rows: list[dict]):
            ("combine GB/s", lambda r: f"{r['combine_gbs']:.2f}"),
            ("#wrong", lambda r: str(r["wrong"]))]
     tail = [("mem bound (ms)", lambda r: fmt(r.get("bound_us", 0) / 1e3 or None)),
+            ("bound at", lambda r: r.get("bound_level", "")),
             ("% of bound", lambda r: fmt(100 * r["frac_of_bound"], ".0f") + "%"
              if "frac_of_bound" in r else "")]
     return render(rows, title, lead=lead, mid=mid, tail=tail, unit="ms",

@@ -54,15 +54,16 @@ def caption(rows: list[dict], names: list[str], notes: list[str] = ()) -> str:
 def table(rows: list[dict], title: str = "", *, lead: list[Column] = (),
           mid: list[Column] = (), tail: list[Column] = (), unit: str = "us",
           errors: dict[str, str] | None = None, notes: list[str] = ()):
-    """A rich Table of the rows (module doc). ``errors``: per baseline, the row key that says
-    why it did not run (shown in its time column); ``notes``: lines for the caption (what
-    the baselines are)."""
+    """A rich Table of the rows (module doc), its legend below it (not wrapped to the
+    table's width). ``errors``: per baseline, the row key that says why it did not run (shown
+    in its time column); ``notes``: lines for the legend (what the baselines are)."""
+    from rich.console import Group
     from rich.table import Table
+    from rich.text import Text
 
     k = SCALE[unit]
     names = baselines(rows)
-    t = Table(title=title or None, header_style="bold", caption=caption(rows, names, notes) or None,
-              caption_justify="left")
+    t = Table(title=title or None, header_style="bold")
     heads = [h for h, _ in lead] + [f"time ({unit})", "spread"] + [h for h, _ in mid]
     for b in names:
         heads += [f"{b} ({unit})", f"x {b}"]
@@ -84,7 +85,8 @@ def table(rows: list[dict], title: str = "", *, lead: list[Column] = (),
                       f"{fmt(r.get(f'x_{b}'))}{_mark(r, PRIMARY, b)}"]
         cells += [f(r) for _, f in tail]
         t.add_row(*cells)
-    return t
+    legend = caption(rows, names, notes)
+    return Group(t, Text(legend)) if legend else t
 
 
 def num(v: float | None) -> str:

@@ -34,7 +34,8 @@ from ..types import DTYPE_BY_NAME
 from . import harness
 from .cases import CASES, POISON, BenchCase, Buffers, bench_table, exact_data, round_count
 from .harness import PRIMARY, Bench
-from .roofline import bound_seconds, measure_device_rates, measure_rates
+from .roofline import (bound_level, bound_seconds, measure_device_rates, measure_rates,
+                       merge_rates)
 # gpu_check's ranks reach the timing loop through this module (``rk.runner``)
 from .timing import Clock, measure, time_rounds  # noqa: F401
 
@@ -97,8 +98,7 @@ class BenchConfig(Bench):
         if self.bound and self.op not in ("send_recv", "all_to_all_v"):
             per = group.run(measure_rates) if dev.type == "cpu" else \
                 group.run(measure_device_rates, self.device)
-            # the fastest rank's rates: the bound must not be made easier to meet
-            rates = {k: max(p[k] for p in per) for k in ("copy", "add")}
+            rates = merge_rates(per)
         return {"rates": rates}
 
     def row(self, case: BenchCase, per_rank: list[dict], ctx: dict) -> dict:
@@ -456,16 +456,34 @@ def _row(cfg, case: BenchCase, res, rates, itemsize) -> dict:
     elif "gloo" in cfg.vs:
         row["gloo_error"] = res[0].get("gloo_error", "unsupported")
     if rates is not None and cfg.op not in ("send_recv", "all_to_all_v"):
-        in_count = c.in_count(count, w)
-        try:
-            b = bound_seconds(cfg.op, used, w, in_count, itemsize, cfg.mem != "heap", rates)
-        except (KeyError, ValueError):
-            b = None
-        if b is not None:
-            # memcpy: one copy of the caller's largest buffer, the floor of any staged collective
-            row.update(bound_us=b * 1e6, frac_of_bound=b / t, copy_gbs=rates["copy"] / 1e9,
-                       add_gbs=rates["add"] / 1e9, memcpy_us=size / rates["copy"] * 1e6)
+        row.update(bound_fields(cfg, used, count, itemsize, rates, t))
     return row
+
+
+def working_set(op: str, count: int, itemsize: int, world: int, staged: bool) -> int:
+    """Bytes of every rank's buffers of one call together: each rank's input and output,
+    twice over when they are staged through scratch (``mem=user``)."""
+    c = CASES[op]
+    per_rank = c.in_count(count, world) + (c.out_count(count, world) if c.out_count else 0)
+    return world * per_rank * itemsize * (2 if staged else 1)
+
+
+def bound_fields(cfg, algo: str, count: int, itemsize: int, rates: dict, t: float) -> dict:
+    """The memory bound of a row at the level its working set is held to (``roofline``),
+    and ``memcpy``: one copy of the largest buffer at that level's rate of one rank alone,
+    the floor of any staged collective."""
+    w, staged = cfg.world_size, cfg.mem != "heap"
+    level = bound_level(rates, working_set(cfg.op, count, itemsize, w, staged))
+    lv = rates[level]
+    try:
+        b = bound_seconds(cfg.op, algo, w, CASES[cfg.op].in_count(count, w), itemsize, staged, lv)
+    except (KeyError, ValueError):
+        return {}
+    memcpy = count * itemsize / lv["copy"]
+    return {"bound_us": b * 1e6, "frac_of_bound": b / t, "bound_level": level,
+            "copy_gbs": lv["copy"] / 1e9, "add_gbs": lv["add"] / 1e9,
+            "copy_all_gbs": lv["copy_all"] / 1e9, "add_all_gbs": lv["add_all"] / 1e9,
+            "memcpy_time_us": memcpy * 1e6, "x_memcpy": memcpy / t}
 
 
 def _auto(op, size, w, kind, deterministic=False, layout=None):
@@ -499,6 +517,7 @@ def table(rows: list[dict], title: str = ""):
     tail = []
     if any("frac_of_bound" in r for r in rows):
         tail = [("mem bound (us)", lambda r: fmt(r.get("bound_us"), ".1f")),
+                ("bound at", lambda r: r.get("bound_level", "")),
                 ("% of bound", lambda r: fmt(100 * r["frac_of_bound"], ".0f") + "%"
                  if "frac_of_bound" in r else "")]
     return render(rows, title, lead=lead, mid=mid, tail=tail, unit="us",
