@@ -65,8 +65,10 @@ def add_bench_parser(sub) -> None:
                    help="a time whose rounds disagree by more than this (slowest round / "
                         "fastest) is marked noisy (* in the table, noisy in the JSON)")
     p.add_argument("-c", "--check", action="store_true", help="check results (#wrong)")
-    p.add_argument("--vs", action="append", default=[], choices=["gloo"],
-                   help="baseline measured in the same run")
+    p.add_argument("--vs", action="append", default=[], choices=["gloo", "python", "staged"],
+                   help="baseline measured in the same run, interleaved round by round: gloo "
+                        "(torch.distributed), python (tilecomm with the native runner off), "
+                        "staged (tilecomm with single-copy reads off); repeat for several")
     p.add_argument("--no-bound", action="store_true", help="skip the memory-bandwidth bound")
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic mode: rank-order bits for every reduction "

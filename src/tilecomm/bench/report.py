@@ -62,7 +62,10 @@ def table(rows: list[dict], title: str = "", *, lead: list[Column] = (),
     from rich.text import Text
 
     k = SCALE[unit]
+    notes = list(notes)             # the reasons baselines did not run join them
     names = baselines(rows)
+    names += [b for b, key in (errors or {}).items()
+              if b not in names and any(key in r for r in rows)]
     t = Table(title=title or None, header_style="bold")
     heads = [h for h, _ in lead] + [f"time ({unit})", "spread"] + [h for h, _ in mid]
     for b in names:
@@ -78,8 +81,10 @@ def table(rows: list[dict], title: str = "", *, lead: list[Column] = (),
         for b in names:
             bt = r.get(f"{b}_time_us")
             if bt is None:
-                why = r.get((errors or {}).get(b, ""), "")
-                cells += [str(why)[:24], ""]
+                why = r.get((errors or {}).get(b, ""))
+                cells += ["n/a" if why else "", ""]
+                if why and f"{b} not run: {why}" not in notes:
+                    notes.append(f"{b} not run: {why}")
                 continue
             cells += [f"{num(bt / k)}{_mark(r, b)}",
                       f"{fmt(r.get(f'x_{b}'))}{_mark(r, PRIMARY, b)}"]

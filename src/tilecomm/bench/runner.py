@@ -265,6 +265,16 @@ def gloo_method(comm, case: BenchCase, warmup: int, iters: int):
                              chunk=chunk, warmup=warmup)
 
 
+def _variant(comm, name: str, case: BenchCase, bufs: Buffers, warmup: int, iters: int):
+    """tilecomm on another of its paths (``variants``), on the same buffers."""
+    from .variants import variant_method
+    c = CASES[case.op]
+    refill, chunk = _refilled(case, bufs, comm.world_size)
+    c.run(comm, bufs, case.algo)            # every rank has published its start-up probe
+    return variant_method(comm, name, lambda: c.run(comm, bufs, case.algo), iters, warmup,
+                          refill=refill, chunk=chunk)
+
+
 def rank_collective(comm, cfg: BenchConfig, case: BenchCase) -> dict:
     """On every rank: check (``--check``), time tilecomm and its baselines, check again."""
     dev = rank_device(comm, cfg.device)
@@ -274,13 +284,14 @@ def rank_collective(comm, cfg: BenchConfig, case: BenchCase) -> dict:
     iters = cfg.iters or auto_iters(case.nbytes)
     warmup = cfg.warmup if cfg.warmup is not None else max(1, iters // 5)
     methods = {PRIMARY: collective_method(comm, case, bufs, warmup, iters)}
-    res = {"count": n, "iters": iters}
-    if "gloo" in cfg.vs:
-        g = gloo_method(comm, case, warmup, iters)
-        if isinstance(g, str):
-            res["gloo_error"] = g
+    res = {"count": n, "iters": iters, "errors": {}}
+    for name in cfg.vs:
+        m = gloo_method(comm, case, warmup, iters) if name == "gloo" else \
+            _variant(comm, name, case, bufs, warmup, iters)
+        if isinstance(m, str):
+            res["errors"][name] = m
         else:
-            methods["gloo"] = g
+            methods[name] = m
     res["times"] = measure(comm.barrier, methods, cfg.rounds, clock=Clock(dev),
                            clocks={"gloo": Clock(torch.device("cpu"))})
     if cfg.check:   # once more after timing: the warm path (cached plans, memo) must be right too
@@ -441,7 +452,7 @@ def _row(cfg, case: BenchCase, res, rates, itemsize) -> dict:
                                                           cfg.deterministic, cfg.layout())
     else:
         used = algo
-    timing = harness.case_row(cfg.kind, case.id, res, ["gloo"], cfg.max_spread)
+    timing = harness.case_row(cfg.kind, case.id, res, list(cfg.vs), cfg.max_spread)
     t = timing["time_us"] / 1e6
     algbw = size / t / 1e9
     row = {"case": case.id, "bench": cfg.kind, "collective": cfg.op, "algo": used,
@@ -451,10 +462,11 @@ def _row(cfg, case: BenchCase, res, rates, itemsize) -> dict:
            "busbw_gbs": algbw * c.factor(w), "iters": res[0]["iters"], "rounds": cfg.rounds}
     if cfg.check:
         row["wrong"] = sum(r["wrong"] for r in res)
-    if "gloo_time_us" in row:
-        row["gloo_busbw_gbs"] = size / row["gloo_time_us"] / 1e3 * c.factor(w)
-    elif "gloo" in cfg.vs:
-        row["gloo_error"] = res[0].get("gloo_error", "unsupported")
+    for name in cfg.vs:
+        if f"{name}_time_us" in row:
+            row[f"{name}_busbw_gbs"] = size / row[f"{name}_time_us"] / 1e3 * c.factor(w)
+        else:
+            row[f"{name}_error"] = res[0]["errors"].get(name, "unsupported")
     if rates is not None and cfg.op not in ("send_recv", "all_to_all_v"):
         row.update(bound_fields(cfg, used, count, itemsize, rates, t))
     return row
@@ -520,5 +532,8 @@ def table(rows: list[dict], title: str = ""):
                 ("bound at", lambda r: r.get("bound_level", "")),
                 ("% of bound", lambda r: fmt(100 * r["frac_of_bound"], ".0f") + "%"
                  if "frac_of_bound" in r else "")]
+    from .variants import VARIANTS
+    names = {b for r in rows for b in ("gloo", *VARIANTS) if f"x_{b}" in r or f"{b}_error" in r}
     return render(rows, title, lead=lead, mid=mid, tail=tail, unit="us",
-                  errors={"gloo": "gloo_error"})
+                  errors={b: f"{b}_error" for b in names},
+                  notes=[f"{b}: {VARIANTS[b]}" for b in VARIANTS if b in names])

@@ -82,10 +82,21 @@ class Timer:
         return out
 
     def calls(self, name: str, fn: Callable, iters: int, *, refill: Callable | None = None,
-              chunk: int | None = None, warmup: int | None = None) -> None:
+              chunk: int | None = None, warmup: int | None = None,
+              setup: Callable | None = None, teardown: Callable | None = None) -> None:
         """``iters`` back-to-back calls after a barrier, recorded as seconds per call.
         ``refill`` (untimed) runs before the first call and then every ``chunk`` calls. In
-        the warm-up: ``warmup`` calls (default ``iters``), no barrier, re-filled the same way."""
+        the warm-up: ``warmup`` calls (default ``iters``), no barrier, re-filled the same way.
+        ``setup`` and ``teardown`` run untimed around the round (and the warm-up)."""
+        if setup:
+            setup()
+        try:
+            self._calls(name, fn, iters, refill, chunk, warmup)
+        finally:
+            if teardown:
+                teardown()
+
+    def _calls(self, name, fn, iters, refill, chunk, warmup) -> None:
         step = chunk or max(iters, warmup or 0, 1)
         if not self.timing:
             for i in range(iters if warmup is None else warmup):
