@@ -134,3 +134,21 @@ def test_bench_ops_checks_the_fused_ops_against_unfused_and_the_matmul(tmp_path)
         for b in ("unfused", "matmul"):
             assert r[f"x_{b}"] == pytest.approx(r[f"{b}_time_us"] / r["time_us"])
     assert main(["bench", "ops", "--gemm", "8x16"]) == 2
+
+
+def test_tilecomm_paths_as_baselines_run_or_say_why(tmp_path):
+    """--vs python / --vs staged: tilecomm with its native runner, or its single-copy reads,
+    switched off on the same ranks, checked and timed beside the default path."""
+    from tilecomm.backends.cpu import native
+    out = tmp_path / "rows.json"
+    rc = main(["bench", "broadcast", "-n", "2", "-b", "64K", "-e", "64K", "--vs", "python",
+               "--vs", "staged", "--check", "--iters", "3", "--rounds", "2", "--no-bound",
+               "--json", str(out)])
+    assert rc == 0
+    (r,) = json.loads(out.read_text())
+    assert r["wrong"] == 0
+    if native.enabled(2):
+        assert r["x_python"] == pytest.approx(r["python_time_us"] / r["time_us"])
+    else:
+        assert "native runner" in r["python_error"]
+    assert "x_staged" in r or "not allowed" in r["staged_error"]

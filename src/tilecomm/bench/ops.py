@@ -161,9 +161,9 @@ def rank_ops(comm, cfg: OpsBenchConfig, case: OpsCase) -> dict:
 
 def table(rows: list[dict], title: str = ""):
     """The rich table ``tilecomm bench ops`` prints."""
-    from .report import table as render
+    from .report import num, table as render
 
     lead = [("op", lambda r: r["op"]), ("m x K x N", lambda r: f"{r['m']}x{r['k']}x{r['n']}"),
             ("type", lambda r: r["dtype"])]
-    mid = [("TFLOP/s", lambda r: f"{r['tflops']:.3f}"), ("#wrong", lambda r: str(r["wrong"]))]
+    mid = [("TFLOP/s", lambda r: num(r["tflops"])), ("#wrong", lambda r: str(r["wrong"]))]
     return render(rows, title, lead=lead, mid=mid, unit="ms")
