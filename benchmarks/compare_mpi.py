@@ -1,10 +1,15 @@
 """tilecomm vs Open MPI (mpi4py) vs Gloo: float32 all_reduce, measured back to back.
 
+Stays a script around ``tilecomm bench``: Open MPI's ranks are other processes (mpirun, Debian's
+python3 and mpi4py), so MPI cannot be a baseline inside the bench's ranks; tilecomm and Gloo
+are timed by the bench itself (``tilecomm.bench.run``, Gloo interleaved round by round).
+
     python benchmarks/compare_mpi.py -n 2 -b 256K -e 256M -f 4 [--json out.json]
 
 Runs ``tilecomm bench`` (auto algorithm, ordinary tensors, Gloo in the same processes) and then
-``mpirun ... benchmarks/mpi_all_reduce.py`` on the same sizes, and prints busbw and the ratios.
-Needs Debian's openmpi-bin and python3-mpi4py (see mpi_all_reduce.py).
+``mpirun ... benchmarks/mpi_all_reduce.py`` on the same sizes, and prints busbw and the ratios:
+``x gloo``, ``x mpi`` = that library's time / tilecomm's (above 1: tilecomm is faster). Needs
+Debian's openmpi-bin and python3-mpi4py (see mpi_all_reduce.py).
 """
 
 import argparse
@@ -47,11 +52,11 @@ def main():
     for r in rows:
         m = mpi.get(r["bytes"])
         r["mpi_time_us"] = m["time_us"] if m else None
-        r["vs_mpi"] = m["time_us"] / r["time_us"] if m else None
+        r["x_mpi"] = m["time_us"] / r["time_us"] if m else None
         out.append(r)
         print(f"{format_size(r['bytes']):>6} {r['algo']:>9} {r['time_us']:>12.1f} "
               f"{r['gloo_time_us']:>10.1f} {r['mpi_time_us'] or 0:>10.1f} {r['busbw_gbs']:>7.2f} "
-              f"{r['vs_gloo']:>7.1f} {r['vs_mpi'] or 0:>6.2f}")
+              f"{r['x_gloo']:>7.1f} {r['x_mpi'] or 0:>6.2f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

@@ -1,5 +1,8 @@
 """CPU accounting of all_reduce across 2 simulated hosts x 2 ranks, tilecomm against Gloo flat.
 
+Stays a script: it reads process CPU time and /proc/stat around the calls on simulated hosts
+(namespaces), which the bench's rows (wall time per round) do not carry.
+
     PYTHONPATH=src python benchmarks/hosts_cpu_accounting.py [--sizes 1M,16M] [--repeats 2]
         [--algos auto,hier_rail,hier_leader]
 

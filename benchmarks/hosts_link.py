@@ -1,5 +1,8 @@
 """The inter-host link of this machine: one rail round between simulated hosts, alone.
 
+Stays a script: it times Gloo's rail primitive alone, no tilecomm call, in torchrun
+workers on simulated hosts (namespaces), as calibration input for ``tilecomm.sim.hosts``.
+
 What the hierarchical runtime's rail steps are made of (``hier/rails.py``): a round of a fixed
 4224-byte header block, then, for payloads over 4096 B, a round of the payload. Each round is
 ``Rails.pairwise``: every member posts a Gloo send to every other member of its rail group and

@@ -1,5 +1,9 @@
 """Local steps of hierarchical calls on simulated hosts, timed alone (calibration).
 
+Stays a script: its rows are pieces of hierarchical calls (a local step right after a rail
+round, and the converse) on simulated hosts (namespaces), calibration input for
+``tilecomm.sim.hosts``, not whole calls the bench could time as cases.
+
 ``tilecomm.sim.hosts`` takes a Local step's cost from the single-host model, which is fitted
 on 2 ranks with a core each. Inside a hierarchical call on 2 simulated hosts x 2 ranks, the
 step runs with the other host's ranks busy at the same time (4 processes on this machine's 2

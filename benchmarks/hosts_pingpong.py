@@ -1,5 +1,8 @@
 """send/recv ping-pong between two simulated hosts, tilecomm against Gloo in the same run.
 
+Stays a script: a ping-pong round trip between ranks 0 and 2 on two simulated hosts
+(namespaces) is not a bench case (``tilecomm bench send_recv`` times a ring exchange).
+
     PYTHONPATH=src python benchmarks/hosts_pingpong.py [--sizes 2,1024,65536] [--iters 200]
 
 Ranks 0 and 2 of 2 hosts x 2 ranks exchange a float32 message back and forth; each row is the

@@ -1,6 +1,10 @@
 """How fast can a hierarchical all_reduce be on 2 simulated hosts x 2 ranks, against Gloo's
 flat ring? A bound from the cost of the bytes each must move, measured on this machine.
 
+Stays a script: it times per-byte primitives (copy, add, TCP) on simulated hosts
+(namespaces), predicts Gloo's and a hierarchical all_reduce's time from them, and sets the
+prediction beside both measured on the same hosts; the bench's rows carry no such model.
+
     PYTHONPATH=src python benchmarks/hosts_traffic_bound.py [--sizes 4M,16M,64M] [--repeats 3]
 
 Every rank runs one primitive at once (4 ranks on this machine's cores, as in the collectives),

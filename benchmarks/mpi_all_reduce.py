@@ -1,5 +1,8 @@
 """Open MPI baseline: float32 all_reduce with mpi4py, timed like ``tilecomm bench``.
 
+Stays a script, outside the bench harness: it times no tilecomm call and runs under mpirun in
+Debian's python3, which has neither torch nor tilecomm (``compare_mpi.py`` runs it).
+
 Runs under Debian's python3 with Debian's mpi4py and numpy (``apt-get install openmpi-bin
 python3-mpi4py python3-numpy``), so it needs nothing from this project:
 

@@ -13,6 +13,12 @@ from tilecomm.units import format_size
 R = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
+def x(r, name):
+    """``x <name>``: that baseline's time / tilecomm's (rows before the one bench harness
+    called it ``vs_<name>``, the same ratio)."""
+    return r.get(f"x_{name}", r.get(f"vs_{name}"))
+
+
 def load(name):
     path = os.path.join(R, name)
     return json.load(open(path)) if os.path.exists(path) else None
@@ -37,13 +43,18 @@ def algo_table(rows, title):
 
 
 def bound_table(rows, title):
+    """Rows from 1 MB: the bound at the level each row is held to (cache or DRAM rates,
+    ``tilecomm.bench.roofline``; rows written before the levels were all held to DRAM)."""
     print(f"\n#### {title}\n")
-    print("| size | algo | time (us) | bound (us) | % of bound | memcpy (us) | copy GB/s | add GB/s |")
-    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    print("| size | algo | time (us) | bound (us) | bound at | % of bound | memcpy (us) | "
+          "copy GB/s | add GB/s |")
+    print("|---:|---|---:|---:|---|---:|---:|---:|---:|")
     for r in rows:
-        if r["bytes"] >= 64 << 20 and "bound_us" in r:
+        if r["bytes"] >= 1 << 20 and "bound_us" in r:
             print(f"| {format_size(r['bytes'])} | {r['algo']} | {r['time_us']:.0f} | "
-                  f"{r['bound_us']:.0f} | {100 * r['frac_of_bound']:.0f}% | {r['memcpy_us']:.0f} | "
+                  f"{r['bound_us']:.0f} | {r.get('bound_level', 'dram')} | "
+                  f"{100 * r['frac_of_bound']:.0f}% | "
+                  f"{r.get('memcpy_time_us', r.get('memcpy_us')):.0f} | "
                   f"{r['copy_gbs']:.1f} | {r['add_gbs']:.1f} |")
 
 
@@ -54,8 +65,8 @@ def compare_table(rows, title):
     for r in rows:
         mpi = r.get("mpi_time_us")
         print(f"| {format_size(r['bytes'])} | {r['algo']} | {r['time_us']:.1f} | "
-              f"{r['gloo_time_us']:.1f} | {mpi:.1f} | {r['busbw_gbs']:.2f} | {r['vs_gloo']:.1f} | "
-              f"{r['vs_mpi']:.2f} |" if mpi else "")
+              f"{r['gloo_time_us']:.1f} | {mpi:.1f} | {r['busbw_gbs']:.2f} | {x(r, 'gloo'):.1f} | "
+              f"{x(r, 'mpi'):.2f} |" if mpi else "")
 
 
 def gloo_table(rows, title):
@@ -64,7 +75,7 @@ def gloo_table(rows, title):
     print("|---:|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         if "gloo_time_us" in r:
-            g = f"{r['gloo_time_us']:.1f} | {r['gloo_busbw_gbs']:.3f} | {r['vs_gloo']:.1f}"
+            g = f"{r['gloo_time_us']:.1f} | {r['gloo_busbw_gbs']:.3f} | {x(r, 'gloo'):.1f}"
         else:
             g = f"{r.get('gloo_error', 'n/a')} | | "
         print(f"| {format_size(r['bytes'])} | {r['algo']} | {r['time_us']:.1f} | "

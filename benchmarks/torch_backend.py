@@ -1,13 +1,18 @@
 """dist.all_reduce and a DDP step through the tilecomm torch.distributed backend vs Gloo.
 
+Stays a script (its timing is the bench harness's, ``tilecomm.bench.timing``): each backend
+needs processes of its own that torch.distributed initializes with it (``tilecomm bench`` ranks
+hold a Communicator and Gloo side by side), and the DDP step runs under torchrun.
+
     python benchmarks/torch_backend.py -n 2 -b 8 -e 64M -f 4 --json benchmarks/results/torch_backend_2ranks.json
 
 Both backends run in the same invocation, one after the other, with the same sizes: each
 size is warmed up, then timed in ``--rounds`` rounds of back-to-back calls (separated by a
-barrier); a rank's figure is its median round, and the reported time is the slowest rank's.
-The DDP step is ``examples/ddp_train.py`` under torchrun (median step of ``--ddp-steps``).
-The last column times tilecomm's Communicator called directly in the same processes: the
-difference is the cost of going through torch.distributed.
+barrier); the reported time is the median over rounds of the slowest rank's. The DDP step is
+``examples/ddp_train.py`` under torchrun (median step of ``--ddp-steps``). The last column
+times tilecomm's Communicator called directly in the same processes, interleaved round by
+round with dist.all_reduce: the difference is the cost of going through torch.distributed.
+``x gloo`` = Gloo's time / tilecomm's (above 1: tilecomm is faster).
 """
 
 from __future__ import annotations
@@ -19,14 +24,19 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-from statistics import median
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
 from tilecomm.units import format_size, parse_size, sizes  # noqa: E402
+
+
+def _method(call, t, iters: int, chunk: int | None):
+    """The harness's method: ``iters`` back-to-back ``call(t)`` per round, ``t`` re-filled
+    with ones (untimed) before the sums could overflow."""
+    return lambda tm: tm.calls("call", lambda: call(t), iters, refill=lambda: t.fill_(1),
+                               chunk=chunk, warmup=3)
 
 
 def _rank(rank, world, backend, path, byte_sizes, rounds, q):
@@ -38,32 +48,30 @@ def _rank(rank, world, backend, path, byte_sizes, rounds, q):
     torch.set_num_threads(1)
     dist.init_process_group(backend, init_method=f"file://{path}", rank=rank, world_size=world)
     # tilecomm's group also times its Communicator directly: the cost of the torch layer.
+    from tilecomm.bench.runner import safe_chunk
+    from tilecomm.bench.timing import measure
+
     comm = getattr(dist.group.WORLD, "comm", None)
-    calls = [dist.all_reduce] + ([comm.all_reduce] if comm is not None else [])
+    calls = {"dist": dist.all_reduce}
+    if comm is not None:
+        calls["comm"] = comm.all_reduce
+    chunk = safe_chunk("all_reduce", torch.float32, world)
     rows = []
     for nbytes in byte_sizes:
         t = torch.ones(max(1, nbytes // 4))
         iters = max(5, min(1000, int(2e7 // max(nbytes, 1))))
-        row = []
-        for call in calls:
-            for _ in range(3):
-                call(t)
-            per_round = []
-            for _ in range(rounds):
-                dist.barrier()
-                t0 = time.perf_counter()
-                for _ in range(iters):
-                    call(t)
-                per_round.append((time.perf_counter() - t0) / iters)
-            row.append(median(per_round))
-        rows.append(row)
+        methods = {name: _method(call, t, iters, chunk) for name, call in calls.items()}
+        rows.append(measure(dist.barrier, methods, rounds))
     dist.destroy_process_group()
     q.put((rank, rows))
 
 
 def time_all_reduce(backend: str, world: int, byte_sizes: list[int], rounds: int) -> list:
-    """Seconds per dist.all_reduce (slowest rank's median round) for each size: one list per
-    size, ``[dist.all_reduce]`` or, for tilecomm, ``[dist.all_reduce, comm.all_reduce]``."""
+    """Seconds per dist.all_reduce (the median round of the slowest rank) for each size: one
+    list per size, ``[dist.all_reduce]`` or, for tilecomm, ``[dist.all_reduce,
+    comm.all_reduce]``."""
+    from tilecomm.bench.harness import method_stats
+
     ctx = mp.get_context("fork")
     q = ctx.Queue()
     fd, path = tempfile.mkstemp(prefix="tilecomm-bench-")
@@ -82,7 +90,7 @@ def time_all_reduce(backend: str, world: int, byte_sizes: list[int], rounds: int
                 p.kill()
         if os.path.exists(path):
             os.unlink(path)
-    return [[max(r[i][j] for r in per_rank) for j in range(len(per_rank[0][i]))]
+    return [[method_stats([r[i][m] for r in per_rank]).median_s for m in per_rank[0][i]]
             for i in range(len(byte_sizes))]
 
 
@@ -121,7 +129,7 @@ def main() -> None:
     gloo = time_all_reduce("gloo", args.world_size, byte_sizes, args.rounds)
     print(f"# dist.all_reduce float32 sum, {args.world_size} ranks, median of {args.rounds} "
           f"rounds, slowest rank")
-    print(f"{'size':>8} {'tilecomm us':>12} {'gloo us':>10} {'speedup':>8} "
+    print(f"{'size':>8} {'tilecomm us':>12} {'gloo us':>10} {'x gloo':>8} "
           f"{'Communicator us':>16}")
     rows = []
     for nbytes, (a, direct), (b,) in zip(byte_sizes, ours, gloo):

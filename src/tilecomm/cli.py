@@ -26,16 +26,20 @@ def _description(doc: str) -> str:
 
 def add_bench_parser(sub) -> None:
     from .bench.cases import CASES
+    from .bench.harness import MAX_SPREAD
 
     p = sub.add_parser("bench", help="nccl-tests-style benchmark on local ranks",
                        formatter_class=HelpFormatter,
-                       description="Time a collective on local ranks over shared memory "
-                                   "(nccl-tests columns; time = slowest rank, median round). "
-                                   "size = bytes of the largest buffer, rounded to whole "
-                                   "elements per rank.")
-    p.add_argument("op", choices=list(CASES) + ["kv", "moe"],
-                   help="a collective, kv: KV-cache transfer (tilecomm.kv), or moe: MoE "
-                        "dispatch/combine (tilecomm.moe); their options below")
+                       description="Time a collective, MoE dispatch/combine, KV-cache transfer "
+                                   "or the fused ops on local ranks, with baselines in the same "
+                                   "run (time = slowest rank, median round; spread = slowest "
+                                   "round / fastest; x B = B's time / tilecomm's, above 1: "
+                                   "tilecomm faster). size = bytes of the largest buffer, "
+                                   "rounded to whole elements per rank.")
+    p.add_argument("op", choices=list(CASES) + ["kv", "moe", "ops"],
+                   help="a collective, kv: KV-cache transfer (tilecomm.kv), moe: MoE "
+                        "dispatch/combine (tilecomm.moe), or ops: the fused ops "
+                        "(tilecomm.ops); their options below")
     p.add_argument("-n", "--nranks", type=int, default=2, help="number of local ranks")
     p.add_argument("-b", "--minbytes", default="8", help="smallest size (8, 1K, 256M, ...)")
     p.add_argument("-e", "--maxbytes", default="64M", help="largest size")
@@ -53,12 +57,18 @@ def add_bench_parser(sub) -> None:
                         "the Triton kernels")
     p.add_argument("--redop", default="sum", choices=["sum", "prod", "min", "max", "avg"],
                    help="reduction of all_reduce, reduce_scatter and reduce")
-    p.add_argument("--iters", type=int, default=None, help="calls per timed round")
+    p.add_argument("--iters", type=int, default=None,
+                   help="calls per timed round (collectives: chosen per size; ops: 1)")
     p.add_argument("--warmup", type=int, default=None, help="untimed calls per size")
     p.add_argument("--rounds", type=int, default=5, help="timed rounds (median reported)")
+    p.add_argument("--max-spread", type=float, default=MAX_SPREAD,
+                   help="a time whose rounds disagree by more than this (slowest round / "
+                        "fastest) is marked noisy (* in the table, noisy in the JSON)")
     p.add_argument("-c", "--check", action="store_true", help="check results (#wrong)")
-    p.add_argument("--vs", action="append", default=[], choices=["gloo"],
-                   help="baseline measured in the same run")
+    p.add_argument("--vs", action="append", default=[], choices=["gloo", "python", "staged"],
+                   help="baseline measured in the same run, interleaved round by round: gloo "
+                        "(torch.distributed), python (tilecomm with the native runner off), "
+                        "staged (tilecomm with single-copy reads off); repeat for several")
     p.add_argument("--no-bound", action="store_true", help="skip the memory-bandwidth bound")
     p.add_argument("--deterministic", action="store_true",
                    help="deterministic mode: rank-order bits for every reduction "
@@ -74,8 +84,8 @@ def add_bench_parser(sub) -> None:
                    help="every rank writes a Chrome trace to DIR (TILECOMM_TRACE), merged into "
                         "DIR/trace.json (tracing slows the calls it times)")
     k = p.add_argument_group("kv (tilecomm bench kv): prefill ranks 0..n/2-1 push to decode "
-                             "ranks n/2..n-1, against one Gloo send/recv per (layer, block) "
-                             "and one memcpy of a request")
+                             "ranks n/2..n-1, against one Gloo send/recv per (layer, block), "
+                             "bare Gloo streaming the bytes, and memcpy of a request")
     k.add_argument("--layers", type=int, default=32)
     k.add_argument("--blocks", type=int, default=1024, help="blocks per rank's cache")
     k.add_argument("--block-size", type=int, default=16, help="tokens per block")
@@ -96,6 +106,12 @@ def add_bench_parser(sub) -> None:
     m.add_argument("--experts", type=int, default=64)
     m.add_argument("--mode", choices=["normal", "low_latency"], default="normal")
     m.add_argument("--fp8", action="store_true", help="dispatch rows as float8 e4m3 + scales")
+    o = p.add_argument_group("ops (tilecomm bench ops): the fused ops against the collective "
+                             "then the matmul, and the matmul alone")
+    o.add_argument("--fused", default="all_gather_matmul,matmul_reduce_scatter",
+                   help="fused ops, comma separated")
+    o.add_argument("--gemm", default="256x1024x1024",
+                   help="MxKxN (m rows per rank), comma separated for several")
     p.set_defaults(func=run_bench)
 
 
@@ -114,64 +130,72 @@ def _bench_hosts(args) -> list[int] | None:
     return hosts
 
 
-def run_bench_moe(args) -> int:
-    from .bench.moe import MoEBenchConfig, run as run_moe, table as moe_table
+def _bench_moe(args):
+    from .bench.moe import MoEBenchConfig, table
 
-    cfg = MoEBenchConfig(world_size=args.nranks, hosts=_bench_hosts(args), tokens=args.tokens,
-                         hidden=args.hidden, topk=args.topk, experts=args.experts,
-                         mode=args.mode, fp8=args.fp8, rounds=args.rounds,
-                         dtype=args.dtype or "bfloat16", bound=not args.no_bound)
-    return _report_one_row(args, run_moe(cfg), moe_table)
-
-
-def _report_one_row(args, row: dict, render) -> int:
-    """Print a one-row bench (``render(row)``: a rich table), write it to ``--json``; exit
-    status 1 when it counted wrong results."""
-    from .bench.report import write_json
-
-    console = _console()
-    console.print(render(row))
-    if args.json:
-        write_json([row], args.json)
-        console.print(f"wrote 1 row to {args.json}")
-    return 1 if row["wrong"] else 0
+    return MoEBenchConfig(world_size=args.nranks, hosts=_bench_hosts(args), tokens=args.tokens,
+                          hidden=args.hidden, topk=args.topk, experts=args.experts,
+                          mode=args.mode, fp8=args.fp8, rounds=args.rounds,
+                          dtype=args.dtype or "bfloat16", bound=not args.no_bound,
+                          max_spread=args.max_spread), table
 
 
-def run_bench_kv(args) -> int:
-    from .bench.kv import KVBenchConfig, run as run_kv
+def _bench_kv(args):
+    from .bench.kv import KVBenchConfig, table
 
-    hosts = _bench_hosts(args)
-    cfg = KVBenchConfig(world_size=args.nranks, hosts=hosts, layers=args.layers,
-                        blocks=args.blocks, block_size=args.block_size, kv_heads=args.kv_heads,
-                        head_dim=args.head_dim, request_blocks=args.request_blocks,
-                        requests=args.requests, rounds=args.rounds,
-                        naive_rounds=max(1, min(3, args.rounds)), fragmented=args.fragmented,
-                        layerwise=not args.whole_request, dtype=args.dtype or "bfloat16")
-    from .bench.kv import table as kv_table
-    return _report_one_row(args, run_kv(cfg), kv_table)
+    return KVBenchConfig(world_size=args.nranks, hosts=_bench_hosts(args), layers=args.layers,
+                         blocks=args.blocks, block_size=args.block_size,
+                         kv_heads=args.kv_heads, head_dim=args.head_dim,
+                         request_blocks=args.request_blocks, requests=args.requests,
+                         rounds=args.rounds, fragmented=args.fragmented,
+                         layerwise=not args.whole_request, dtype=args.dtype or "bfloat16",
+                         max_spread=args.max_spread), table
 
 
-def run_bench(args) -> int:
-    from rich.console import Console
-    from rich.progress import Progress
+def _bench_ops(args):
+    from .bench.ops import OpsBenchConfig, parse_gemm, table
 
-    from .bench import BenchConfig, run
-    from .bench.report import table, write_json
+    cfg = OpsBenchConfig(world_size=args.nranks, hosts=_bench_hosts(args),
+                         ops=[x.strip() for x in args.fused.split(",")],
+                         shapes=parse_gemm(args.gemm), dtype=args.dtype or "float32",
+                         iters=args.iters or 1, rounds=args.rounds,
+                         max_spread=args.max_spread)
+    title = f"tilecomm ops: {args.nranks} ranks, {cfg.dtype}, {cfg.iters} call(s) per round"
+    return cfg, lambda rows: table(rows, title)
 
-    if args.op == "kv":
-        return run_bench_kv(args)
-    if args.op == "moe":
-        return run_bench_moe(args)
+
+def _bench_collective(args):
+    from .bench import BenchConfig
+    from .bench.runner import table
+
     args.dtype = args.dtype or "float32"
-    algos = [a.strip() for a in args.algo.split(",")]
     hosts = _bench_hosts(args)
     cfg = BenchConfig(hosts=hosts, op=args.op, world_size=args.nranks,
                       sizes=sizes(parse_size(args.minbytes), parse_size(args.maxbytes),
                                   args.stepfactor),
-                      dtype=args.dtype, algos=algos, mem=args.mem, iters=args.iters,
-                      warmup=args.warmup, rounds=args.rounds, check=args.check, vs=args.vs,
-                      bound=not args.no_bound, device=args.device, redop=args.redop,
-                      deterministic=args.deterministic, trace=args.trace)
+                      dtype=args.dtype, algos=[a.strip() for a in args.algo.split(",")],
+                      mem=args.mem, iters=args.iters, warmup=args.warmup, rounds=args.rounds,
+                      check=args.check, vs=args.vs, bound=not args.no_bound,
+                      device=args.device, redop=args.redop, deterministic=args.deterministic,
+                      trace=args.trace, max_spread=args.max_spread)
+    where = f" on {len(hosts)} simulated hosts ({'+'.join(map(str, hosts))})" if hosts else ""
+    title = (f"tilecomm {args.op}: {args.nranks} ranks{where}, {args.dtype}, {args.mem} "
+             f"memory, {args.device}{', deterministic' if args.deterministic else ''}")
+    return cfg, lambda rows: table(rows, title)
+
+
+def run_bench(args) -> int:
+    """Every bench through one harness (tilecomm.bench.harness): build its config, run its
+    cases with a progress bar, print its table, write its rows; exit 1 on wrong results."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from .bench import harness, runner
+    from .bench.report import write_json
+
+    make = {"kv": _bench_kv, "moe": _bench_moe, "ops": _bench_ops}.get(args.op,
+                                                                      _bench_collective)
+    cfg, render = make(args)
     console = _console()
     with Progress(console=Console(stderr=True), transient=True) as prog:
         task = prog.add_task(f"{args.op} on {args.nranks} ranks", total=None)
@@ -179,14 +203,12 @@ def run_bench(args) -> int:
         def progress(done, total, label):
             prog.update(task, completed=done, total=total, description=label)
 
-        rows = run(cfg, progress)
-    where = f" on {len(hosts)} simulated hosts ({'+'.join(map(str, hosts))})" if hosts else ""
-    console.print(table(rows, f"tilecomm {args.op}: {args.nranks} ranks{where}, {args.dtype}, "
-                              f"{args.mem} memory, {args.device}"
-                              f"{', deterministic' if args.deterministic else ''}"))
+        rows = runner.run(cfg, progress) if make is _bench_collective else \
+            harness.run(cfg, progress)
+    console.print(render(rows))
     if args.json:
         write_json(rows, args.json)
-        console.print(f"wrote {len(rows)} rows to {args.json}")
+        console.print(f"wrote {len(rows)} row{'s' if len(rows) != 1 else ''} to {args.json}")
     if args.trace:
         import os
         console.print(f"wrote the ranks' traces to {args.trace}; merged: "

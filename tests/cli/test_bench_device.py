@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from tilecomm.bench.cases import BenchCase, bench_table, kernel_table
-from tilecomm.bench.runner import Clock, safe_chunk, time_rounds
+from tilecomm.bench.runner import safe_chunk
+from tilecomm.bench.timing import Clock, time_rounds
 from tilecomm.cli import main
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))

@@ -18,23 +18,30 @@ def test_bench_moe_runs_every_method_and_checks(tmp_path, extra):
     rc = main(["bench", "moe", "-n", "2", *SMALL, *extra, "--json", str(out)])
     assert rc == 0
     (row,) = json.loads(out.read_text())
-    methods = row["methods"]
-    want = {"tilecomm.moe"} if extra == ["--mode", "low_latency"] else set(bench_moe.METHODS)
-    assert set(methods) == want
+    assert row["bench"] == "moe" and row["case"].startswith("moe/")
+    timed = {m for m in bench_moe.METHODS if f"{'' if m == 'tilecomm' else m + '_'}dispatch_us"
+             in row}
+    want = {"tilecomm"} if extra == ["--mode", "low_latency"] else set(bench_moe.METHODS)
+    assert timed == want
     # normal mode: a row per (source, token) sent here; low-latency: per (token, expert) slot,
     # as DeepEP counts its low-latency bytes
     most = 2 * 40 * (3 if "low_latency" in extra else 1)
     assert row["wrong"] == 0 and 0 < row["rows_per_rank"] <= most
-    for v in methods.values():
-        assert v["dispatch_GBps"] == pytest.approx(row["dispatch_bytes"] / v["dispatch_s"] / 1e9)
-        assert v["combine_GBps"] == pytest.approx(row["combine_bytes"] / v["combine_s"] / 1e9)
-    if "gloo all_to_all_single" in methods:
-        g = methods["gloo all_to_all_single"]["total_s"]
-        assert methods["tilecomm.moe"]["x_gloo"] == pytest.approx(
-            g / methods["tilecomm.moe"]["total_s"])
+    for m in timed:
+        pre = "" if m == "tilecomm" else m + "_"
+        assert row[f"{pre}dispatch_gbs"] == pytest.approx(
+            row["dispatch_bytes"] / row[f"{pre}dispatch_us"] / 1e3)
+        assert row[f"{pre}combine_gbs"] == pytest.approx(
+            row["combine_bytes"] / row[f"{pre}combine_us"] / 1e3)
+        assert row[f"{pre}wrong"] == 0
+    # one round: the phases' medians add up to the method's time
+    assert row["dispatch_us"] + row["combine_us"] == pytest.approx(row["time_us"])
+    for b in timed - {"tilecomm"}:
+        assert row[f"x_{b}"] == pytest.approx(row[f"{b}_time_us"] / row["time_us"])
     per_row = 256 + 4 * 2 if "--fp8" in extra else 512       # fp8 bytes + scales, or bf16
     assert row["dispatch_bytes"] == pytest.approx(row["rows_per_rank"] * per_row)
-    assert row["bound_s"]["dispatch"] > 0 and 0 < row["fraction_of_bound"]["combine"]
+    assert row["dispatch_bound_us"] > 0 and 0 < row["frac_of_bound"]
+    assert row["bound_us"] == pytest.approx(row["dispatch_bound_us"] + row["combine_bound_us"])
 
 
 def test_the_result_check_can_fail():

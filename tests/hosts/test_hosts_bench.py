@@ -34,7 +34,7 @@ def test_bench_on_simulated_hosts_checks_results_and_times_gloo(tmp_path):
     for r in rows:
         assert r["world_size"] == 4 and r["wrong"] == 0, r
         assert r["algo"].startswith("hier_"), r          # auto picks a hierarchical schedule
-        assert r["time_us"] > 0 and r["gloo_time_us"] > 0 and r["vs_gloo"] > 0, r
+        assert r["time_us"] > 0 and r["gloo_time_us"] > 0 and r["x_gloo"] > 0, r
 
 
 def test_accounting_helpers_time_every_primitive_on_every_rank():

@@ -14,30 +14,38 @@ number of ranks it went to. Compared in the same run, on the same routing:
 * **tilecomm all_to_all_v**: the same permute, with tilecomm's uneven all-to-all
   (``comm.all_to_all_v``) in place of Gloo's.
 
-Times are medians over rounds of the slowest rank, each phase timed between barriers. GB/s
-follows DeepEP's convention: bytes of token rows a rank receives in dispatch (fp8 rows and
-their scales under ``--fp8``), the same rows in the layer's dtype sent back in combine, over
-the phase's time, averaged over ranks; a row per (source, token) in normal mode, per
-(token, expert) slot in low-latency mode (as DeepEP's low-latency test counts). The memory bound: each of those bytes must be written
-once at the copy rate (dispatch) and added once at the add rate (combine), measured with all
-ranks running (:func:`.roofline.measure_rates`); one host only.
+The methods run as one bench's cases (:mod:`.harness`): interleaved rounds, each phase timed
+between barriers, a round's time the sum over phases of the slowest rank's, the median round
+reported with its spread; ``x gloo`` and ``x a2av`` are the layer's time over tilecomm's
+(above 1: tilecomm is faster). GB/s follows DeepEP's convention: bytes of token rows a rank
+receives in dispatch (fp8 rows and their scales under ``--fp8``), the same rows in the layer's
+dtype sent back in combine, over the phase's time, averaged over ranks; a row per (source,
+token) in normal mode, per (token, expert) slot in low-latency mode (as DeepEP's low-latency
+test counts). The memory bound: each of those bytes must be written once at the copy rate
+(dispatch) and added once at the add rate (combine), at the rates of the level the working set
+is held to (:mod:`.roofline`: cache or DRAM); one host only.
 """
 
 from __future__ import annotations
 
 import statistics
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
 from ..moe import ExpertParallel, fp8 as fp8mod, routing
+from . import harness
+from .harness import PRIMARY, Bench
+from .timing import Timer, measure
 
-METHODS = ("tilecomm.moe", "gloo all_to_all_single", "tilecomm all_to_all_v")
+#: the methods, as rows' keys name them: tilecomm.moe, and the all_to_all layer on Gloo's
+#: all_to_all_single and on tilecomm's all_to_all_v
+METHODS = {PRIMARY: "tilecomm.moe", "gloo": "permute + Gloo all_to_all_single",
+           "a2av": "permute + tilecomm all_to_all_v"}
 
 
 @dataclass
-class MoEBenchConfig:
+class MoEBenchConfig(Bench):
     world_size: int = 2
     hosts: list[int] | None = None          # ranks per simulated host; None: one host
     tokens: int = 4096
@@ -52,8 +60,36 @@ class MoEBenchConfig:
     bound: bool = True
     timeout: float = 300.0
     seed: int = 1
+    max_spread: float = harness.MAX_SPREAD
 
-    def check(self) -> None:
+    kind = "moe"
+
+    @property
+    def rank_case(self):
+        return rank_moe
+
+    @property
+    def id(self) -> str:
+        """The case id: ``moe/<mode>/<dtype>[+fp8]/t<tokens>/h<hidden>/top<k>/e<experts>/w<W>``."""
+        dt = self.dtype + ("+fp8" if self.fp8 else "")
+        hosts = f"/h{'+'.join(map(str, self.hosts))}" if self.hosts else ""
+        return (f"moe/{self.mode}/{dt}/t{self.tokens}/h{self.hidden}/top{self.topk}/"
+                f"e{self.experts}/w{self.world_size}{hosts}")
+
+    def cases(self) -> list:
+        return [self]
+
+    def prepare(self, group) -> dict:
+        super().prepare(group)
+        if not self.bound or self.hosts:
+            return {"rates": None}
+        from .roofline import measure_rates, merge_rates
+        return {"rates": merge_rates(group.run(measure_rates))}
+
+    def row(self, case, per_rank: list[dict], ctx: dict) -> dict:
+        return summarize(self, per_rank, ctx.get("rates"))
+
+    def validate(self) -> None:
         if self.mode not in ("normal", "low_latency"):
             raise ValueError(f"bench moe: --mode must be normal or low_latency, not {self.mode}")
         routing.experts_per_rank(self.experts, self.world_size)
@@ -103,26 +139,6 @@ def _wrong(cfg, got, want) -> int:
     return int(bad.any(1).sum())
 
 
-def _timed(comm, fn):
-    comm.barrier()
-    t0 = time.perf_counter()
-    res = fn()
-    return res, time.perf_counter() - t0
-
-
-def _tilecomm_round(comm, cfg, ep, x, idx, w):
-    m = cfg.tokens
-    if cfg.mode == "low_latency":
-        d, td = _timed(comm, lambda: ep.dispatch(x, idx, w, mode="low_latency",
-                                                 max_tokens_per_rank=m, fp8=cfg.fp8))
-    else:
-        d, td = _timed(comm, lambda: ep.dispatch(x, idx, w, fp8=cfg.fp8))
-    y = d.dequantized(x.dtype) if cfg.fp8 else d.x          # identity experts (untimed)
-    out, tc = _timed(comm, lambda: ep.combine(y, d))
-    rows = int(d.count.sum()) if cfg.mode == "low_latency" else d.x.shape[0]
-    return out, td, tc, rows
-
-
 def permuted_dispatch(x, idx, w, el: int, world: int, fp8: bool, a2a, group=None):
     """The all_to_all layer's dispatch: permute the rows by destination rank (each token once
     per rank it goes to), exchange the counts (``all_to_all_single`` on ``group``, on ``x``'s
@@ -161,17 +177,6 @@ def permuted_combine(y, x, send_tok, send, recv, a2a):
     return acc.to(x.dtype)
 
 
-def _permuted_round(comm, cfg, x, idx, w, el, a2a):
-    """One timed round of the all_to_all layer: ``a2a(tensor, send_counts, recv_counts)``
-    moves rows."""
-    world = comm.world_size
-    (send_tok, send, recv, got), td = _timed(
-        comm, lambda: permuted_dispatch(x, idx, w, el, world, cfg.fp8, a2a))
-    y = received_rows(got, cfg.fp8, x.dtype)
-    out, tc = _timed(comm, lambda: permuted_combine(y, x, send_tok, send, recv, a2a))
-    return out, td, tc
-
-
 def a2a_single(t, send, recv, group=None):
     """``all_to_all_single`` of rows (``send``/``recv`` counts per rank) on ``group``; 16-bit
     rows travel as bytes (Gloo has no 16-bit types)."""
@@ -186,112 +191,115 @@ def a2a_single(t, send, recv, group=None):
     return out
 
 
-def rank_moe(comm, cfg: MoEBenchConfig) -> dict:
-    """Run on every rank: tilecomm's rounds, then the baselines', then the memory rates."""
+def _tilecomm_method(cfg, ep, x, idx, w, want, res):
+    """tilecomm.moe's round: dispatch, the identity experts (untimed), combine."""
+    def method(t: Timer):
+        kw = dict(mode="low_latency", max_tokens_per_rank=cfg.tokens) \
+            if cfg.mode == "low_latency" else {}
+        d = t.phase("dispatch", lambda: ep.dispatch(x, idx, w, fp8=cfg.fp8, **kw))
+        y = d.dequantized(x.dtype) if cfg.fp8 else d.x
+        out = t.phase("combine", lambda: ep.combine(y, d))
+        res["wrong"][PRIMARY] += _wrong(cfg, out, want)
+        res["rows"] = int(d.count.sum()) if cfg.mode == "low_latency" else d.x.shape[0]
+    return method
+
+
+def _layer_method(name, comm, cfg, x, idx, w, el, want, res, a2a):
+    """The all_to_all layer's round: ``a2a(tensor, send_counts, recv_counts)`` moves rows."""
+    def method(t: Timer):
+        send_tok, send, recv, got = t.phase("dispatch", lambda: permuted_dispatch(
+            x, idx, w, el, comm.world_size, cfg.fp8, a2a))
+        y = received_rows(got, cfg.fp8, x.dtype)
+        out = t.phase("combine", lambda: permuted_combine(y, x, send_tok, send, recv, a2a))
+        res["wrong"][name] += _wrong(cfg, out, want)
+    return method
+
+
+def rank_moe(comm, cfg: MoEBenchConfig, case=None) -> dict:
+    """Run on every rank: tilecomm's rounds and the baselines', interleaved."""
     world = comm.world_size
     el = cfg.experts // world
     x, idx, w = _inputs(cfg, comm.rank)
     want = _expected(cfg, x, idx, w, el, world)
     ep = ExpertParallel(comm, num_experts=cfg.experts, hidden=cfg.hidden,
                         dtype=getattr(torch, cfg.dtype))
-    res = {m: {"dispatch": [], "combine": [], "wrong": 0} for m in METHODS}
-    res["rows"] = 0
+    res = {"wrong": {m: 0 for m in METHODS}, "rows": 0}
+    methods = {PRIMARY: _tilecomm_method(cfg, ep, x, idx, w, want, res)}
+    if cfg.baselines and cfg.mode == "normal":
+        a2a_v = lambda t, send, recv: comm.all_to_all_v(t.contiguous(), send, recv)  # noqa
+        for name, a2a in (("gloo", a2a_single), ("a2av", a2a_v)):
+            methods[name] = _layer_method(name, comm, cfg, x, idx, w, el, want, res, a2a)
     with torch.no_grad():
-        for rnd in range(cfg.rounds + 1):              # round 0 warms up
-            out, td, tc, rows = _tilecomm_round(comm, cfg, ep, x, idx, w)
-            _record(res["tilecomm.moe"], rnd, td, tc, _wrong(cfg, out, want))
-            res["rows"] = rows
-        if cfg.baselines and cfg.mode == "normal":
-            a2a_v = lambda t, send, recv: comm.all_to_all_v(t.contiguous(), send, recv)  # noqa
-            for name, a2a in (("gloo all_to_all_single", a2a_single),
-                              ("tilecomm all_to_all_v", a2a_v)):
-                for rnd in range(cfg.rounds + 1):
-                    out, td, tc = _permuted_round(comm, cfg, x, idx, w, el, a2a)
-                    _record(res[name], rnd, td, tc, _wrong(cfg, out, want))
-    if cfg.bound and not cfg.hosts:
-        from .roofline import measure_rates
-        res["rates"] = measure_rates(comm)
+        res["times"] = measure(comm.barrier, methods, cfg.rounds)
     return res
 
 
-def _record(slot, rnd, td, tc, wrong) -> None:
-    if rnd:
-        slot["dispatch"].append(td)
-        slot["combine"].append(tc)
-    slot["wrong"] += wrong
-
-
-def summarize(cfg: MoEBenchConfig, per_rank: list[dict]) -> dict:
-    """One row per method: medians of the slowest rank, GB/s, ratios to the Gloo layer."""
+def summarize(cfg: MoEBenchConfig, per_rank: list[dict], rates: dict | None = None) -> dict:
+    """The row: the shared timing fields (tilecomm.moe and its baselines, dispatch and
+    combine), GB/s per phase and method, the memory bound."""
     itemsize = torch.empty((), dtype=getattr(torch, cfg.dtype)).element_size()
     rows = statistics.mean(r["rows"] for r in per_rank)
     disp_row = cfg.hidden + 4 * (cfg.hidden // 128) if cfg.fp8 else cfg.hidden * itemsize
     disp_bytes, comb_bytes = rows * disp_row, rows * cfg.hidden * itemsize
-    out = {"config": asdict(cfg), "rows_per_rank": rows, "dispatch_bytes": disp_bytes,
-           "combine_bytes": comb_bytes, "methods": {}}
+    out = harness.case_row(cfg.kind, cfg.id, per_rank, ["gloo", "a2av"], cfg.max_spread)
+    out.update(world_size=cfg.world_size, hosts=cfg.hosts, tokens=cfg.tokens,
+               hidden=cfg.hidden, topk=cfg.topk, experts=cfg.experts, mode=cfg.mode,
+               fp8=cfg.fp8, dtype=cfg.dtype, rounds=cfg.rounds, rows_per_rank=rows,
+               dispatch_bytes=disp_bytes, combine_bytes=comb_bytes)
     for m in METHODS:
-        if not per_rank[0][m]["dispatch"]:
-            continue
-        d = statistics.median(max(v) for v in zip(*(r[m]["dispatch"] for r in per_rank)))
-        c = statistics.median(max(v) for v in zip(*(r[m]["combine"] for r in per_rank)))
-        out["methods"][m] = {"dispatch_s": d, "combine_s": c, "total_s": d + c,
-                             "dispatch_GBps": disp_bytes / d / 1e9,
-                             "combine_GBps": comb_bytes / c / 1e9,
-                             "wrong": sum(r[m]["wrong"] for r in per_rank)}
-    base = out["methods"].get("gloo all_to_all_single")
-    for m, v in out["methods"].items():
-        v["x_gloo"] = base["total_s"] / v["total_s"] if base else None
-    rates = [r["rates"] for r in per_rank if r.get("rates")]
+        pre = "" if m == PRIMARY else f"{m}_"
+        if f"{pre}dispatch_us" in out:
+            out[f"{pre}dispatch_gbs"] = disp_bytes / out[f"{pre}dispatch_us"] / 1e3
+            out[f"{pre}combine_gbs"] = comb_bytes / out[f"{pre}combine_us"] / 1e3
+        out[f"{pre}wrong"] = sum(r["wrong"][m] for r in per_rank)
+    out["wrong"] = sum(sum(r["wrong"].values()) for r in per_rank)
     if rates:
-        copy = min(r["copy"] for r in rates)
-        add = min(r["add"] for r in rates)
-        out["bound_s"] = {"dispatch": disp_bytes / copy, "combine": comb_bytes / add}
-        t = out["methods"]["tilecomm.moe"]
-        out["fraction_of_bound"] = {k: out["bound_s"][k] / t[k + "_s"]
-                                    for k in ("dispatch", "combine")}
-    out["wrong"] = sum(v["wrong"] for v in out["methods"].values())
+        out.update(_bound(cfg, disp_bytes, comb_bytes, itemsize, rates, out["time_us"] / 1e6))
     return out
+
+
+def _bound(cfg, disp_bytes: float, comb_bytes: float, itemsize: int, rates: dict,
+           t: float) -> dict:
+    """Every received row byte written once at the copy rate (dispatch) and added once at
+    the add rate (combine), on every rank, at the level the working set is held to (the
+    tokens, what a rank receives and its combine output, every rank's together)."""
+    from .roofline import bound_level, bound_time
+
+    mine = cfg.tokens * cfg.hidden * itemsize
+    ws = cfg.world_size * (2 * mine + disp_bytes + comb_bytes)
+    level = bound_level(rates, ws)
+    lv = rates[level]
+    bd = bound_time([(disp_bytes, 0)] * cfg.world_size, lv)
+    bc = bound_time([(0, comb_bytes)] * cfg.world_size, lv)
+    return {"bound_us": (bd + bc) * 1e6, "dispatch_bound_us": bd * 1e6,
+            "combine_bound_us": bc * 1e6, "frac_of_bound": (bd + bc) / t, "bound_level": level,
+            "copy_gbs": lv["copy"] / 1e9, "add_gbs": lv["add"] / 1e9}
 
 
 def run(cfg: MoEBenchConfig) -> dict:
     """Start the ranks (local processes, or simulated hosts with ``cfg.hosts``), run
-    :func:`rank_moe` on each, and summarize."""
-    from ..launch import RankGroup
-    from .runner import free_port, rank_init_gloo
-
-    cfg.check()
-    if cfg.hosts:
-        from .hosts_group import HostsGroup
-        group_cm = HostsGroup(cfg.hosts, timeout=cfg.timeout, heap_bytes=cfg.heap_bytes)
-    else:
-        group_cm = RankGroup(cfg.world_size, timeout=cfg.timeout, heap_bytes=cfg.heap_bytes)
-    with group_cm as group:
-        group.run(rank_init_gloo, free_port())
-        per_rank = group.run(rank_moe, cfg)
-    return summarize(cfg, per_rank)
+    :func:`rank_moe` on each, and return the row."""
+    return harness.run(cfg)[0]
 
 
-def table(row: dict):
+def table(rows: list[dict]):
     """The rich table ``tilecomm bench moe`` prints."""
-    from rich.table import Table
+    from .report import fmt, table as render
 
-    c = row["config"]
+    c = rows[0]
     where = f"{len(c['hosts'])} simulated hosts" if c["hosts"] else "one host"
     title = (f"tilecomm moe: {c['world_size']} ranks on {where}, {c['tokens']} tokens x "
              f"{c['hidden']} ({c['dtype']}{', fp8 dispatch' if c['fp8'] else ''}), top-"
-             f"{c['topk']} of {c['experts']} experts, {c['mode']} mode, "
-             f"{row['rows_per_rank']:.0f} rows received per rank")
-    t = Table(title=title, header_style="bold")
-    for col in ("method", "dispatch (ms)", "combine (ms)", "dispatch GB/s", "combine GB/s",
-                "x gloo (total)", "#wrong"):
-        t.add_column(col, justify="left" if col == "method" else "right")
-    for m, v in row["methods"].items():
-        t.add_row(m, f"{1e3 * v['dispatch_s']:.2f}", f"{1e3 * v['combine_s']:.2f}",
-                  f"{v['dispatch_GBps']:.2f}", f"{v['combine_GBps']:.2f}",
-                  f"{v['x_gloo']:.2f}" if v["x_gloo"] else "", str(v["wrong"]))
-    if row.get("bound_s"):
-        b, f = row["bound_s"], row["fraction_of_bound"]
-        t.add_row("memory bound (write each row byte once)", f"{1e3 * b['dispatch']:.2f}",
-                  f"{1e3 * b['combine']:.2f}", f"tilecomm at {100 * f['dispatch']:.0f}%",
-                  f"tilecomm at {100 * f['combine']:.0f}%", "", "")
-    return t
+             f"{c['topk']} of {c['experts']} experts, {c['mode']} mode")
+    lead = [("rows/rank", lambda r: f"{r['rows_per_rank']:.0f}")]
+    mid = [("dispatch (ms)", lambda r: f"{r['dispatch_us'] / 1e3:.2f}"),
+           ("combine (ms)", lambda r: f"{r['combine_us'] / 1e3:.2f}"),
+           ("dispatch GB/s", lambda r: f"{r['dispatch_gbs']:.2f}"),
+           ("combine GB/s", lambda r: f"{r['combine_gbs']:.2f}"),
+           ("#wrong", lambda r: str(r["wrong"]))]
+    tail = [("mem bound (ms)", lambda r: fmt(r.get("bound_us", 0) / 1e3 or None)),
+            ("bound at", lambda r: r.get("bound_level", "")),
+            ("% of bound", lambda r: fmt(100 * r["frac_of_bound"], ".0f") + "%"
+             if "frac_of_bound" in r else "")]
+    return render(rows, title, lead=lead, mid=mid, tail=tail, unit="ms",
+                  notes=[f"{k}: {v}" for k, v in METHODS.items() if f"x_{k}" in c])

@@ -1,10 +1,26 @@
-"""The memory-bandwidth bound of a collective on the shared-memory backend.
+"""The memory-bandwidth bound of a collective (and of MoE's rows) on one host.
 
 On one host every byte a collective moves is a load or store by some core, so the fastest any
 implementation of a schedule can be is the time its copies and reductions take at the machine's
-copy and add rates, measured in the same run with every rank running at once (they share the
-memory bus). The bytes come from the schedule itself, plus the staging copies of buffers that
-are not in symmetric memory.
+copy and add rates. The bytes come from the schedule itself (:func:`schedule_bytes`), plus the
+staging copies of buffers that are not in symmetric memory.
+
+The rates are measured in the same run (:func:`measure_rates`), at two **levels**: ``cache``,
+arrays that all ranks together keep in half the last-level cache, and ``dram``, arrays far
+beyond it. A row is held to the level that applies to its working set (:func:`bound_level`):
+``cache`` while every rank's buffers together are within :data:`DRAM_FROM` times the LLC (a
+working set that small can stay cached from one call to the next, and a bound at DRAM rates
+said 250-484% for 2-8 MB all_reduce rows on 2 ranks), ``dram`` beyond. At each level every
+rate is the fastest this machine showed: the faster of numpy's and torch's copy, the faster of
+an out-of-place and an in-place add, the best of several repetitions, the fastest rank; and the
+bound (:func:`bound_time`) is the larger of two floors that no schedule can beat:
+
+* the slowest rank's bytes at the rates of **one rank alone** (a rank never copies faster than
+  when it has the memory to itself), and
+* every rank's bytes together at the machine's rate with **every rank at once** (``W`` times
+  the per-rank rate measured with all ranks copying).
+
+So a row can reach 100% of its bound but (up to the noise of the measurement) not pass it.
 """
 
 from __future__ import annotations
@@ -19,27 +35,100 @@ from ..algorithms.placement import cpu_plan
 from ..backends.cpu.plan import make_layout
 
 
-def measure_rates(comm, nbytes: int = 64 << 20, reps: int = 5) -> dict:
-    """Copy and add rates (bytes of output per second) with all ranks running concurrently.
+#: a working set (every rank's buffers together) at least this many times the last-level cache
+#: is held to the DRAM rates; a smaller one to the cache rates
+DRAM_FROM = 4
+#: what the bound assumes when the cache size cannot be read (a common server LLC)
+DEFAULT_LLC = 32 << 20
 
-    Arrays are larger than the last-level cache, so these are DRAM rates: the bound they give
-    is meaningful for messages well beyond the cache (smaller ones beat it).
-    """
-    n = nbytes // 4
-    a = np.ones(n, np.float32)
-    b = np.ones(n, np.float32)
-    c = np.empty(n, np.float32)
-    out = {}
-    for name, fn in (("copy", lambda: np.copyto(c, a)), ("add", lambda: np.add(a, b, out=c))):
-        fn()
-        samples = []
+
+def llc_bytes() -> int:
+    """The last-level cache of this machine (the largest level of cpu0's caches in sysfs)."""
+    import glob
+    best = (0, 0)
+    for d in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*"):
+        try:
+            with open(f"{d}/level") as f:
+                level = int(f.read())
+            with open(f"{d}/size") as f:
+                text = f.read().strip().upper()
+        except (OSError, ValueError):
+            continue
+        mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        size = int(text.rstrip("KMG")) * mult if text.rstrip("KMG").isdigit() else 0
+        best = max(best, (level, size))
+    return best[1] or DEFAULT_LLC
+
+
+def _best_rate(comm, nbytes: int, fns, reps: int, active: bool) -> float:
+    """Bytes of output per second of the fastest of ``fns`` (each makes ``nbytes`` of output),
+    best of ``reps`` samples of enough calls to last about a millisecond; every rank meets at
+    the barriers, only ``active`` ranks run the calls."""
+    calls = max(1, (4 << 20) // nbytes)
+    best = 0.0
+    for fn in fns:
+        if active:
+            fn()
         for _ in range(reps):
             comm.barrier()
-            t0 = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t0)
-        out[name] = nbytes / min(samples)   # the best run: the bound must not be pessimistic
+            if active:
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                best = max(best, nbytes * calls / (time.perf_counter() - t0))
+    return best
+
+
+def measure_rates(comm, dram_bytes: int = 64 << 20, reps: int = 5) -> dict:
+    """Copy and add rates (bytes of output per second) at the ``cache`` and ``dram`` levels
+    (module doc): ``copy``/``add`` of rank 0 alone, ``copy_all``/``add_all`` per rank with
+    every rank at once (0 on ranks other than 0 for the alone rates). Run on every rank."""
+    import torch
+
+    llc = llc_bytes()
+    w = comm.world_size
+    # cache: three arrays per rank, every rank's together in half the LLC
+    sizes = {"cache": max(64 << 10, llc // (6 * w)) // 4 * 4, "dram": dram_bytes}
+    out: dict = {"llc_bytes": llc}
+    for level, nbytes in sizes.items():
+        n = nbytes // 4
+        a, b, c = (np.ones(n, np.float32) for _ in range(3))
+        ta, tc = torch.from_numpy(a), torch.from_numpy(c)
+        copies = (lambda: np.copyto(c, a), lambda: tc.copy_(ta))
+        adds = (lambda: np.add(a, b, out=c), lambda: np.add(c, a, out=c))
+        out[level] = {
+            "copy": _best_rate(comm, nbytes, copies, reps, comm.rank == 0),
+            "add": _best_rate(comm, nbytes, adds, reps, comm.rank == 0),
+            "copy_all": _best_rate(comm, nbytes, copies, reps, True),
+            "add_all": _best_rate(comm, nbytes, adds, reps, True),
+            "bytes": nbytes}
     return out
+
+
+def merge_rates(per_rank: list[dict]) -> dict:
+    """Every rank's :func:`measure_rates` as one: the fastest rank's rate of each kind (the
+    bound must not be made easier to meet)."""
+    out = {"llc_bytes": per_rank[0]["llc_bytes"]}
+    for level in ("cache", "dram"):
+        out[level] = {k: max(p[level][k] for p in per_rank) for k in per_rank[0][level]}
+    return out
+
+
+def bound_level(rates: dict, working_set: int) -> str:
+    """``cache`` or ``dram``: the rates a row whose buffers (every rank's together) take
+    ``working_set`` bytes is held to (module doc)."""
+    return "dram" if working_set >= DRAM_FROM * rates["llc_bytes"] else "cache"
+
+
+def bound_time(per_rank: list[tuple[int, int]], level: dict) -> float:
+    """Seconds no schedule can beat that copies ``per_rank[r][0]`` and reduces
+    ``per_rank[r][1]`` bytes on rank ``r``, at one level's rates: the slowest rank alone, or
+    every rank's bytes at the machine's rate with all ranks at once, whichever is longer."""
+    alone = max(c / level["copy"] + a / level["add"] for c, a in per_rank)
+    w = len(per_rank)
+    together = (sum(c for c, _ in per_rank) / (w * level["copy_all"]) +
+                sum(a for _, a in per_rank) / (w * level["add_all"]))
+    return max(alone, together)
 
 
 def schedule_bytes(collective: str, algo: str, world_size: int, count: int, itemsize: int,
@@ -90,39 +179,63 @@ class _Item:
 
 
 def bound_seconds(collective: str, algo: str, world_size: int, count: int, itemsize: int,
-                  staged: bool, rates: dict) -> float:
-    """Time of the slowest rank's copies and reductions at the measured rates."""
-    per_rank = schedule_bytes(collective, algo, world_size, count, itemsize, staged)
-    return max(c / rates["copy"] + a / rates["add"] for c, a in per_rank)
+                  staged: bool, level: dict) -> float:
+    """The bound of one call (:func:`bound_time` of its schedule's bytes) at one level's
+    rates."""
+    return bound_time(schedule_bytes(collective, algo, world_size, count, itemsize, staged),
+                      level)
 
 
-def measure_device_rates(comm, device: str = "cuda", nbytes: int = 256 << 20,
+def _device_rate(comm, dev, nbytes: int, fns, reps: int, active: bool) -> float:
+    """:func:`_best_rate` on a CUDA device: each sample enough back-to-back kernels to
+    outlast their launches, timed with CUDA events."""
+    import torch
+
+    calls = max(1, (64 << 20) // nbytes)
+    best = 0.0
+    for fn in fns:
+        if active:
+            fn()
+            torch.cuda.synchronize(dev)
+        for _ in range(reps):
+            comm.barrier()
+            if active:
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                for _ in range(calls):
+                    fn()
+                e.record()
+                e.synchronize()
+                best = max(best, nbytes * calls / (s.elapsed_time(e) / 1e3))
+    return best
+
+
+def measure_device_rates(comm, device: str = "cuda", dram_bytes: int = 256 << 20,
                          reps: int = 5) -> dict:
-    """Device copy and add rates (bytes of output per second) with every rank running at once
-    (ranks sharing a GPU share its memory bandwidth), timed with CUDA events."""
+    """:func:`measure_rates` on a CUDA device: ``cache`` (arrays every rank's together keep
+    in half the L2) and ``dram`` (HBM) levels, one rank alone and every rank at once (ranks
+    sharing a GPU share its memory bandwidth)."""
     import torch
 
     dev = torch.device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
-    n = nbytes // 4
-    g = torch.Generator(device=dev).manual_seed(comm.rank)
-    a = torch.rand(n, device=dev, generator=g)
-    b = torch.rand(n, device=dev, generator=g)
-    c = torch.empty_like(a)
-    out = {}
-    for name, fn in (("copy", lambda: c.copy_(a)), ("add", lambda: torch.add(a, b, out=c))):
-        fn()
-        torch.cuda.synchronize(dev)
-        samples = []
-        for _ in range(reps):
-            comm.barrier()
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            samples.append(s.elapsed_time(e) / 1e3)
-        out[name] = nbytes / min(samples)
-    del a, b, c
+    l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 0) or DEFAULT_LLC
+    w = comm.world_size
+    out: dict = {"llc_bytes": l2}
+    for level, nbytes in {"cache": max(64 << 10, l2 // (6 * w)) // 4 * 4,
+                          "dram": dram_bytes}.items():
+        n = nbytes // 4
+        g = torch.Generator(device=dev).manual_seed(comm.rank)
+        a = torch.rand(n, device=dev, generator=g)
+        b = torch.rand(n, device=dev, generator=g)
+        c = torch.empty_like(a)
+        copies = (lambda: c.copy_(a),)
+        adds = (lambda: torch.add(a, b, out=c), lambda: c.add_(a))
+        out[level] = {
+            "copy": _device_rate(comm, dev, nbytes, copies, reps, comm.rank == 0),
+            "add": _device_rate(comm, dev, nbytes, adds, reps, comm.rank == 0),
+            "copy_all": _device_rate(comm, dev, nbytes, copies, reps, True),
+            "add_all": _device_rate(comm, dev, nbytes, adds, reps, True),
+            "bytes": nbytes}
     return out

@@ -1,11 +1,13 @@
-"""The benchmark harness: a case table (sizes x algorithms) on a live rank group, with
-baselines and checks. ``scripts/gpu_check.py`` runs its table through the same rank-side
-functions (:func:`make_buffers`, :func:`check_case`, :func:`time_case`).
+"""The collectives' bench: a case table (sizes x algorithms) on a live rank group, with
+baselines and checks, run by the one bench loop (:mod:`.harness`, :mod:`.timing`).
+``scripts/gpu_check.py`` runs its table through the same rank-side functions
+(:func:`make_buffers`, :func:`check_case`, :func:`time_case`).
 
 Per case every rank runs ``warmup`` calls, then ``rounds`` timed rounds of ``iters``
-back-to-back calls (each round starts after a barrier). A round's time is the slowest rank's
-mean time per call, as nccl-tests reports; the row gives the median round. Baselines run the
-same operation through torch.distributed in the same processes, interleaved per size.
+back-to-back calls (each round starts after a barrier), of tilecomm and of each baseline
+(``--vs gloo``: the same operation through torch.distributed in the same processes),
+interleaved round by round. A round's time is the slowest rank's mean time per call, as
+nccl-tests reports; the row gives the median round and the rounds' spread.
 
 In-place sums grow the data by ``world`` per call; the timed loop re-fills the input (untimed)
 every :func:`safe_chunk` calls, so magnitudes stay finite (no overflow, no inf arithmetic).
@@ -21,9 +23,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import socket
-import statistics
-import time
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -32,12 +31,17 @@ from .. import tuner
 from ..algorithms.registry import algorithms
 from ..launch import RankGroup
 from ..types import DTYPE_BY_NAME
+from . import harness
 from .cases import CASES, POISON, BenchCase, Buffers, bench_table, exact_data, round_count
-from .roofline import bound_seconds, measure_device_rates, measure_rates
+from .harness import PRIMARY, Bench
+from .roofline import (bound_level, bound_seconds, measure_device_rates, measure_rates,
+                       merge_rates)
+# gpu_check's ranks reach the timing loop through this module (``rk.runner``)
+from .timing import Clock, measure, time_rounds  # noqa: F401
 
 
 @dataclass
-class BenchConfig:
+class BenchConfig(Bench):
     op: str
     world_size: int = 2
     sizes: list[int] = field(default_factory=lambda: [8])
@@ -56,6 +60,17 @@ class BenchConfig:
     deterministic: bool = False     # the communicators' deterministic mode (rank-order bits)
     trace: str | None = None        # TILECOMM_TRACE for the ranks; merged into trace.json there
     hosts: list[int] | None = None  # ranks per simulated host (tilecomm.simhosts); None: one host
+    max_spread: float = harness.MAX_SPREAD
+
+    kind = "collective"
+
+    @property
+    def uses_gloo(self) -> bool:
+        return "gloo" in self.vs
+
+    @property
+    def rank_case(self):
+        return rank_collective
 
     def layout(self):
         from ..hier.layout import HostLayout
@@ -65,28 +80,36 @@ class BenchConfig:
         return bench_table(self.op, resolve_algos(self), self.sizes, self.dtype, self.mem,
                            self.redop, self.world_size)
 
+    def cases(self) -> list[BenchCase]:
+        return self.table()
+
+    def validate(self) -> None:
+        validate(self)
+
+    def group(self):
+        return _collective_group(self)
+
+    def prepare(self, group) -> dict:
+        dev = torch.device(self.device)
+        group.run(rank_setup, self.device,
+                  device_heap_bytes_for(self.sizes, self.mem) if dev.type == "cuda" else None)
+        super().prepare(group)
+        rates = None
+        if self.bound and self.op not in ("send_recv", "all_to_all_v"):
+            per = group.run(measure_rates) if dev.type == "cpu" else \
+                group.run(measure_device_rates, self.device)
+            rates = merge_rates(per)
+        return {"rates": rates}
+
+    def row(self, case: BenchCase, per_rank: list[dict], ctx: dict) -> dict:
+        return _row(self, case, per_rank, ctx["rates"], DTYPE_BY_NAME[self.dtype].itemsize)
+
 
 def auto_iters(nbytes: int) -> int:
     return max(3, min(500, (32 << 20) // max(nbytes, 1)))
 
 
 # ---- rank side ------------------------------------------------------------------------------
-def rank_init_gloo(comm, port: int) -> bool:
-    import warnings
-
-    import torch.distributed as dist
-    # The baseline calls all_gather_into_tensor, which torch marks deprecated; once per rank
-    # per size that warning would drown the table.
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    if not dist.is_initialized():
-        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE"):  # a torchrun worker (--hosts):
-            dist.init_process_group("gloo")                  # meet at torchrun's store
-        else:
-            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
-                                    rank=comm.rank, world_size=comm.world_size)
-    return True
-
-
 def rank_device(comm, device: str = "cpu") -> torch.device:
     """This rank's device: ``cuda`` -> ``cuda:{rank % device_count}`` (made current: the kernel
     backend and ``comm.alloc(device="cuda")`` use the current device); ``cuda:N`` -> GPU N."""
@@ -191,40 +214,6 @@ def check_case(comm, case: BenchCase, bufs: Buffers, dev: torch.device, seed: in
     return wrong
 
 
-class Clock:
-    """Accumulates the time of timed sections: CUDA events on a CUDA device (read once per
-    round), else perf_counter."""
-
-    def __init__(self, dev: torch.device):
-        self.cuda = dev.type == "cuda"
-        self.reset()
-
-    def reset(self):
-        self.pairs, self.total = [], 0.0
-
-    def start(self):
-        if self.cuda:
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
-            self.pairs.append([e, None])
-        else:
-            self.t0 = time.perf_counter()
-
-    def stop(self):
-        if self.cuda:
-            e = torch.cuda.Event(enable_timing=True)
-            e.record()
-            self.pairs[-1][1] = e
-        else:
-            self.total += time.perf_counter() - self.t0
-
-    def seconds(self) -> float:
-        if self.cuda and self.pairs:
-            self.pairs[-1][1].synchronize()
-            return sum(s.elapsed_time(e) for s, e in self.pairs) / 1e3
-        return self.total
-
-
 def safe_chunk(op: str, dtype: torch.dtype, world: int, redop: str = "sum") -> int | None:
     """Calls after which an in-place sum of ones over ``world`` ranks (``world**k``) would
     still be finite (float) or below the integer limit; None when the data does not grow."""
@@ -234,92 +223,84 @@ def safe_chunk(op: str, dtype: torch.dtype, world: int, redop: str = "sum") -> i
     return max(1, int(math.log(top) / math.log(world)) - 1)
 
 
-def time_rounds(barrier, fn, warmup: int, iters: int, rounds: int, *, refill=None,
-                chunk: int | None = None, clock: Clock | None = None) -> list[float]:
-    """Seconds per call of each round. ``refill`` (untimed) runs before the first call and
-    then every ``chunk`` calls, warm-up included."""
-    clock = clock or Clock(torch.device("cpu"))
-    step = chunk or max(iters, warmup, 1)
-    done = 0
-    for _ in range(warmup):
-        if refill and done % step == 0:
-            refill()
-        fn()
-        done += 1
-    out = []
-    for _ in range(rounds):
-        barrier()
-        clock.reset()
-        left = iters
-        while left > 0:
-            k = min(step, left)
-            if refill:
-                refill()
-            clock.start()
-            for _ in range(k):
-                fn()
-            clock.stop()
-            left -= k
-        out.append(clock.seconds() / iters)
-    return out
+def _refilled(case: BenchCase, bufs: Buffers, world: int, redop: str | None = None):
+    """``(refill, chunk)``: the untimed re-fill of an in-place sum's input and how often."""
+    chunk = safe_chunk(case.op, DTYPE_BY_NAME[case.dtype].torch, world, redop or case.redop)
+    bufs.inp.fill_(1)
+    return ((lambda: bufs.inp.fill_(1)) if chunk else None), chunk
+
+
+def collective_method(comm, case: BenchCase, bufs: Buffers, warmup: int, iters: int):
+    """The timed method of tilecomm's call on ones (re-filled, untimed, before they could
+    overflow)."""
+    c = CASES[case.op]
+    bufs.root, bufs.split_seed, bufs.redop = 0, 0, case.redop
+    refill, chunk = _refilled(case, bufs, comm.world_size)
+    return lambda t: t.calls("call", lambda: c.run(comm, bufs, case.algo), iters,
+                             refill=refill, chunk=chunk, warmup=warmup)
 
 
 def time_case(comm, case: BenchCase, bufs: Buffers, dev: torch.device, warmup: int,
               iters: int, rounds: int) -> list[float]:
-    """Timed rounds of back-to-back calls on ones (re-filled, untimed, before they could
-    overflow)."""
-    c = CASES[case.op]
-    dt = DTYPE_BY_NAME[case.dtype].torch
-    bufs.root, bufs.split_seed, bufs.redop = 0, 0, case.redop
-    chunk = safe_chunk(case.op, dt, comm.world_size, case.redop)
-    bufs.inp.fill_(1)
-    refill = (lambda: bufs.inp.fill_(1)) if chunk else None
-    return time_rounds(comm.barrier, lambda: c.run(comm, bufs, case.algo), warmup, iters,
-                       rounds, refill=refill, chunk=chunk, clock=Clock(dev))
+    """Timed rounds of back-to-back calls of tilecomm alone (gpu_check's eager rows)."""
+    m = collective_method(comm, case, bufs, warmup, iters)
+    return measure(comm.barrier, {"m": m}, rounds, clock=Clock(dev))["m"].get("call", [])
 
 
-def _rank_bench(comm, cfg: BenchConfig, case: BenchCase) -> dict:
+def gloo_method(comm, case: BenchCase, warmup: int, iters: int):
+    """The Gloo baseline's timed method on host tensors of the same sizes, or the first line
+    of why Gloo cannot run it (tried once here, on every rank alike)."""
+    import torch.distributed as dist
     c = CASES[case.op]
+    d = DTYPE_BY_NAME[case.dtype].torch
+    _, in_n, out_n = case_counts(case)
+    gb = Buffers(torch.ones(in_n, dtype=d),
+                 torch.zeros(out_n, dtype=d) if out_n is not None else None)
+    try:
+        c.baseline(dist, gb)
+    except (RuntimeError, NotImplementedError, ValueError) as e:
+        return str(e).splitlines()[0][:80]
+    refill, chunk = _refilled(case, gb, comm.world_size, "sum")    # the baselines sum
+    return lambda t: t.calls("call", lambda: c.baseline(dist, gb), iters, refill=refill,
+                             chunk=chunk, warmup=warmup)
+
+
+def _variant(comm, name: str, case: BenchCase, bufs: Buffers, warmup: int, iters: int):
+    """tilecomm on another of its paths (``variants``), on the same buffers."""
+    from .variants import variant_method
+    c = CASES[case.op]
+    refill, chunk = _refilled(case, bufs, comm.world_size)
+    c.run(comm, bufs, case.algo)            # every rank has published its start-up probe
+    return variant_method(comm, name, lambda: c.run(comm, bufs, case.algo), iters, warmup,
+                          refill=refill, chunk=chunk)
+
+
+def rank_collective(comm, cfg: BenchConfig, case: BenchCase) -> dict:
+    """On every rank: check (``--check``), time tilecomm and its baselines, check again."""
     dev = rank_device(comm, cfg.device)
-    n, in_n, out_n = case_counts(case)
+    n = case_counts(case)[0]
     bufs = make_buffers(comm, case, dev)
     wrong = check_case(comm, case, bufs, dev) if cfg.check else None
     iters = cfg.iters or auto_iters(case.nbytes)
     warmup = cfg.warmup if cfg.warmup is not None else max(1, iters // 5)
-    res = {"times": time_case(comm, case, bufs, dev, warmup, iters, cfg.rounds),
-           "wrong": wrong, "count": n, "iters": iters}
+    methods = {PRIMARY: collective_method(comm, case, bufs, warmup, iters)}
+    res = {"count": n, "iters": iters, "errors": {}}
+    for name in cfg.vs:
+        m = gloo_method(comm, case, warmup, iters) if name == "gloo" else \
+            _variant(comm, name, case, bufs, warmup, iters)
+        if isinstance(m, str):
+            res["errors"][name] = m
+        else:
+            methods[name] = m
+    res["times"] = measure(comm.barrier, methods, cfg.rounds, clock=Clock(dev),
+                           clocks={"gloo": Clock(torch.device("cpu"))})
     if cfg.check:   # once more after timing: the warm path (cached plans, memo) must be right too
-        res["wrong"] += check_case(comm, case, bufs, dev, seed=2)
-    if "gloo" in cfg.vs:
-        import torch.distributed as dist
-        d = DTYPE_BY_NAME[case.dtype].torch
-        gb = Buffers(torch.ones(in_n, dtype=d),
-                     torch.zeros(out_n, dtype=d) if out_n is not None else None)
-        chunk = safe_chunk(case.op, d, comm.world_size)
-        try:
-            res["gloo"] = time_rounds(dist.barrier, lambda: c.baseline(dist, gb),
-                                      warmup, iters, cfg.rounds, chunk=chunk,
-                                      refill=(lambda: gb.inp.fill_(1)) if chunk else None)
-        except (RuntimeError, NotImplementedError, ValueError) as e:
-            res["gloo_error"] = str(e).splitlines()[0][:80]
+        wrong += check_case(comm, case, bufs, dev, seed=2)
+    res["wrong"] = wrong
     return res
 
 
 # ---- launcher side --------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def slowest_median(per_rank: list[list[float]]) -> float:
-    rounds = len(per_rank[0])
-    return statistics.median(max(rk[i] for rk in per_rank) for i in range(rounds))
-
-
-_slowest_median = slowest_median
-
-
 def heap_bytes_for(cfg: BenchConfig) -> int:
     biggest = max(cfg.sizes)
     return 2 * biggest + (8 << 20)
@@ -359,8 +340,8 @@ def _kernel_path(cfg: BenchConfig) -> bool:
     return cfg.device != "cpu" or settings().cpu_kernels == "triton"
 
 
-def run(cfg: BenchConfig, progress=None) -> list[dict]:
-    """Run the benchmark; one row per (size, algorithm). ``progress(done, total, label)``."""
+def validate(cfg: BenchConfig) -> None:
+    """Arguments that cannot run are a ValueError before any rank starts."""
     if cfg.op not in CASES:
         raise ValueError(f"unknown operation {cfg.op!r}; choose one of {', '.join(CASES)}")
     if cfg.dtype not in DTYPE_BY_NAME:
@@ -391,45 +372,37 @@ def run(cfg: BenchConfig, progress=None) -> list[dict]:
         if a not in ("auto", "p2p") and a not in known:
             raise ValueError(f"{cfg.op}: unknown algorithm {a!r}; choose from "
                              f"{', '.join(known)}, auto or all")
-    heap = heap_bytes_for(cfg) if cfg.mem == "heap" else (8 << 20)
+
+
+def run(cfg: BenchConfig, progress=None) -> list[dict]:
+    """Run the benchmark; one row per (size, algorithm). ``progress(done, total, label)``."""
     if cfg.trace:
+        validate(cfg)
         return _traced(cfg, progress)
-    rows = []
-    itemsize = DTYPE_BY_NAME[cfg.dtype].itemsize
-    table = cfg.table()
-    mps = _mps_for(cfg, dev)
+    return harness.run(cfg, progress)
+
+
+@contextlib.contextmanager
+def _collective_group(cfg: BenchConfig):
+    """The ranks (local, or on simulated hosts), with the MPS daemon of CUDA ranks that share
+    a GPU stopped after them."""
+    heap = heap_bytes_for(cfg) if cfg.mem == "heap" else (8 << 20)
     if cfg.hosts:
         from .hosts_group import HostsGroup
-        group_cm = HostsGroup(cfg.hosts, timeout=cfg.timeout, heap_bytes=heap,
-                              deterministic=cfg.deterministic)
-    else:
-        from ..settings import settings
-        group_cm = RankGroup(cfg.world_size, timeout=cfg.timeout, heap_bytes=heap,
-                             deterministic=cfg.deterministic, env=mps.rank_env(),
-                             leave_grace=settings().device_timeout + 5 if mps.state.active
-                             else 0.0)
-    with contextlib.ExitStack() as stack, group_cm as group:
-        stack.callback(mps.stop)          # after the ranks are stopped (ExitStack exits last)
-        group.run(rank_setup, cfg.device,
-                  device_heap_bytes_for(cfg.sizes, cfg.mem) if dev.type == "cuda" else None)
-        if "gloo" in cfg.vs:
-            group.run(rank_init_gloo, free_port())
-        rates = None
-        if cfg.bound and cfg.op not in ("send_recv", "all_to_all_v"):
-            per = group.run(measure_rates) if dev.type == "cpu" else \
-                group.run(measure_device_rates, cfg.device)
-            # the fastest rank's rates: the bound must not be made easier to meet
-            rates = {k: max(p[k] for p in per) for k in ("copy", "add")}
-        total, done = len(table), 0
-        for case in table:
-            if progress:
-                progress(done, total, f"{cfg.op} {case.nbytes} B {case.algo}")
-            res = group.run(_rank_bench, cfg, case)
-            rows.append(_row(cfg, case, res, rates, itemsize))
-            done += 1
-        if progress:
-            progress(done, total, "done")
-    return rows
+        with HostsGroup(cfg.hosts, timeout=cfg.timeout, heap_bytes=heap,
+                        deterministic=cfg.deterministic) as group:
+            yield group
+        return
+    from ..settings import settings
+    mps = _mps_for(cfg, torch.device(cfg.device))
+    try:
+        with RankGroup(cfg.world_size, timeout=cfg.timeout, heap_bytes=heap,
+                       deterministic=cfg.deterministic, env=mps.rank_env(),
+                       leave_grace=settings().device_timeout + 5 if mps.state.active
+                       else 0.0) as group:
+            yield group
+    finally:
+        mps.stop()          # after the ranks are stopped
 
 
 def _mps_for(cfg: BenchConfig, dev: torch.device):
@@ -479,33 +452,50 @@ def _row(cfg, case: BenchCase, res, rates, itemsize) -> dict:
                                                           cfg.deterministic, cfg.layout())
     else:
         used = algo
-    t = slowest_median([r["times"] for r in res])
+    timing = harness.case_row(cfg.kind, case.id, res, list(cfg.vs), cfg.max_spread)
+    t = timing["time_us"] / 1e6
     algbw = size / t / 1e9
-    row = {"case": case.id, "collective": cfg.op, "algo": used, "requested": algo,
-           "world_size": w, "bytes": size, "count": count, "dtype": cfg.dtype, "mem": cfg.mem,
-           "device": cfg.device, "redop": cfg.redop, "deterministic": cfg.deterministic,
-           "time_us": t * 1e6, "algbw_gbs": algbw, "busbw_gbs": algbw * c.factor(w),
-           "iters": res[0]["iters"], "rounds": cfg.rounds}
+    row = {"case": case.id, "bench": cfg.kind, "collective": cfg.op, "algo": used,
+           "requested": algo, "world_size": w, "bytes": size, "count": count,
+           "dtype": cfg.dtype, "mem": cfg.mem, "device": cfg.device, "redop": cfg.redop,
+           "deterministic": cfg.deterministic, **timing, "algbw_gbs": algbw,
+           "busbw_gbs": algbw * c.factor(w), "iters": res[0]["iters"], "rounds": cfg.rounds}
     if cfg.check:
         row["wrong"] = sum(r["wrong"] for r in res)
-    if "gloo" in cfg.vs:
-        if "gloo" in res[0]:
-            gt = slowest_median([r["gloo"] for r in res])
-            row.update(gloo_time_us=gt * 1e6, gloo_busbw_gbs=size / gt / 1e9 * c.factor(w),
-                       vs_gloo=gt / t)
+    for name in cfg.vs:
+        if f"{name}_time_us" in row:
+            row[f"{name}_busbw_gbs"] = size / row[f"{name}_time_us"] / 1e3 * c.factor(w)
         else:
-            row["gloo_error"] = res[0].get("gloo_error", "unsupported")
+            row[f"{name}_error"] = res[0]["errors"].get(name, "unsupported")
     if rates is not None and cfg.op not in ("send_recv", "all_to_all_v"):
-        in_count = c.in_count(count, w)
-        try:
-            b = bound_seconds(cfg.op, used, w, in_count, itemsize, cfg.mem != "heap", rates)
-        except (KeyError, ValueError):
-            b = None
-        if b is not None:
-            # memcpy: one copy of the caller's largest buffer, the floor of any staged collective
-            row.update(bound_us=b * 1e6, frac_of_bound=b / t, copy_gbs=rates["copy"] / 1e9,
-                       add_gbs=rates["add"] / 1e9, memcpy_us=size / rates["copy"] * 1e6)
+        row.update(bound_fields(cfg, used, count, itemsize, rates, t))
     return row
+
+
+def working_set(op: str, count: int, itemsize: int, world: int, staged: bool) -> int:
+    """Bytes of every rank's buffers of one call together: each rank's input and output,
+    twice over when they are staged through scratch (``mem=user``)."""
+    c = CASES[op]
+    per_rank = c.in_count(count, world) + (c.out_count(count, world) if c.out_count else 0)
+    return world * per_rank * itemsize * (2 if staged else 1)
+
+
+def bound_fields(cfg, algo: str, count: int, itemsize: int, rates: dict, t: float) -> dict:
+    """The memory bound of a row at the level its working set is held to (``roofline``),
+    and ``memcpy``: one copy of the largest buffer at that level's rate of one rank alone,
+    the floor of any staged collective."""
+    w, staged = cfg.world_size, cfg.mem != "heap"
+    level = bound_level(rates, working_set(cfg.op, count, itemsize, w, staged))
+    lv = rates[level]
+    try:
+        b = bound_seconds(cfg.op, algo, w, CASES[cfg.op].in_count(count, w), itemsize, staged, lv)
+    except (KeyError, ValueError):
+        return {}
+    memcpy = count * itemsize / lv["copy"]
+    return {"bound_us": b * 1e6, "frac_of_bound": b / t, "bound_level": level,
+            "copy_gbs": lv["copy"] / 1e9, "add_gbs": lv["add"] / 1e9,
+            "copy_all_gbs": lv["copy_all"] / 1e9, "add_all_gbs": lv["add_all"] / 1e9,
+            "memcpy_time_us": memcpy * 1e6, "x_memcpy": memcpy / t}
 
 
 def _auto(op, size, w, kind, deterministic=False, layout=None):
@@ -524,3 +514,26 @@ def _auto(op, size, w, kind, deterministic=False, layout=None):
         from ..algorithms.lower import deterministic_algorithms
         avail = deterministic_algorithms(op, w, 0, among=avail)
     return tuner.choose(op, size, w, kind=kind, available=avail)
+
+
+def table(rows: list[dict], title: str = ""):
+    """The collectives' table: nccl-tests' columns, then Gloo and the memory bound."""
+    from .report import fmt, size_col, table as render
+
+    lead = [size_col(), ("count", lambda r: str(r["count"])), ("type", lambda r: r["dtype"]),
+            ("algo", lambda r: r["algo"])]
+    mid = [("algbw GB/s", lambda r: f"{r['algbw_gbs']:.3f}"),
+           ("busbw GB/s", lambda r: f"{r['busbw_gbs']:.3f}")]
+    if any("wrong" in r for r in rows):
+        mid.append(("#wrong", lambda r: str(r.get("wrong", ""))))
+    tail = []
+    if any("frac_of_bound" in r for r in rows):
+        tail = [("mem bound (us)", lambda r: fmt(r.get("bound_us"), ".1f")),
+                ("bound at", lambda r: r.get("bound_level", "")),
+                ("% of bound", lambda r: fmt(100 * r["frac_of_bound"], ".0f") + "%"
+                 if "frac_of_bound" in r else "")]
+    from .variants import VARIANTS
+    names = {b for r in rows for b in ("gloo", *VARIANTS) if f"x_{b}" in r or f"{b}_error" in r}
+    return render(rows, title, lead=lead, mid=mid, tail=tail, unit="us",
+                  errors={b: f"{b}_error" for b in names},
+                  notes=[f"{b}: {VARIANTS[b]}" for b in VARIANTS if b in names])
