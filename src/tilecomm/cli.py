@@ -244,15 +244,19 @@ def _doctor_device(c) -> bool:
     """The GPU check's preflight, printed; True if it found nothing that stops the GPU path.
     The preflight is the one ``scripts/gpu_check.py`` runs (its probe is a subprocess, so
     this process never initializes CUDA)."""
+    from rich.markup import escape
+
     from .bench.gpucheck import preflight as gpu_preflight
 
     pf = gpu_preflight.preflight(False)
     if not (pf.get("probe") or {}).get("cuda_available"):
         c.print("device: no CUDA device on this machine: the GPU kernels cannot run here "
                 "(the CPU collectives and the Triton interpreter still do)")
-    c.print(f"device preflight: {pf['summary']}: {pf['verdict']}")
+    # the preflight's words come from the machine (tool output, paths): brackets in them
+    # are text, not rich markup
+    c.print(f"device preflight: {escape(pf['summary'])}: {escape(pf['verdict'])}")
     for w in pf["warnings"]:
-        c.print(f"  warning: {w}")
+        c.print(f"  warning: {escape(w)}")
     return not pf["problems"]
 
 
@@ -272,6 +276,7 @@ def run_doctor(args) -> int:
 
     import numpy
     import torch
+    from rich.markup import escape
     from rich.table import Table
 
     from . import __version__, launch
@@ -302,7 +307,9 @@ def run_doctor(args) -> int:
     c.print(f"torch.distributed backend 'tilecomm': {'registered' if registered else 'MISSING'}")
     t = Table("variable", "value", "meaning", header_style="bold")
     for row in describe():
-        t.add_row(*row)
+        # rich reads "[word ...]" as a style tag and drops it; the meanings cite NOTEs as
+        # "NOTE [co-residency]", and a value may hold brackets too: print them as text
+        t.add_row(*(escape(cell) for cell in row))
     c.print(t)
     got = launch(_doctor_check, 2, timeout=20)
     ok = [v for v, _ in got] == [3.0, 3.0]

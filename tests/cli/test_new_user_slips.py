@@ -71,3 +71,18 @@ def test_an_unguarded_launch_under_spawn_says_why(tmp_path):
 def test_a_missing_shm_dir_names_the_setting(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"TILECOMM_SHM_DIR\) does not exist"):
         create_segment_file(str(tmp_path / "nowhere"), 4096)
+
+
+def test_doctor_prints_bracketed_text_in_a_settings_meaning(capsys, monkeypatch):
+    """rich reads "[co-residency]" as markup and printed TILECOMM_GPU_COOPERATIVE's meaning as
+    "... (NOTE );". The self-test's ranks are stubbed: the settings table is what is tested."""
+    import tilecomm
+    from tilecomm.backends.cpu.cma import SINGLE_COPY_YES
+    from tilecomm.settings import describe
+
+    meaning = {v: m for v, _, m in describe()}["TILECOMM_GPU_COOPERATIVE"]
+    assert "NOTE [co-residency]" in meaning
+    monkeypatch.setattr(tilecomm, "launch", lambda fn, n, **kw: [(3.0, SINGLE_COPY_YES)] * n)
+    assert main(["doctor"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "[co-residency]" in out and "NOTE );" not in out
