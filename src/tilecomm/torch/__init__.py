@@ -6,8 +6,12 @@ Importing ``tilecomm`` (or this module) registers the backend ``"tilecomm"``::
     dist.init_process_group("tilecomm")        # under torchrun, or with rank/world_size/store
     dist.all_reduce(t)                          # runs on tilecomm's shared-memory collectives
 
-It serves CPU tensors of processes on one host; every group (``dist.new_group``) gets its own
-symmetric heap. See ``docs/compatibility.md`` for what PyTorch's own test suite says about it.
+It serves CPU tensors. Its ranks may span hosts (``torchrun --nnodes N``): the ranks of a host
+share memory, and the hierarchical algorithms run their inter-host legs on Gloo groups
+(docs/design.md, "Across hosts"; ``tests/hosts`` runs the backend on simulated hosts, its
+default group and ``new_group`` subsets that span them). Every group (``dist.new_group``) gets
+a Communicator of its own, with its own symmetric heap on each host. See
+``docs/compatibility.md`` for what PyTorch's own test suite says about it.
 """
 
 from __future__ import annotations
