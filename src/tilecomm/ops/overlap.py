@@ -28,9 +28,11 @@ def all_gather_matmul(a_shard: torch.Tensor, b: torch.Tensor, comm, *,
     who copies the peers' chunks, ``"kernel"`` (the persistent GEMM's own gets, one row block
     at a time) or ``"stream"`` (the copy engine on a side stream, one cudaMemcpyAsync per
     chunk, the GEMM split per chunk behind stream waits; in the interpreter, the same steps
-    one after the other, the copies made by the CPU). Same results either way. Which is
-    faster on a GPU is for ``scripts/gpu_check.py`` to say: neither has run on one. The CPU
-    engine accepts both and runs the same code (it copies nothing).
+    one after the other, the copies made by the CPU). Same results either way: on one H200
+    (2 ranks sharing it) the GPU check's all_gather_matmul cases of both variants passed
+    (docs/benchmarks.md, "GPU"). Which is faster on a GPU is for ``scripts/gpu_check.py`` to
+    say: neither has been timed on one. The CPU engine accepts both and runs the same code
+    (it copies nothing).
 
     Ranks that disagree on the dtype, ``m``, ``K``, ``N`` or ``return_gathered`` raise
     :class:`~tilecomm.CommMismatch` on every rank; arguments that do not fit raise
