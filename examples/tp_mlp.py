@@ -14,12 +14,16 @@ each fused op is the other fused op (tilecomm.ops.autograd), the unfused version
 other collective. Rank 0 prints both loss curves (the loss summed over ranks) and their largest
 relative difference: the two compute the same math, with the GEMMs cut into different shapes
 (per-chunk in the fused ops), so the float32 losses agree to rounding, not bit for bit.
+The script ends with ``PASS`` when every step's fused loss is within ``--tol`` (1e-5 relative:
+float32 rounding gives ~1e-7, a wrong chunk ~1) of the unfused one and the loss fell, and
+``FAIL`` with exit status 1 (every rank) otherwise; ``tests/ops/test_tp_mlp_example.py`` runs it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 
 import torch
 
@@ -96,8 +100,12 @@ def main() -> None:
     ap.add_argument("--d", type=int, default=32, help="model width")
     ap.add_argument("--f", type=int, default=128, help="MLP width (a multiple of W)")
     ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--tol", type=float, default=1e-5,
+                    help="largest relative loss difference that passes (float32 rounding: ~1e-7)")
     ap.add_argument("--json", help="rank 0 writes {fused, unfused, max_rel_diff} here")
     a = ap.parse_args()
+    if not a.tol > 0:
+        ap.error(f"--tol must be > 0, got {a.tol}")
     torch.set_num_threads(1)
     comm = tilecomm.init(deterministic=True)    # rank-order reduce_scatter in the baseline
     try:
@@ -105,7 +113,10 @@ def main() -> None:
         unfused = train(comm, False, a.steps, a.tokens, a.d, a.f, a.lr)
     finally:
         comm.close()
-    rel = max(abs(x - y) / max(abs(y), 1e-30) for x, y in zip(fused, unfused))
+    diffs = [abs(x - y) / max(abs(y), 1e-30) for x, y in zip(fused, unfused)]
+    # max() skips a NaN that is not first (NaN > d is False): a diverged run's inf - inf must
+    # not read as agreement
+    rel = float("nan") if any(math.isnan(d) for d in diffs) else max(diffs)
     if comm.rank == 0:
         print(f"{'step':>4} {'fused loss':>14} {'unfused loss':>14}")
         for i, (x, y) in enumerate(zip(fused, unfused)):
@@ -114,6 +125,21 @@ def main() -> None:
         if a.json:
             with open(a.json, "w") as fh:
                 json.dump({"fused": fused, "unfused": unfused, "max_rel_diff": rel}, fh)
+    # The losses are all_reduced, so every rank reaches the same verdict and exits the same
+    # way (torchrun then reports one failure, not a rank left waiting).
+    bad = []
+    if not rel <= a.tol:                                   # NaN fails too
+        bad.append(f"largest relative difference {rel:.2e} above the tolerance {a.tol:g}")
+    if len(fused) > 1 and not fused[-1] < fused[0]:
+        bad.append(f"the fused loss did not fall ({fused[0]:.6g} -> {fused[-1]:.6g})")
+    if bad:
+        if comm.rank == 0:
+            print("FAIL: " + "; ".join(bad) + " (fused against unfused)")
+        raise SystemExit(1)
+    if comm.rank == 0:
+        print(f"PASS: the fused MLP's losses match the unfused one's over {len(fused)} steps "
+              f"(largest relative difference {rel:.2e}; tolerance {a.tol:g}) and fell "
+              f"{fused[0]:.6g} -> {fused[-1]:.6g}")
 
 
 if __name__ == "__main__":
