@@ -16,6 +16,8 @@ from tilecomm.bench.runner import safe_chunk
 from tilecomm.bench.timing import Clock, time_rounds
 from tilecomm.cli import main
 
+pytestmark = [pytest.mark.gpu, pytest.mark.interpreter]
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
 

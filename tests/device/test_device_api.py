@@ -14,6 +14,8 @@ from tilecomm.device import errors as derr
 
 from .helpers import EXAMPLES, run_tutorial, tutorial
 
+pytestmark = pytest.mark.interpreter
+
 
 def _env(interpret: bool) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -168,6 +170,7 @@ def test_tutorial_runs_as_script(script, world):
     assert r.stdout.strip().endswith("ok")
 
 
+@pytest.mark.compile
 def test_every_kernel_compiles_for_sm90():
     files = sorted(os.path.join(EXAMPLES, f) for f in os.listdir(EXAMPLES) if f.endswith(".py"))
     r = subprocess.run([sys.executable, "-m", "tilecomm.device.compile_check", *files],

@@ -25,6 +25,8 @@ import torch
 from .helpers import EXAMPLES, run_tutorial
 from .test_device_api import _silent_peer
 
+pytestmark = pytest.mark.interpreter
+
 
 def _compat_flags(comm):
     from tilecomm.device import lang
@@ -99,6 +101,7 @@ print(json.dumps(facts))
 """
 
 
+@pytest.mark.compile
 def test_compat_ptx_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TILECOMM_DEVICE_COMPAT"] = "1"

@@ -4,10 +4,14 @@ process, since whether triton is imported decides the outcome."""
 
 from __future__ import annotations
 
+import pytest
+
 import os
 import subprocess
 import sys
 import textwrap
+
+pytestmark = pytest.mark.interpreter
 
 
 def _run(code: str) -> subprocess.CompletedProcess:

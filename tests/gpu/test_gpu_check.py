@@ -18,6 +18,8 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SCRIPT = os.path.join(ROOT, "scripts", "gpu_check.py")
 FAKE_MPS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_mps_control.py")
 
+pytestmark = [pytest.mark.gpu, pytest.mark.interpreter, pytest.mark.slow]
+
 
 def _env(**extra):
     env = {k: v for k, v in os.environ.items()

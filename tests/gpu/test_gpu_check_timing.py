@@ -12,6 +12,8 @@ import torch
 from tilecomm.bench import runner
 from tilecomm.bench.gpucheck import timing
 
+pytestmark = pytest.mark.gpu
+
 
 class _Graph:
     """Capture records the calls made inside ``torch.cuda.graph(g)``; replay makes them."""

@@ -20,6 +20,8 @@ import pytest
 import tilecomm
 from tilecomm.mps import MpsDaemon, ranks_per_device, thread_percentage
 
+pytestmark = pytest.mark.gpu
+
 FAKE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fake_mps_control.py")
 
 

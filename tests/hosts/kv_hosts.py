@@ -11,10 +11,10 @@ import tilecomm  # noqa: E402
 import kv_scenarios as S  # noqa: E402
 
 
-def main() -> None:
+def main(names: list[str]) -> None:
     comm = tilecomm.init(timeout=30)
     assert comm.layout.num_hosts > 1, comm.layout
-    for name in sys.argv[1:]:
+    for name in names:
         out = getattr(S, name)(comm)
         # one write per line: the ranks of a host share the pipe
         sys.stdout.write(f"rank {comm.rank} {name} ok {out!r}\n")
@@ -24,4 +24,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -21,11 +21,11 @@ CASES = {  # name -> keyword arguments of S.roundtrip beyond the token counts
 }
 
 
-def main() -> None:
+def main(out_dir: str, cases: list[str]) -> None:
     comm = tilecomm.init(timeout=30)
     assert comm.layout.num_hosts > 1, comm.layout
-    out_dir = Path(sys.argv[1])
-    for case in sys.argv[2:]:
+    out_dir = Path(out_dir)
+    for case in cases:
         name, tokens = case.split(":")
         tokens = [int(v) for v in tokens.split(",")]
         if name == "grad":              # forward and backward (autograd) across hosts
@@ -42,4 +42,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1], sys.argv[2:])

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.multihost, pytest.mark.slow]
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 

@@ -1,7 +1,7 @@
 """Ranks on several (simulated) hosts under torchrun: the Communicator API and the
 torch.distributed backend on 2 hosts x 2 ranks and on 3 hosts of 1-2 ranks, the failure
 promises, and DDP's loss curve against Gloo's. Starting hosts costs seconds, so scenarios that
-leave the ranks alive share a launch (hosts_api.py)."""
+leave the ranks alive share one launch per layout (shared_launches.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import re
 from pathlib import Path
 
 import pytest
+
+pytestmark = [pytest.mark.multihost, pytest.mark.slow]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 LAYOUTS = {"2x2": (2, 2), "1+2+1": (1, 2, 1)}
@@ -39,30 +41,28 @@ def _check_mismatch(out: str) -> None:
 
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_every_collective_the_torch_backend_and_the_error_paths_across_hosts(run_on_hosts,
+def test_every_collective_the_torch_backend_and_the_error_paths_across_hosts(shared_hosts,
                                                                             layout):
-    """One launch per layout (hosts_api.py), each scenario with its own communicator or
-    process group in the same processes (so a second ``tilecomm.init`` in a process is tried
-    too): every collective against the reference, the torch backend, then on 2 x 2 the
-    mismatch and bad-argument errors on every rank of every host, on 1+2+1 no shared-memory
-    file left once every rank has initialized."""
+    """The shared launch of each layout (shared_launches.py): every collective against the
+    reference, the torch backend, then on 2 x 2 the mismatch and bad-argument errors on every
+    rank of every host, on 1+2+1 no shared-memory file left once every rank has initialized
+    (the third communicator of those processes)."""
     per_host = LAYOUTS[layout]
-    faults = "mismatch" if layout == "2x2" else "shm"
-    out = run_on_hosts(per_host, "hosts_api.py", "collectives", "torch", faults)
+    out, _ = shared_hosts(per_host)
     oks = _ok_lines(out, r"rank \d+: \d+ checks OK")
     assert len(oks) == sum(per_host), out[-3000:]
     assert len(_ok_lines(out, r"torch backend OK")) == sum(per_host), out[-3000:]
-    if faults == "mismatch":
+    if layout == "2x2":
         _check_mismatch(out)
     else:
         assert len(_ok_lines(out, r"shm OK")) == 4, out[-3000:]
 
 
 @pytest.mark.timeout(400)
-def test_split_sizes_that_disagree_raise_on_every_rank_of_uneven_hosts(run_on_hosts):
+def test_split_sizes_that_disagree_raise_on_every_rank_of_uneven_hosts(shared_hosts):
     """2 + 1: the single rank sits on both rails, so both rails must carry the split matrix,
     and a mismatch seen on one rail must still reach the partner on the other."""
-    out = run_on_hosts((2, 1), "hosts_faults.py", "splits")
+    out, _ = shared_hosts((2, 1))
     assert len(_ok_lines(out, r"splits OK")) == 3, out[-3000:]
     want = r"splits: CommMismatch: .*?rank 0 expects 2 rows from rank 2, which sends it 1"
     assert len(_ok_lines(out, want)) == 3, out[-3000:]

@@ -13,6 +13,8 @@ import pytest
 
 from tilecomm import simhosts
 
+pytestmark = [pytest.mark.multihost, pytest.mark.slow]
+
 
 @pytest.fixture(autouse=True)
 def _needs_namespaces():

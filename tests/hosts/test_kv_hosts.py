@@ -4,6 +4,9 @@ scenarios of tests/kv/kv_scenarios.py with the two sides of each request on diff
 import re
 
 import pytest
+from shared_launches import KV_NAMES
+
+pytestmark = [pytest.mark.multihost, pytest.mark.slow]
 
 SCRIPT = "kv_hosts.py"
 
@@ -13,11 +16,9 @@ def _ok(out: str, name: str) -> list[str]:
 
 
 @pytest.mark.timeout(400)
-def test_requests_errors_and_layers_across_two_hosts(run_on_hosts):
-    names = ("many_requests", "all_pairs", "layer_by_layer", "errors", "geometry_mismatch",
-             "heap_after_close")
-    out = run_on_hosts((2, 2), SCRIPT, *names)
-    for name in names:
+def test_requests_errors_and_layers_across_two_hosts(shared_hosts):
+    out, _ = shared_hosts((2, 2))
+    for name in KV_NAMES[(2, 2)]:
         assert len(_ok(out, name)) == 4, (name, out[-3000:])
     # the receiver on the other host saw each layer as it landed
     assert "rank 2 layer_by_layer ok [[True, False, False], [True, True, False], " \
@@ -28,9 +29,8 @@ def test_requests_errors_and_layers_across_two_hosts(run_on_hosts):
 
 
 @pytest.mark.timeout(400)
-def test_heads_resharded_across_hosts(run_on_hosts):
-    out = run_on_hosts((2, 1), SCRIPT, "head_split_gather", "head_split_scatter",
-                       "retries_and_failures")
+def test_heads_resharded_across_hosts(shared_hosts):
+    out, _ = shared_hosts((2, 1))
     assert len(_ok(out, "head_split_gather")) == 3 and len(_ok(out, "head_split_scatter")) == 3
     # rank 1 (host 0) was told that the request failed on rank 2 (host 1) because of rank 0
     assert len(_ok(out, "retries_and_failures")) == 3, out[-3000:]

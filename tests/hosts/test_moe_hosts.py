@@ -11,8 +11,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "moe"))
 import moe_scenarios as S  # noqa: E402
 from moe_hosts import CASES  # noqa: E402
+from shared_launches import MOE_CASES  # noqa: E402
 
-SCRIPT = "moe_hosts.py"
+pytestmark = [pytest.mark.multihost, pytest.mark.slow]
 
 
 def _load(tmp_path, name, world):
@@ -20,14 +21,10 @@ def _load(tmp_path, name, world):
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("per_host,cases", [
-    ((2, 2), {"bf16": [5, 0, 7, 3], "fp8": [4, 6, 2, 5], "f32": [9, 8, 7, 9]}),
-    ((1, 2, 1), {"int32": [6, 3, 0, 4], "grad": [5, 0, 6, 3]}),   # uneven: partners wrap
-])
-def test_roundtrip_across_hosts_matches_reference(run_on_hosts, tmp_path, per_host, cases):
-    world = sum(per_host)
-    args = [f"{n}:{','.join(map(str, t))}" for n, t in cases.items()]
-    run_on_hosts(per_host, SCRIPT, tmp_path, *args)
+@pytest.mark.parametrize("per_host", list(MOE_CASES), ids=["2x2", "1+2+1"])
+def test_roundtrip_across_hosts_matches_reference(shared_hosts, per_host):
+    cases, world = MOE_CASES[per_host], sum(per_host)
+    _, tmp_path = shared_hosts(per_host)
     host_of = torch.load(tmp_path / "hosts.0.pt")
     assert len(set(host_of)) == len(per_host)
     for name, tokens in cases.items():

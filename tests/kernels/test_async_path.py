@@ -6,12 +6,16 @@ check point (or at once in debug mode); a device timeout is raised at the next c
 
 from __future__ import annotations
 
+import pytest
+
 import time
 
 import torch
 from interp_ranks import kernel_backend
 
 import tilecomm
+
+pytestmark = pytest.mark.interpreter
 
 CALLS = 5
 

@@ -12,6 +12,8 @@ import torch
 import tilecomm
 from interp_ranks import compile_for_sm90, kernel_backend
 
+pytestmark = pytest.mark.interpreter
+
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32,
           torch.int64, torch.uint8, torch.int8]
 POISON = 77
@@ -113,6 +115,7 @@ def test_silent_root_raises_commtimeout(rank_pool):
     assert 0.3 <= elapsed < 10
 
 
+@pytest.mark.compile
 def test_compiles_for_sm90():
     out = compile_for_sm90("tilecomm.backends.triton.kernels.broadcast")
     ok = [ln for ln in out.splitlines() if ln.startswith("ok ")]

@@ -23,6 +23,8 @@ import torch
 
 import tilecomm
 
+pytestmark = pytest.mark.interpreter
+
 KERNELS = [("all_reduce", "one_shot"), ("all_reduce", "two_shot"), ("all_gather", "direct"),
            ("all_gather", "ring"), ("reduce_scatter", "direct"), ("reduce_scatter", "ring")]
 
@@ -313,6 +315,7 @@ def _env():
     return {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
 
 
+@pytest.mark.compile
 @pytest.mark.timeout(600)      # compiling every kernel takes 1-2 minutes on 2 cores
 def test_every_registered_kernel_compiles_for_sm90():
     from tilecomm.backends.triton import registry

@@ -22,6 +22,8 @@ import torch
 
 import test_plan_kernel as tpk
 
+pytestmark = pytest.mark.interpreter
+
 #: (collective, algo) of the fused kernels checked here
 PAIRS = [("all_reduce", "one_shot"), ("all_reduce", "two_shot"),
          ("reduce_scatter", "direct"), ("all_gather", "direct"),

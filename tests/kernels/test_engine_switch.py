@@ -4,9 +4,13 @@ the old engine (possibly closed)."""
 
 from __future__ import annotations
 
+import pytest
+
 import os
 
 import torch
+
+pytestmark = pytest.mark.interpreter
 
 
 def _switch_back_and_forth(comm):

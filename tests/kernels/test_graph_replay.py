@@ -14,12 +14,16 @@ the others time out (stale signals do not satisfy it), naming rank, peer and epo
 
 from __future__ import annotations
 
+import pytest
+
 import sys
 
 import torch
 from interp_ranks import kernel_backend
 
 import tilecomm
+
+pytestmark = pytest.mark.interpreter
 
 REPLAYS = 4
 FAMILIES = ("all_reduce", "gather_scatter", "all_to_all", "broadcast", "plan")

@@ -25,6 +25,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.compile
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -20,6 +20,8 @@ import torch
 
 import tilecomm
 
+pytestmark = pytest.mark.interpreter
+
 REDUCING = ("all_reduce", "reduce_scatter", "reduce")
 
 

@@ -23,6 +23,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import moe_scenarios as S  # noqa: E402
 
+pytestmark = pytest.mark.interpreter
+
 
 def _engine_kind(comm):
     return comm.cpu_kernels
@@ -236,6 +238,7 @@ def test_bad_input_raises_on_every_rank(rank_pool, what, exc, text):
         assert ok == [[1.0] * 8]
 
 
+@pytest.mark.compile
 def test_kernels_compile_for_sm90_with_release_acquire_and_vector_copies():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, str(HERE / "moe_ptx.py")], env=env,

@@ -18,6 +18,8 @@ import torch
 
 import cases
 
+pytestmark = pytest.mark.interpreter
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOL = {torch.float32: 1e-4, torch.bfloat16: 0.1, torch.float16: 1e-2}
 
@@ -76,6 +78,7 @@ def test_kernel_path_errors_on_every_rank(rank_pool, case):
         assert after <= 1e-4
 
 
+@pytest.mark.compile
 def test_kernels_compile_for_sm90_with_tensor_cores_and_acquire_waits():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, os.path.join(HERE, "overlap_ptx.py")], env=env,

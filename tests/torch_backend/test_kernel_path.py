@@ -13,6 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.interpreter
+
 SCRIPT = r"""
 import json, sys
 import torch, torch.distributed as dist

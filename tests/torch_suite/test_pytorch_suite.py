@@ -31,7 +31,7 @@ RUNNER = Path(__file__).with_name("run_suite.py")
 TIMEOUT_S = 240  # a whole run; each test has its own limit (--timeout) inside
 
 # The module fixture runs everything (~40 s on 2 cores) inside the first test's setup.
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 #: Skips that are not tilecomm's doing, with why they are skips (see docs/compatibility.md).
 SKIP_REASONS = {
