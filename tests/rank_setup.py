@@ -63,10 +63,11 @@ SETUP = {"executor": executor, "interpreter": interpreter, "compat": compat, "ke
 
 
 def call(comm, fn, *args):
-    """``fn(comm, *args)``, then collect garbage: symmetric tensors are freed when their last
-    view dies, and a view kept alive by a reference cycle (a traceback) on one rank only would
-    make the next ``alloc`` diverge between ranks."""
+    """``(fn(comm, *args), heap bytes in use after it)``, with garbage collected first:
+    symmetric tensors are freed when their last view dies, and a view kept alive by a
+    reference cycle (a traceback) on one rank only would make the next ``alloc`` diverge."""
     try:
-        return fn(comm, *args)
+        out = fn(comm, *args)
     finally:
         gc.collect()
+    return out, comm.heap_bytes_in_use

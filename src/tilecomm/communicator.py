@@ -200,6 +200,13 @@ class Communicator:
         return self._backend.process_group(name, timeout)
 
     # ---- symmetric memory -----------------------------------------------------------------
+    @property
+    def heap_bytes_in_use(self) -> int:
+        """Bytes of this rank's symmetric heap held by live tensors from :meth:`alloc`. Equal on
+        every rank while allocations and frees are in step (a tensor one rank still holds, in a
+        cycle or a cache, makes the next ``alloc`` diverge)."""
+        return self._alloc.bytes_in_use
+
     def alloc(self, shape: int | Sequence[int], dtype: torch.dtype = torch.float32,
               device: str | torch.device | None = None) -> torch.Tensor:
         """A zero-filled tensor in symmetric memory (collective: all ranks, same order/sizes).

@@ -59,10 +59,18 @@ def _run(out, *extra, timeout=300, **env):
         return r, json.load(f)
 
 
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    """The whole dry run, once for the tests that read it: ``(completed process, record,
+    output directory)``."""
+    out = tmp_path_factory.mktemp("dry_run")
+    return (*_run(out), out)
+
+
 @pytest.mark.timeout(400)      # ~20 s here; no wall-clock budget may skip a case (CI is slower)
-def test_dry_run_passes_every_phase_and_reports_the_case_table(tmp_path):
+def test_dry_run_passes_every_phase_and_reports_the_case_table(dry_run):
     ids, registered, schedules, first = _expected_table()
-    r, res = _run(tmp_path)
+    r, res, tmp_path = dry_run
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert res["verdict"] == "PASS" and res["all_correct"] and res["skipped_cases"] == 0
     assert res["env"]["mode"] == "interpret" and res["worlds"] == {"2": "ok"}
@@ -155,9 +163,10 @@ def test_dry_run_passes_every_phase_and_reports_the_case_table(tmp_path):
     assert "faster all-gather copy:" in text and "CTA budget w2: 4 per launch" in text
 
 
-def test_case_ids_are_tilecomm_bench_ids(tmp_path):
-    """The bench on the kernel path names its rows as the check's table does."""
-    _, res = _run(tmp_path, "--kernels", "all_reduce/one_shot", "--phases", "timing")
+def test_case_ids_are_tilecomm_bench_ids(dry_run, tmp_path):
+    """The bench on the kernel path names its rows as the check's table does (the dry run's
+    timing phase)."""
+    _, res, _ = dry_run
     out = tmp_path / "rows.json"
     r = subprocess.run([sys.executable, "-m", "tilecomm.cli", "bench", "all_reduce", "-n", "2",
                         "-b", "1K", "-e", "1K", "--algo", "one_shot", "--mem", "heap",

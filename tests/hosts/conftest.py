@@ -17,6 +17,24 @@ from tilecomm import simhosts
 HERE = Path(__file__).resolve().parent
 
 
+def host_env() -> dict:
+    """The environment of a simulated host's processes: without this test process's own
+    segment directory (shm_files.py), which the host's private /dev/shm does not have."""
+    return {k: v for k, v in os.environ.items() if k != "TILECOMM_SHM_DIR"}
+
+
+@pytest.fixture(autouse=True)
+def _hosts_use_their_own_shm(monkeypatch):
+    """Tests here also start hosts through tilecomm's CLI and helpers, which pass this
+    process's environment on."""
+    from tilecomm.settings import settings
+
+    monkeypatch.delenv("TILECOMM_SHM_DIR", raising=False)
+    settings.cache_clear()
+    yield
+    settings.cache_clear()
+
+
 def _shm_files() -> set[str]:
     return {f for f in os.listdir("/dev/shm") if f.startswith("tilecomm")}
 
@@ -24,7 +42,7 @@ def _shm_files() -> set[str]:
 def _run(per_host, script, *args, timeout=240):
     path = script if os.path.isabs(str(script)) else HERE / script
     res = simhosts.run(list(per_host), [str(path), *map(str, args)], timeout=timeout,
-                       capture=True)
+                       capture=True, env=host_env())
     assert not res.timed_out, f"timed out after {timeout} s\n{res.output[-4000:]}"
     assert res.ok, res.output[-6000:]
     return res.output

@@ -1,12 +1,12 @@
 """The KV transfer engine inside one host (ranks from tilecomm.launch, shared memory): every
 scenario of kv_scenarios.py, bit for bit against the block-by-block reference."""
 
-import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from shm_files import tilecomm_files
 
 import tilecomm
 import tilecomm.kv
@@ -15,15 +15,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kv_scenarios as S  # noqa: E402
 
 
-def _shm() -> set:
-    return {f for f in os.listdir("/dev/shm") if f.startswith("tilecomm")}
-
-
 @pytest.fixture(autouse=True)
 def no_shm_left():
-    before = _shm()
+    before = tilecomm_files()
     yield
-    assert _shm() <= before
+    assert tilecomm_files() <= before
 
 
 @pytest.mark.parametrize("world", [2, 4])

@@ -1,12 +1,12 @@
 """MoE dispatch/combine on the CPU engine (ranks from tilecomm.launch, shared memory): every
 layout against the token-by-token reference, bit for bit, and the error promises."""
 
-import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from shm_files import tilecomm_files
 
 import tilecomm
 from tilecomm import CommMismatch
@@ -16,15 +16,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import moe_scenarios as S  # noqa: E402
 
 
-def _shm() -> set:
-    return {f for f in os.listdir("/dev/shm") if f.startswith("tilecomm")}
-
-
 @pytest.fixture(autouse=True)
 def no_shm_left():
-    before = _shm()
+    before = tilecomm_files()
     yield
-    assert _shm() <= before
+    assert tilecomm_files() <= before
 
 
 @pytest.mark.parametrize("tokens,dtype,integer", [

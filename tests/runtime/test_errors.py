@@ -10,13 +10,14 @@ import time
 import pytest
 import torch
 
+import shm_files
 import tilecomm
 from tilecomm import CommTimeout, RankError
 
 
 
 def _leftover_segments():
-    return {f for f in os.listdir("/dev/shm") if f.startswith("tilecomm-")}
+    return shm_files.tilecomm_files()
 
 
 def _catch(fn):
