@@ -19,6 +19,13 @@ if os.environ.get("PYTEST_XDIST_WORKER") and "TILECOMM_SHM_DIR" not in os.enviro
 else:
     _OWN_SHM_DIR = None
 
+# The GPU kernels in the Triton interpreter, imported once here: the ranks of the pools fork
+# from this process and inherit them (importing triton costs a rank ~1.5 s of CPU). Tests that
+# need Triton's compiler run it in a subprocess whose environment drops TRITON_INTERPRET.
+os.environ["TRITON_INTERPRET"] = "1"
+import tilecomm.backends.triton  # noqa: E402,F401
+import tilecomm.device.lang  # noqa: E402,F401
+
 import rank_setup  # noqa: E402  (tests/ is on sys.path: rootdir conftest)
 import shm_files  # noqa: E402
 import tilecomm  # noqa: E402
@@ -78,8 +85,13 @@ class _Pools:
         if g is None or not g.procs or not all(p.is_alive() for p in g.procs):
             if g is not None:
                 g.stop()
+            # lang reads TILECOMM_DEVICE_COMPAT when it is imported, and this process imported
+            # it without: the compat engine's ranks start as fresh interpreters
+            fresh = engine == "compat"
             g = tilecomm.RankGroup(world, timeout=ENGINE_TIMEOUT[engine], heap_bytes=TEST_HEAP,
-                                   scratch_bytes=TEST_SCRATCH).start()
+                                   scratch_bytes=TEST_SCRATCH,
+                                   start_method="spawn" if fresh else None,
+                                   env={"TILECOMM_DEVICE_COMPAT": "1"} if fresh else None).start()
             self.groups[key] = g
             try:
                 g.run(rank_setup.SETUP[engine])

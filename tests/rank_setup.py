@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import gc
 import os
-import sys
 
 
 def _freeze() -> None:
@@ -29,27 +28,23 @@ def executor(comm) -> None:
 
 
 def interpreter(comm) -> int:
-    """The interpreter must be on before triton is imported on the rank; then the kernels are
-    imported once, here. Returns the rank's pid."""
-    assert "triton" not in sys.modules, (
-        "triton was imported in the pytest process before this pool's ranks forked from it, "
-        "so TRITON_INTERPRET comes too late for them: run that test's triton import in a "
-        "subprocess")
-    os.environ["TRITON_INTERPRET"] = "1"
-    import tilecomm.backends.triton  # noqa: F401
-    import tilecomm.device.lang  # noqa: F401
+    """The kernels in the Triton interpreter (conftest.py imported them that way before the
+    ranks forked). Returns the rank's pid."""
+    from tilecomm.device import lang
 
+    assert lang.INTERPRETED and os.environ.get("TRITON_INTERPRET") == "1", \
+        "the kernels were imported without the interpreter"
     _freeze()
     return os.getpid()
 
 
 def compat(comm) -> int:
-    """The interpreter, with lang on its compatibility path (TILECOMM_DEVICE_COMPAT=1: as for
-    a Triton without tl.atomic_load / tl.atomic_poll)."""
-    from tilecomm.settings import settings
+    """The interpreter, with lang on its compatibility path (TILECOMM_DEVICE_COMPAT=1, set by
+    the pool for fresh rank processes: as for a Triton without tl.atomic_load /
+    tl.atomic_poll)."""
+    from tilecomm.device import lang
 
-    os.environ["TILECOMM_DEVICE_COMPAT"] = "1"
-    settings.cache_clear()          # forked ranks inherit the parent's cached settings
+    assert lang.COMPAT, "lang was imported before TILECOMM_DEVICE_COMPAT was set"
     return interpreter(comm)
 
 
