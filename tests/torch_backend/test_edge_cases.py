@@ -1,6 +1,6 @@
-"""Defects found reviewing the backend as a user porting a training job; each test failed
-before its fix (all_to_all_single with an empty input, p2p tags, float8 reductions,
-destroy_process_group with a pending send)."""
+"""The backend's edge cases a training job porting to it meets: all_to_all_single with an empty
+input, p2p tags out of order, float8 reductions, destroy_process_group and interpreter exit with
+a pending send, recv from any source, a gather whose sizes disagree, FSDP2 on a CPU mesh."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The smaller slips a new user hit (issue 12, gap 9): help texts, the quick start's sizes,
-duplicate bench rows, the README tour under spawn, a TILECOMM_SHM_DIR that does not exist."""
+"""What a new user reads and sets first: help texts, the README quick start's sizes and its tour
+(also under spawn), bench rows of equal sizes, a TILECOMM_SHM_DIR that does not exist, the
+settings table of `tilecomm doctor`."""
 
 from __future__ import annotations
 
