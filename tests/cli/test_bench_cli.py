@@ -91,6 +91,7 @@ def test_doctor_runs(capsys):
     assert "native runner: " in out and "TILECOMM_NATIVE" in out
 
 
+@pytest.mark.slow
 def test_doctor_device_without_cuda_says_so_and_exits_1(capsys):
     """``doctor --device`` runs the GPU check's own preflight (issue 34): on a machine
     without CUDA it says so in plain words and exits 1 (documented in --help). In a
@@ -137,6 +138,7 @@ def test_doctor_device_prints_the_gpu_checks_preflight(capsys, monkeypatch):
     assert "CANNOT RUN: GPU 0 compute mode Prohibited" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_torchrun_init(tmp_path):
     """tilecomm.init() under torchrun rendezvouses through torch.distributed's store."""
     env = dict(os.environ, OMP_NUM_THREADS="1")

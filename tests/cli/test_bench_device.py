@@ -71,6 +71,7 @@ def test_device_cuda_without_a_gpu_is_a_clear_error(capsys):
     assert "no CUDA device" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_kernel_path_stays_bounded_and_checks(tmp_path):
     """Under TILECOMM_CPU_KERNELS=triton the bench runs the kernels (interpreter); 140 calls
     of an in-place sum over 2 ranks would reach 2**140 (float32 overflows at 2**128)."""
@@ -117,6 +118,7 @@ def test_bench_deterministic_mode_runs_only_rank_order_algorithms():
     assert auto[0]["algo"] == "direct"
 
 
+@pytest.mark.slow
 def test_timed_kernel_loop_never_overflows_float16(tmp_path):
     """Issue 12, gap 8: 40 timed in-place sums of ones on 2 ranks (2**40 overflows float16)
     on the kernel path, warnings as errors; without the untimed re-fill the Triton

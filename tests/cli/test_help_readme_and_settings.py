@@ -56,6 +56,7 @@ def test_the_readme_tour_guards_its_launch():
                      tour, re.M), tour
 
 
+@pytest.mark.slow
 def test_an_unguarded_launch_under_spawn_says_why(tmp_path):
     prog = tmp_path / "unguarded.py"
     prog.write_text("import tilecomm\n\ndef work(comm):\n    return comm.rank\n\n"

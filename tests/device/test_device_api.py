@@ -162,6 +162,7 @@ def test_cuda_heap_fails_clearly_without_cuda():
         CudaHeap(0, 1, 1 << 20, lambda obj: [obj])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script,world", [("01_notify_wait", 2), ("04_one_shot_all_reduce", 4)])
 def test_tutorial_runs_as_script(script, world):
     r = subprocess.run([sys.executable, os.path.join(EXAMPLES, script + ".py"), str(world)],
@@ -170,6 +171,7 @@ def test_tutorial_runs_as_script(script, world):
     assert r.stdout.strip().endswith("ok")
 
 
+@pytest.mark.slow
 @pytest.mark.compile
 def test_every_kernel_compiles_for_sm90():
     files = sorted(os.path.join(EXAMPLES, f) for f in os.listdir(EXAMPLES) if f.endswith(".py"))

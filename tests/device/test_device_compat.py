@@ -50,6 +50,7 @@ def _one_shot_all_reduce(comm, n):
         comm.use_cpu_kernels("executor")
 
 
+@pytest.mark.slow
 def test_compat_interpreter_scenarios(rank_pool):
     pool = rank_pool(2, "compat")
     assert pool.run(_compat_flags) == [(True, True)] * 2
@@ -101,6 +102,7 @@ print(json.dumps(facts))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.compile
 def test_compat_ptx_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -101,6 +101,7 @@ def test_quit_is_sent_when_the_process_is_signalled(fake, tmp_path, sig):
     assert len(_quits(calls)) == 1
 
 
+@pytest.mark.slow
 def test_quit_is_sent_at_interpreter_exit(fake):
     prog, calls = fake
     code = f"from tilecomm.mps import MpsDaemon\nMpsDaemon(2, control={prog!r}).start()\n"

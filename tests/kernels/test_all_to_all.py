@@ -204,6 +204,7 @@ def test_silent_peer_raises_commtimeout(rank_pool, collective):
     assert 0.3 <= elapsed < 10
 
 
+@pytest.mark.slow
 @pytest.mark.compile
 def test_compiles_for_sm90():
     out = compile_for_sm90("tilecomm.backends.triton.kernels.all_to_all")

@@ -386,6 +386,7 @@ def _short_run_mismatch_and_rejection(comm):
     return out
 
 
+@pytest.mark.slow
 def test_short_runs_and_rejections_are_reported(rank_pool):
     res = rank_pool(2, "interpreter").run(_short_run_mismatch_and_rejection)
     assert res[0][:3] == ["ValueError", 2.0, "ValueError"]

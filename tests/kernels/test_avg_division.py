@@ -20,6 +20,7 @@ pytestmark = pytest.mark.compile
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+@pytest.mark.slow
 def test_approximate_division_is_flagged_and_finish_divides_exactly():
     # (the availability check runs in the subprocess: importing triton here, without the
     # interpreter, would break the interpreter in rank processes forked from this one later)

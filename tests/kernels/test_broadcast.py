@@ -115,6 +115,7 @@ def test_silent_root_raises_commtimeout(rank_pool):
     assert 0.3 <= elapsed < 10
 
 
+@pytest.mark.slow
 @pytest.mark.compile
 def test_compiles_for_sm90():
     out = compile_for_sm90("tilecomm.backends.triton.kernels.broadcast")

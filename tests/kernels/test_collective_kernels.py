@@ -251,6 +251,7 @@ def _auto(comm):
 
 # ---- tests -------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("w", [2, 3])
 def test_every_kernel_exact_vs_numpy_and_executor(w, rank_pool):
     # n not a multiple of the block (128) nor of w: masked tails and uneven two_shot chunks
@@ -276,6 +277,7 @@ def test_zero_copy_heap_inputs(w, rank_pool):
     assert rank_pool(w, "kernels").run(_zero_copy, 140) == [True] * w
 
 
+@pytest.mark.slow
 def test_low_precision_and_integer_dtypes(rank_pool):
     assert rank_pool(3, "kernels").run(_dtypes, 70) == [True] * 3
 
@@ -298,6 +300,7 @@ def test_auto_picks_gpu_kernels(rank_pool):
     assert set(ag) == {"direct", "ring"}
 
 
+@pytest.mark.slow
 def test_silent_peer_raises_commtimeout(rank_pool):
     t = time.perf_counter()
     res = rank_pool(2, "kernels").run_and_discard(_silent_peer, 0.3)
@@ -315,6 +318,7 @@ def _env():
     return {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
 
 
+@pytest.mark.slow
 @pytest.mark.compile
 @pytest.mark.timeout(600)      # compiling every kernel takes 1-2 minutes on 2 cores
 def test_every_registered_kernel_compiles_for_sm90():

@@ -104,6 +104,7 @@ def compare(comm, coll, algo):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("w", [2, 3, 4])
 @pytest.mark.parametrize("coll,algo", PAIRS, ids=[f"{c}-{a}" for c, a in PAIRS])
 def test_fused_plan_and_executor_bits_agree(coll, algo, w, rank_pool):
@@ -150,6 +151,7 @@ def _deterministic_on_kernels(comm):
     return bad
 
 
+@pytest.mark.slow
 def test_deterministic_mode_on_the_kernels_gives_rank_order_bits(rank_pool):
     res = rank_pool(3, "kernels").run(_deterministic_on_kernels)
     assert res == [[]] * 3, res

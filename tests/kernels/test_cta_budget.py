@@ -104,6 +104,7 @@ def _launch_grids(comm):
     return grids
 
 
+@pytest.mark.slow
 @pytest.mark.interpreter
 def test_launchers_take_the_budget(tmp_path):
     """Collectives and fused ops launch at most the budget's CTAs (here the setting: the

@@ -280,6 +280,7 @@ def _stale_replay_times_out(comm):
 
 # ---- pytest side -------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_replayed_launches_synchronize_and_alternate_halves(rank_pool):
     for w in (2, 3):
         res = rank_pool(w, "interpreter").run(_replays)

@@ -82,6 +82,7 @@ def test_two_dimensional_grids_stay_within_the_cap_on_an_own_gpu():
     assert ctx.launch_options == {}                    # interpreter: plain launches
 
 
+@pytest.mark.slow
 @pytest.mark.compile
 def test_cuda_launches_are_cooperative():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

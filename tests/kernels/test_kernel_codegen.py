@@ -41,6 +41,7 @@ def _codegen(*args, timeout=600):
     return json.loads(line[len("RESULT "):])
 
 
+@pytest.mark.slow
 def test_one_cache_key_per_kernel_across_epochs_ranks_sizes():
     # 22 epochs (1..20, 32, 48) x ranks 0..3, element counts 28..4100 (not all multiples of
     # 16), broadcast roots 0..3: every kernel (fp32 and bf16) compiles one variant. Before the
@@ -59,6 +60,7 @@ def test_one_cache_key_per_kernel_across_epochs_ranks_sizes():
     assert "('i32', None)" in one_shot and "('*bf16', 'D')" in one_shot, one_shot
 
 
+@pytest.mark.slow
 def test_compiled_variants_stay_one_through_jit_warmup():
     # JITFunction.run(warmup=True) on target sm_90: 20 compiles requested with epochs 1..20,
     # ranks 0..3 (1 included) and n in {8192, 1000, 16, 1, 4097}; the kernel cache holds one
@@ -74,6 +76,7 @@ def _st128(w):
     return w["st"].get("128", 0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_peer_reads_are_128_bit(dtype):
     # 8 ranks, 16-byte aligned tensors, n = 8192. Per full block, a thread needs `vectors`
@@ -106,6 +109,7 @@ def test_peer_reads_are_128_bit(dtype):
     assert _ld128(bc) >= 2 * bc["vectors"] and _st128(bc) >= 2 * bc["vectors"], bc
 
 
+@pytest.mark.slow
 def test_barrier_costs_one_release_at_eight_ranks():
     # lang.barrier once at WORLD=8, compiled for sm_90. Before: 8 release atomics in the code
     # (one per possible peer, 7 executed one after another: a fence and a remote round trip

@@ -357,6 +357,7 @@ def lookups(comm):
 
 # ---- tests -------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("w", [2, 3])
 def test_every_schedule_through_the_plan_kernel(w, rank_pool):
     res = rank_pool(w, "kernels").run(plan_everything)

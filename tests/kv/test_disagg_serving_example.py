@@ -13,6 +13,7 @@ import pytest
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "disagg_serving.py")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4])
 def test_disagg_serving_generates_the_reference_tokens(tmp_path, world):
     out = tmp_path / "serving.json"

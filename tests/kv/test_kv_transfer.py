@@ -65,6 +65,7 @@ def test_every_rank_sends_and_receives_at_once():
     assert tilecomm.launch(S.all_pairs, 3) == [2 * 3 * 2 * 2] * 3
 
 
+@pytest.mark.slow
 def test_bad_input_raises_on_both_sides():
     p, d = tilecomm.launch(S.errors, 2)
     assert set(p) == {"count", "range", "mine", "bad_dst", "layers", "heads", "unknown",
@@ -95,6 +96,7 @@ def test_calls_before_the_cache_and_after_close_are_refused():
     tilecomm.launch(run, 2)
 
 
+@pytest.mark.slow
 def test_retries_duplicates_and_a_failed_request_with_two_senders():
     r0, r1, r2 = tilecomm.launch(S.retries_and_failures, 3)
     assert r2["g_blocks_untouched"], "a sender wrote into a request that had failed"

@@ -238,6 +238,7 @@ def test_bad_input_raises_on_every_rank(rank_pool, what, exc, text):
         assert ok == [[1.0] * 8]
 
 
+@pytest.mark.slow
 @pytest.mark.compile
 def test_kernels_compile_for_sm90_with_release_acquire_and_vector_copies():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -280,6 +281,7 @@ def _silent_peer(comm):
     return None
 
 
+@pytest.mark.slow
 def test_a_peer_that_never_pushes_is_a_bounded_commtimeout_naming_it():
     msgs = tilecomm.launch(_silent_peer, 2, timeout=60)
     assert msgs[1] is None                                 # the mute rank waits on nobody
@@ -311,6 +313,7 @@ def _silent_peer_low_latency(comm):
     return None
 
 
+@pytest.mark.slow
 def test_a_silent_peer_in_low_latency_mode_is_a_bounded_commtimeout_naming_it():
     msgs = tilecomm.launch(_silent_peer_low_latency, 2, timeout=60)
     assert msgs[1] is None

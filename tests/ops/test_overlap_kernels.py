@@ -38,6 +38,7 @@ def _many(comm, dtype):
 
 @pytest.mark.parametrize("w,dtype", [(2, torch.float32), (3, torch.float32),
                                      (2, torch.bfloat16), (3, torch.float16)], ids=str)
+@pytest.mark.slow
 def test_kernels_match_the_references(rank_pool, w, dtype):
     for ag, rs in rank_pool(w, "kernels").run(_many, dtype):
         assert all(d <= TOL[dtype] for _, d, _ in ag), ag
@@ -78,6 +79,7 @@ def test_kernel_path_errors_on_every_rank(rank_pool, case):
         assert after <= 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.compile
 def test_kernels_compile_for_sm90_with_tensor_cores_and_acquire_waits():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -3,6 +3,8 @@ the unfused one (all_gather + matmul, matmul + reduce_scatter)."""
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import subprocess
@@ -11,6 +13,7 @@ import sys
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "tp_mlp.py")
 
 
+@pytest.mark.slow
 def test_tp_mlp_fused_and_unfused_losses_agree(tmp_path):
     out = tmp_path / "losses.json"
     env = dict(os.environ, OMP_NUM_THREADS="1")

@@ -144,6 +144,7 @@ def _one_rank_absent(comm):
     return "no error"
 
 
+@pytest.mark.slow
 def test_timeout_names_collective_seq_and_missing_rank():
     before = _leftover_segments()
     res = tilecomm.launch(_one_rank_absent, 3, timeout=0.5)
@@ -257,6 +258,7 @@ def _p2p_timeout(comm):
     return first, second
 
 
+@pytest.mark.slow
 def test_point_to_point_timeout_makes_the_communicator_unusable():
     res = tilecomm.launch(_p2p_timeout, 2, timeout=0.5)
     first, second = res[1]
@@ -312,6 +314,7 @@ def _late_rank(comm):
     return _catch(lambda: comm.all_reduce(torch.ones(4)))
 
 
+@pytest.mark.slow
 def test_a_rank_arriving_after_a_timeout_raises_too():
     """The late rank must not complete a call its peer abandoned (they would disagree)."""
     early, late = tilecomm.launch(_late_rank, 2, timeout=0.5)

@@ -22,6 +22,7 @@ def _stop_rank_1(comm):
     comm.all_reduce(t)
 
 
+@pytest.mark.slow
 def test_a_timeout_names_the_stalled_rank_as_the_culprit():
     with pytest.raises(RankError) as info:
         tilecomm.launch(_stop_rank_1, 3, timeout=1)
@@ -93,6 +94,7 @@ def _timeout_text(comm):
     return ""
 
 
+@pytest.mark.slow
 def test_a_timeout_says_what_the_peer_is_doing():
     with tilecomm.RankGroup(2, timeout=0.5) as g:
         out = g.run(_timeout_text)
@@ -135,6 +137,7 @@ def _repeated_then(comm, rank1_does):
     return "ok", "", not generic
 
 
+@pytest.mark.slow
 def test_a_repeated_call_publishes_what_it_does_and_that_it_ended():
     with tilecomm.RankGroup(2, timeout=0.5) as g:
         idle = g.run(_repeated_then, "sleep")

@@ -113,6 +113,7 @@ def launcher(tmp_path):
         ln.kill_all()        # a no-op when the test passed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL, signal.SIGHUP])
 def test_ranks_end_with_a_killed_launcher(launcher, sig):
     ln = launcher()
@@ -124,6 +125,7 @@ def test_ranks_end_with_a_killed_launcher(launcher, sig):
     assert not os.listdir(ln.shm), "segment files left behind"
 
 
+@pytest.mark.slow
 def test_sigint_to_the_launcher_stops_busy_ranks_together(launcher):
     ln = launcher()
     t0 = time.monotonic()

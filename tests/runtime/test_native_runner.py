@@ -140,6 +140,7 @@ def _cases(world: int):
     return cases
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_native_python_and_mixed_ranks_give_the_same_bits(rank_pool, world_size):
     group = rank_pool(world_size)

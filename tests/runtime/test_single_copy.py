@@ -97,6 +97,7 @@ def _cases(world: int):
     return cases
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_reading_in_place_gives_the_staged_bits(rank_pool, world_size):
     group = rank_pool(world_size)

@@ -46,6 +46,7 @@ def _analyze(d, capsys) -> dict:
     ("kill", "died", [0, 2]),
     ("stop", "stalled", [0, 2]),              # a stopped process cannot dump
 ])
+@pytest.mark.slow
 def test_analyze_names_the_rank_at_fault(debug_dir, capsys, case, fault, dumps):
     with pytest.raises(tilecomm.RankError):
         # 1.5 s: rank 1 never arrives in "skip" and "stop"; the others time out

@@ -80,6 +80,7 @@ def test_cli_protocol_any_case_title_and_legend(tmp_path, capsys):
     assert "Simple" in out and "model's fastest" in out and "tuner" not in out
 
 
+@pytest.mark.slow
 def test_cli_multi_node_ring_is_labeled_and_skips_reported(capsys):
     assert main(["sim", "all_reduce", "--nodes", "64", "-b", "1M", "-e", "1M"]) == 0
     out = capsys.readouterr().out

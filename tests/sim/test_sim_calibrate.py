@@ -37,6 +37,7 @@ def test_nccl_model_ring_simple_large():
     assert nccl_best(t, "all_reduce", 1024)[1].endswith("LL")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists(CSV), reason="published calibration data not present")
 def test_published_accuracy_targets():
     table = error_table(validate_published(CSV))

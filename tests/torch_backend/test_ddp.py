@@ -37,6 +37,7 @@ def _torchrun(backend: str, out: Path, ranks: int = 2, steps: int = 15,
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)     # two torchrun launches; slow when the machine is shared
 def test_ddp_loss_curve_matches_gloo(tmp_path):
     ours = _torchrun("tilecomm", tmp_path / "tilecomm.json")

@@ -4,6 +4,8 @@ a pending send, recv from any source, a gather whose sizes disagree, FSDP2 on a 
 
 from __future__ import annotations
 
+import pytest
+
 import time
 from functools import partial
 
@@ -112,6 +114,7 @@ def _pending_send_then_destroy(rank, w):
     return took, work.is_completed(), _catch(work.wait)
 
 
+@pytest.mark.slow
 def test_destroy_process_group_cancels_pending_sends():
     res = run_ranks(_pending_send_then_destroy, 2, timeout=30)
     took, done, err = res[0]
@@ -137,6 +140,7 @@ def _exit_with_a_pending_send(rank, path, q):
     # rank 0 returns: the process runs Python's shutdown, which joins every worker thread
 
 
+@pytest.mark.slow
 def test_interpreter_exit_does_not_wait_for_a_pending_send(tmp_path):
     import multiprocessing as mp
 

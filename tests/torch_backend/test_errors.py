@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import time
 
 import torch
@@ -67,6 +69,7 @@ def _skip_call(rank, w):
     return err, time.monotonic() - t0
 
 
+@pytest.mark.slow
 def test_missing_rank_times_out_with_the_group_timeout():
     res = run_ranks(_skip_call, 2, timeout=1.0)
     err, waited = res[0]

@@ -56,6 +56,7 @@ print(json.dumps(run_ranks(body, 3, timeout=30, wait=400)))
 """
 
 
+@pytest.mark.slow
 def test_torch_calls_run_on_the_kernels():
     root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, TILECOMM_CPU_KERNELS="triton", TRITON_INTERPRET="1")
