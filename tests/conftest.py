@@ -56,9 +56,10 @@ class RankPool:
         except BaseException:
             self.discard()
             raise
-        if len({used for _, used in out}) > 1:
-            # One rank still holds heap blocks the others freed (a test's cache, a failed call
-            # on one side): the next alloc would diverge, so the next run starts afresh.
+        if any(blocks != out[0][1] for _, blocks in out):
+            # One rank still holds heap blocks the others freed, or holds them elsewhere (a
+            # test's cache, a call that failed on one side): the next alloc would diverge, so
+            # the next run starts afresh.
             self.discard()
         return [res for res, _ in out]
 

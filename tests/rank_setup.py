@@ -58,11 +58,11 @@ SETUP = {"executor": executor, "interpreter": interpreter, "compat": compat, "ke
 
 
 def call(comm, fn, *args):
-    """``(fn(comm, *args), heap bytes in use after it)``, with garbage collected first:
+    """``(fn(comm, *args), the rank's live heap blocks after it)``, garbage collected first:
     symmetric tensors are freed when their last view dies, and a view kept alive by a
     reference cycle (a traceback) on one rank only would make the next ``alloc`` diverge."""
     try:
         out = fn(comm, *args)
     finally:
         gc.collect()
-    return out, comm.heap_bytes_in_use
+    return out, comm.heap_blocks()

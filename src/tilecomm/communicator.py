@@ -200,12 +200,13 @@ class Communicator:
         return self._backend.process_group(name, timeout)
 
     # ---- symmetric memory -----------------------------------------------------------------
-    @property
-    def heap_bytes_in_use(self) -> int:
-        """Bytes of this rank's symmetric heap held by live tensors from :meth:`alloc`. Equal on
-        every rank while allocations and frees are in step (a tensor one rank still holds, in a
-        cycle or a cache, makes the next ``alloc`` diverge)."""
-        return self._alloc.bytes_in_use
+    def heap_blocks(self) -> list[tuple[int, int]]:
+        """This rank's live symmetric allocations (from :meth:`alloc`) as ``(offset in the
+        heap, bytes)``, by offset. The same on every rank while allocations and frees are in
+        step; a tensor one rank still holds (in a cycle, a cache) shows here before the next
+        ``alloc`` diverges."""
+        base = self._heap.layout.heap_offset
+        return [(off - base, n) for off, n in self._alloc.blocks()]
 
     def alloc(self, shape: int | Sequence[int], dtype: torch.dtype = torch.float32,
               device: str | torch.device | None = None) -> torch.Tensor:

@@ -430,3 +430,22 @@ def _host_comm_is_self(comm):
 
 def test_host_comm_of_one_host_is_the_communicator(rank_pool):
     assert rank_pool(2).run(_host_comm_is_self) == [True, True]
+
+
+def _heap_blocks_follow_alloc_and_free(comm):
+    before = comm.heap_blocks()
+    a, b = comm.alloc(100), comm.alloc(3, torch.float64)
+    held = comm.heap_blocks()
+    del a
+    after_one = comm.heap_blocks()
+    del b
+    return before, held, after_one, comm.heap_blocks()
+
+
+def test_heap_blocks_list_the_live_allocations_the_same_on_every_rank(rank_pool):
+    res = rank_pool(2).run(_heap_blocks_follow_alloc_and_free)
+    assert res[0] == res[1]
+    before, held, after_one, after = res[0]
+    new = sorted(set(held) - set(before))
+    assert len(new) == 2 and new[0][1] >= 400 and new[1][1] >= 24, new
+    assert len(after_one) == len(before) + 1 and after == before

@@ -46,3 +46,7 @@ class HeapAllocator:
     @property
     def bytes_in_use(self) -> int:
         return sum(self._used.values())
+
+    def blocks(self) -> list[tuple[int, int]]:
+        """The live allocations as ``(offset, bytes)``, by offset."""
+        return sorted(self._used.items())
