@@ -52,7 +52,7 @@ class RankPool:
 
     def run(self, fn, *args):
         try:
-            out = self.group.run(rank_setup.call, fn, *args)
+            out = self.group.run(rank_setup.call, self.engine, fn, *args)
         except BaseException:
             self.discard()
             raise

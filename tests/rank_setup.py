@@ -57,10 +57,13 @@ def kernels(comm) -> None:
 SETUP = {"executor": executor, "interpreter": interpreter, "compat": compat, "kernels": kernels}
 
 
-def call(comm, fn, *args):
+def call(comm, engine, fn, *args):
     """``(fn(comm, *args), the rank's live heap blocks after it)``, garbage collected first:
     symmetric tensors are freed when their last view dies, and a view kept alive by a
-    reference cycle (a traceback) on one rank only would make the next ``alloc`` diverge."""
+    reference cycle (a traceback) on one rank only would make the next ``alloc`` diverge.
+    The communicator is first put back on its engine's CPU path, which an earlier test may
+    have switched (a no-op when it is already there)."""
+    comm.use_cpu_kernels("triton" if engine == "kernels" else "executor")
     try:
         out = fn(comm, *args)
     finally:
