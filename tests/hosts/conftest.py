@@ -12,15 +12,10 @@ from pathlib import Path
 import pytest
 
 import shared_launches
+from shared_launches import host_env
 from tilecomm import simhosts
 
 HERE = Path(__file__).resolve().parent
-
-
-def host_env() -> dict:
-    """The environment of a simulated host's processes: without this test process's own
-    segment directory (shm_files.py), which the host's private /dev/shm does not have."""
-    return {k: v for k, v in os.environ.items() if k != "TILECOMM_SHM_DIR"}
 
 
 @pytest.fixture(autouse=True)
