@@ -114,6 +114,39 @@ def test_a_cache_resident_row_is_never_above_its_bound(nbytes):
     assert 0 < b["x_memcpy"] < 1                      # memcpy reads as a floor, at most 1
 
 
+def test_a_dram_row_is_held_to_its_compulsory_traffic_not_to_every_byte_at_dram_rates():
+    """A 32 MB all_reduce on 2 ranks (staged, 128 MB of buffers: the DRAM level) once showed
+    181%: every byte of its staging copies was charged at DRAM rates, though a schedule that
+    pipelines them keeps them in cache. Only each rank's buffer read and written once must
+    cross DRAM, less what the LLC could still hold."""
+    count = 8 << 20
+    ws = runner.working_set("all_reduce", count, 4, 2, True)
+    assert ws == 128 << 20 and roofline.bound_level(RATES, ws) == "dram"
+    per_rank = roofline.schedule_bytes("all_reduce", "two_shot", 2, count, 4, True)
+    b, level = roofline.bound(per_rank, [64 << 20] * 2, RATES, ws)
+    # 2 ranks x 64 MB of traffic (32 MB of copy each), 3/4 of it uncached, at 2 x 8 GB/s
+    compulsory = 2 * (32 << 20) * 0.75 / (2 * 8e9)
+    assert level == "dram" and b == pytest.approx(compulsory)
+    assert b < roofline.bound_time(per_rank, RATES["dram"]) / 2    # the old bound: > 2x
+    # and never below the cache floor of the schedule's bytes
+    fast_dram = dict(RATES, dram=dict(copy=1e12, add=1e12, copy_all=1e12, add_all=1e12))
+    assert roofline.bound(per_rank, [64 << 20] * 2, fast_dram, ws)[0] == \
+        pytest.approx(roofline.bound_time(per_rank, RATES["cache"]))
+    assert roofline.bound_seconds("all_reduce", "two_shot", 2, count, 4, True, RATES, ws) == \
+        (pytest.approx(compulsory), "dram")
+
+
+def test_user_traffic_is_what_every_rank_must_read_or_write():
+    n = 1000
+    assert roofline.user_traffic("all_reduce", 4, n, 4) == [8000] * 4
+    assert roofline.user_traffic("all_gather", 4, n, 4) == [4000 + 16000] * 4    # n in, 4n out
+    assert roofline.user_traffic("reduce_scatter", 4, n, 4) == [4000 + 1000] * 4
+    assert roofline.user_traffic("broadcast", 2, n, 4) == [4000, 4000]
+    assert roofline.user_traffic("reduce", 2, n, 4, root=1) == [4000, 8000]
+    with pytest.raises(KeyError, match="all_to_all_v"):
+        roofline.user_traffic("all_to_all_v", 2, n, 4)
+
+
 def test_merge_rates_keeps_the_fastest_rank():
     a = {"llc_bytes": 1, "cache": dict(copy=1.0, add=4.0), "dram": dict(copy=1.0, add=1.0)}
     b = {"llc_bytes": 1, "cache": dict(copy=0.0, add=5.0), "dram": dict(copy=2.0, add=0.5)}
@@ -152,3 +185,46 @@ def test_tilecomm_paths_as_baselines_run_or_say_why(tmp_path):
     else:
         assert "native runner" in r["python_error"]
     assert "x_staged" in r or "not allowed" in r["staged_error"]
+
+
+def test_the_harness_makes_every_row_after_finish_so_the_rates_of_both_ends_count():
+    """The bound's rates are measured before the cases and again after them (a noisy start
+    must not loosen the bound): no row is made before ``finish``."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from tilecomm.bench import harness
+
+    calls = []
+
+    class Group:
+        def run(self, fn, *args):
+            return [fn(None, *args)]
+
+    class Bench(harness.Bench):
+        kind, uses_gloo = "fake", False
+
+        @staticmethod
+        def rank_case(comm, bench, case):
+            calls.append(case.id)
+            return {}
+
+        def cases(self):
+            return [SimpleNamespace(id="a"), SimpleNamespace(id="b")]
+
+        def group(self):
+            return contextlib.nullcontext(Group())
+
+        def prepare(self, group):
+            return {"rates": "start"}
+
+        def finish(self, group, ctx):
+            calls.append("finish")
+            return {"rates": ctx["rates"] + "+end"}
+
+        def row(self, case, per_rank, ctx):
+            return {"case": case.id, "rates": ctx["rates"]}
+
+    rows = harness.run(Bench())
+    assert calls == ["a", "b", "finish"]
+    assert rows == [{"case": "a", "rates": "start+end"}, {"case": "b", "rates": "start+end"}]

@@ -192,6 +192,11 @@ class Bench:
             group.run(rank_init_gloo, free_port())
         return {}
 
+    def finish(self, group, ctx: dict) -> dict:
+        """Once per run after the cases, before any row is made: the final ``ctx`` (the
+        bound's rates measured again, so that a noisy start cannot loosen it)."""
+        return ctx
+
     def row(self, case, per_rank: list[dict], ctx: dict) -> dict:
         raise NotImplementedError
 
@@ -201,15 +206,16 @@ def run(bench: Bench, progress: Callable | None = None) -> list[dict]:
     per case. ``progress(done, total, label)`` after each case."""
     bench.validate()
     cases = bench.cases()
-    rows = []
     with contextlib.ExitStack() as stack:
         group = stack.enter_context(bench.group())
         ctx = bench.prepare(group)
+        results = []
         for done, case in enumerate(cases):
             if progress:
                 progress(done, len(cases), case.id)
-            per_rank = group.run(bench.rank_case, bench, case)
-            rows.append(bench.row(case, per_rank, ctx))
+            results.append((case, group.run(bench.rank_case, bench, case)))
+        ctx = bench.finish(group, ctx)
+        rows = [bench.row(case, per_rank, ctx) for case, per_rank in results]
         if progress:
             progress(len(cases), len(cases), "done")
     return rows

@@ -5,20 +5,28 @@ implementation of a schedule can be is the time its copies and reductions take a
 copy and add rates. The bytes come from the schedule itself (:func:`schedule_bytes`), plus the
 staging copies of buffers that are not in symmetric memory.
 
-The rates are measured in the same run (:func:`measure_rates`), at two **levels**: ``cache``,
-arrays that all ranks together keep in half the last-level cache, and ``dram``, arrays far
-beyond it. A row is held to the level that applies to its working set (:func:`bound_level`):
-``cache`` while every rank's buffers together are within :data:`DRAM_FROM` times the LLC (a
-working set that small can stay cached from one call to the next, and a bound at DRAM rates
-said 250-484% for 2-8 MB all_reduce rows on 2 ranks), ``dram`` beyond. At each level every
-rate is the fastest this machine showed: the faster of numpy's and torch's copy, the faster of
-an out-of-place and an in-place add, the best of several repetitions, the fastest rank; and the
-bound (:func:`bound_time`) is the larger of two floors that no schedule can beat:
+The rates are measured in the same run (:func:`measure_rates`, before the cases and again after
+them; the faster of the two counts), at two **levels**: ``cache``, arrays that stay in the
+caches (the faster of an L2-sized array and one where all ranks' arrays together fill half the
+last-level cache), and ``dram``, arrays far beyond the LLC. At each level every rate is the
+fastest this machine showed: the faster of numpy's and torch's copy, the faster of an
+out-of-place and an in-place add, the best of several repetitions, the fastest rank.
 
-* the slowest rank's bytes at the rates of **one rank alone** (a rank never copies faster than
-  when it has the memory to itself), and
-* every rank's bytes together at the machine's rate with **every rank at once** (``W`` times
-  the per-rank rate measured with all ranks copying).
+:func:`bound_time` is the larger of two floors that no schedule can beat at one level's rates:
+the slowest rank's bytes at the rates of **one rank alone** (a rank never copies faster than
+when it has the memory to itself), and every rank's bytes together at the machine's rate with
+**every rank at once** (``W`` times the per-rank rate measured with all ranks copying).
+
+:func:`bound` applies the levels (:func:`bound_level` picks one from a row's working set):
+
+* ``cache`` (every rank's buffers together under :data:`DRAM_FROM` times the LLC): all of the
+  schedule's bytes at the cache rates. A working set that small stays cached from one call to
+  the next; held to DRAM rates, 2-8 MB all_reduce rows on 2 ranks showed 250-484%.
+* ``dram`` (beyond): the larger of the cache floor and the **compulsory** traffic at DRAM
+  rates, each rank's user buffers read and written once (:func:`user_traffic`), less the
+  share the LLC could still hold from the call before. Only those bytes must cross DRAM: a
+  schedule that pipelines its staging copies in chunks keeps the rest in cache, and charging
+  every byte at DRAM rates put a 32 MB all_reduce on 2 ranks at 181%.
 
 So a row can reach 100% of its bound but (up to the noise of the measurement) not pass it.
 """
@@ -40,6 +48,9 @@ from ..backends.cpu.plan import make_layout
 DRAM_FROM = 4
 #: what the bound assumes when the cache size cannot be read (a common server LLC)
 DEFAULT_LLC = 32 << 20
+#: the smaller array of the ``cache`` level: within a core's L2, where a schedule that works
+#: in small chunks runs
+CACHE_SMALL = 256 << 10
 
 
 def llc_bytes() -> int:
@@ -83,31 +94,36 @@ def measure_rates(comm, dram_bytes: int = 64 << 20, reps: int = 5) -> dict:
     """Copy and add rates (bytes of output per second) at the ``cache`` and ``dram`` levels
     (module doc): ``copy``/``add`` of rank 0 alone, ``copy_all``/``add_all`` per rank with
     every rank at once (0 on ranks other than 0 for the alone rates). Run on every rank."""
-    import torch
-
     llc = llc_bytes()
     w = comm.world_size
-    # cache: three arrays per rank, every rank's together in half the LLC
-    sizes = {"cache": max(64 << 10, llc // (6 * w)) // 4 * 4, "dram": dram_bytes}
-    out: dict = {"llc_bytes": llc}
-    for level, nbytes in sizes.items():
-        n = nbytes // 4
-        a, b, c = (np.ones(n, np.float32) for _ in range(3))
-        ta, tc = torch.from_numpy(a), torch.from_numpy(c)
-        copies = (lambda: np.copyto(c, a), lambda: tc.copy_(ta))
-        adds = (lambda: np.add(a, b, out=c), lambda: np.add(c, a, out=c))
-        out[level] = {
-            "copy": _best_rate(comm, nbytes, copies, reps, comm.rank == 0),
+    # cache: three arrays per rank, L2-sized or every rank's together in half the LLC
+    cache = [CACHE_SMALL, max(CACHE_SMALL, llc // (6 * w)) // 4 * 4]
+    out: dict = {"llc_bytes": llc, "dram": _host_level(comm, dram_bytes, reps)}
+    per = [_host_level(comm, n, reps) for n in cache]
+    out["cache"] = {k: max(p[k] for p in per) for k in per[0]}
+    return out
+
+
+def _host_level(comm, nbytes: int, reps: int) -> dict:
+    """One level's rates of :func:`measure_rates`, with arrays of ``nbytes``."""
+    import torch
+
+    n = nbytes // 4
+    a, b, c = (np.ones(n, np.float32) for _ in range(3))
+    ta, tc = torch.from_numpy(a), torch.from_numpy(c)
+    copies = (lambda: np.copyto(c, a), lambda: tc.copy_(ta))
+    adds = (lambda: np.add(a, b, out=c), lambda: np.add(c, a, out=c))
+    return {"copy": _best_rate(comm, nbytes, copies, reps, comm.rank == 0),
             "add": _best_rate(comm, nbytes, adds, reps, comm.rank == 0),
             "copy_all": _best_rate(comm, nbytes, copies, reps, True),
             "add_all": _best_rate(comm, nbytes, adds, reps, True),
             "bytes": nbytes}
-    return out
 
 
 def merge_rates(per_rank: list[dict]) -> dict:
-    """Every rank's :func:`measure_rates` as one: the fastest rank's rate of each kind (the
-    bound must not be made easier to meet)."""
+    """Several :func:`measure_rates` as one (every rank's, or one run's before and after its
+    cases): the fastest of each kind at each level (the bound must not be made easier to
+    meet)."""
     out = {"llc_bytes": per_rank[0]["llc_bytes"]}
     for level in ("cache", "dram"):
         out[level] = {k: max(p[level][k] for p in per_rank) for k in per_rank[0][level]}
@@ -129,6 +145,37 @@ def bound_time(per_rank: list[tuple[int, int]], level: dict) -> float:
     together = (sum(c for c, _ in per_rank) / (w * level["copy_all"]) +
                 sum(a for _, a in per_rank) / (w * level["add_all"]))
     return max(alone, together)
+
+
+def bound(per_rank: list[tuple[int, int]], user: list[int], rates: dict,
+          working_set: int) -> tuple[float, str]:
+    """Seconds no schedule can beat (module doc), and the level they were held to: the
+    ``per_rank`` bytes copied and reduced at the cache rates; from the ``dram`` level on (a
+    ``working_set`` of every rank's buffers of at least :data:`DRAM_FROM` LLCs) also each
+    rank's ``user`` bytes of compulsory traffic (:func:`user_traffic`) at the DRAM copy
+    rates, less the share of them the LLC could still hold from the call before."""
+    level = bound_level(rates, working_set)
+    t = bound_time(per_rank, rates["cache"])
+    if level == "dram":
+        # a copy of n bytes reads n and writes n: traffic u is u/2 bytes of copy
+        uncached = 1 - rates["llc_bytes"] / working_set
+        t = max(t, bound_time([(u * uncached / 2, 0) for u in user], rates["dram"]))
+    return t, level
+
+
+def user_traffic(collective: str, world_size: int, count: int, itemsize: int,
+                 root: int = 0) -> list[int]:
+    """Bytes of each rank's own buffers that any schedule reads or writes at least once: its
+    input read, its output written (``count`` as in :func:`schedule_bytes`). broadcast's root
+    only reads, the other ranks only write; reduce's non-roots only read."""
+    n = count * itemsize
+    w = world_size
+    per = {"all_reduce": lambda r: 2 * n, "all_to_all": lambda r: 2 * n,
+           "all_gather": lambda r: n + n * w, "reduce_scatter": lambda r: n + n // w,
+           "broadcast": lambda r: n, "reduce": lambda r: 2 * n if r == root else n}
+    if collective not in per:
+        raise KeyError(f"no user traffic for {collective!r}")
+    return [per[collective](r) for r in range(w)]
 
 
 def schedule_bytes(collective: str, algo: str, world_size: int, count: int, itemsize: int,
@@ -179,11 +226,10 @@ class _Item:
 
 
 def bound_seconds(collective: str, algo: str, world_size: int, count: int, itemsize: int,
-                  staged: bool, level: dict) -> float:
-    """The bound of one call (:func:`bound_time` of its schedule's bytes) at one level's
-    rates."""
-    return bound_time(schedule_bytes(collective, algo, world_size, count, itemsize, staged),
-                      level)
+                  staged: bool, rates: dict, working_set: int) -> tuple[float, str]:
+    """:func:`bound` of one call: its schedule's bytes and its user traffic."""
+    return bound(schedule_bytes(collective, algo, world_size, count, itemsize, staged),
+                 user_traffic(collective, world_size, count, itemsize), rates, working_set)
 
 
 def _device_rate(comm, dev, nbytes: int, fns, reps: int, active: bool) -> float:

@@ -34,8 +34,7 @@ from ..types import DTYPE_BY_NAME
 from . import harness
 from .cases import CASES, POISON, BenchCase, Buffers, bench_table, exact_data, round_count
 from .harness import PRIMARY, Bench
-from .roofline import (bound_level, bound_seconds, measure_device_rates, measure_rates,
-                       merge_rates)
+from .roofline import bound_seconds, measure_device_rates, measure_rates, merge_rates
 # gpu_check's ranks reach the timing loop through this module (``rk.runner``)
 from .timing import Clock, measure, time_rounds  # noqa: F401
 
@@ -94,12 +93,20 @@ class BenchConfig(Bench):
         group.run(rank_setup, self.device,
                   device_heap_bytes_for(self.sizes, self.mem) if dev.type == "cuda" else None)
         super().prepare(group)
-        rates = None
-        if self.bound and self.op not in ("send_recv", "all_to_all_v"):
-            per = group.run(measure_rates) if dev.type == "cpu" else \
-                group.run(measure_device_rates, self.device)
-            rates = merge_rates(per)
-        return {"rates": rates}
+        return {"rates": self._rates(group)}
+
+    def finish(self, group, ctx: dict) -> dict:
+        """The rates again after the cases; the faster of the two counts (``roofline``)."""
+        if ctx["rates"] is None:
+            return ctx
+        return {"rates": merge_rates([ctx["rates"], self._rates(group)])}
+
+    def _rates(self, group) -> dict | None:
+        if not self.bound or self.op in ("send_recv", "all_to_all_v"):
+            return None
+        if torch.device(self.device).type == "cpu":
+            return merge_rates(group.run(measure_rates))
+        return merge_rates(group.run(measure_device_rates, self.device))
 
     def row(self, case: BenchCase, per_rank: list[dict], ctx: dict) -> dict:
         return _row(self, case, per_rank, ctx["rates"], DTYPE_BY_NAME[self.dtype].itemsize)
@@ -485,12 +492,12 @@ def bound_fields(cfg, algo: str, count: int, itemsize: int, rates: dict, t: floa
     and ``memcpy``: one copy of the largest buffer at that level's rate of one rank alone,
     the floor of any staged collective."""
     w, staged = cfg.world_size, cfg.mem != "heap"
-    level = bound_level(rates, working_set(cfg.op, count, itemsize, w, staged))
-    lv = rates[level]
     try:
-        b = bound_seconds(cfg.op, algo, w, CASES[cfg.op].in_count(count, w), itemsize, staged, lv)
+        b, level = bound_seconds(cfg.op, algo, w, CASES[cfg.op].in_count(count, w), itemsize,
+                                 staged, rates, working_set(cfg.op, count, itemsize, w, staged))
     except (KeyError, ValueError):
         return {}
+    lv = rates[level]
     memcpy = count * itemsize / lv["copy"]
     return {"bound_us": b * 1e6, "frac_of_bound": b / t, "bound_level": level,
             "copy_gbs": lv["copy"] / 1e9, "add_gbs": lv["add"] / 1e9,
