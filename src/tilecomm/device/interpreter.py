@@ -15,6 +15,15 @@ NOTE [interpreter scalar index, Triton 3.6]
     ``int(array)``, which NumPy 2.4 refuses ("only 0-dimensional arrays can be converted").
     Triton 3.9 squeezes the array first. :func:`index_scalars_like_triton39` installs that
     conversion; ``tilecomm.device.lang`` calls it when it is imported under the interpreter.
+
+NOTE [interpreter launch cost]
+    Every interpreted launch patches ``triton.language`` for the interpreter and restores it
+    after (``_patch_lang``): for each of ``tl``, ``tl.tensor``, ``tl.math``, ``tl.core`` it lists
+    the module's members with ``inspect.getmembers`` and wraps the builtins. Listing and
+    filtering were 20-30% of the CPU time of a rank running small kernels (py-spy over
+    tests/kernels/test_conformance.py); the builtins of a module are the same at every launch.
+    :func:`cache_builtin_members` lists them once per module and patches the same members with
+    the same wrappers as before. Installed with the scalar-index conversion above.
 """
 
 from __future__ import annotations
@@ -76,4 +85,36 @@ def index_scalars_like_triton39() -> bool:
 
     _patch_lang_tensor._tilecomm_index = True
     itp._patch_lang_tensor = _patch_lang_tensor
+    return True
+
+
+def cache_builtin_members() -> bool:
+    """List each module's builtins once instead of at every interpreted launch (NOTE
+    [interpreter launch cost]); the members patched and their wrappers are unchanged.
+    Idempotent; returns False when this triton has no such patch step."""
+    import inspect
+
+    try:
+        from triton.runtime import interpreter as itp
+        orig = itp._patch_builtin
+        is_builtin = itp.tl.core.is_builtin
+    except (ImportError, AttributeError):         # pragma: no cover - another triton layout
+        return False
+    if getattr(orig, "_tilecomm_cached", False):
+        return True
+    listed: dict[int, tuple] = {}
+
+    def _patch_builtin(pkg, builder, scope):
+        # keyed by the module or class object (they live as long as the process); a member
+        # that an earlier step of the same launch already wrapped is wrapped again around the
+        # original: the same call, restored in reverse order
+        members = listed.get(id(pkg))
+        if members is None:
+            members = listed[id(pkg)] = (pkg, tuple(
+                (n, m) for n, m in inspect.getmembers(pkg) if is_builtin(m)))
+        for name, member in members[1]:
+            itp._patch_attr(pkg, name, member, builder, scope)
+
+    _patch_builtin._tilecomm_cached = True
+    itp._patch_builtin = _patch_builtin
     return True

@@ -125,8 +125,10 @@ COMPAT = (not NATIVE_AVAILABLE) or _settings().device_compat
 
 if INTERPRETED:
     # NOTE [interpreter scalar index, Triton 3.6]: range() over kernel scalars with NumPy 2.4
-    from .interpreter import index_scalars_like_triton39
+    from .interpreter import cache_builtin_members, index_scalars_like_triton39
     index_scalars_like_triton39()
+    # NOTE [interpreter launch cost]: the language's builtins listed once, not per launch
+    cache_builtin_members()
 
 #: Length of one poll slice. On the GPU a slice is a spin on the global timer, short enough
 #: that a signal that jumped past the awaited epoch (so equality never matched) costs little;
