@@ -40,6 +40,10 @@ ALLOWED = {
     ("device/interpreter.py", "_patch_lang_tensor"): "the Triton interpreter's tensor patch, "
                                                      "wrapped to round bf16 as a GPU does",
     ("device/interpreter.py", "_tilecomm_index"): "a marker set on the wrapped patch above",
+    ("device/interpreter.py", "_patch_attr"): "the Triton interpreter's one-builtin patch, "
+                                              "called from the listing done once (NOTE "
+                                              "[interpreter launch cost])",
+    ("device/interpreter.py", "_tilecomm_cached"): "a marker set on that listing",
     ("device/interpreter.py", "_tilecomm_rne"): "a marker set on the interpreter's builder",
     ("backends/triton/__init__.py", "_tilecomm_cooperative"):
         "a marker set on Triton's JITFunction by make_cooperative",
