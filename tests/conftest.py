@@ -111,10 +111,34 @@ class _Pools:
             self.discard(*key)
 
 
+#: files whose tests share session state that costs a launch: one xdist worker runs them all
+#: (the simulated hosts' shared launches, tests/hosts/shared_launches.py: on two workers each
+#: layout was launched twice, ~50 s of CPU)
+SHARED_SCOPES = {"tests/hosts/shared-launches": ("tests/hosts/test_hosts.py",
+                                                 "tests/hosts/test_kv_hosts.py",
+                                                 "tests/hosts/test_moe_hosts.py")}
+
+
 def pytest_collection_modifyitems(config, items):
     """The slow tests first (a stable sort): with two workers a long one started last would
     run alone at the end."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` (pyproject.toml): a file's tests stay on one worker (they share
+    rank pools, which each worker starts for itself), and so do the files of SHARED_SCOPES."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedScopes(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = super()._split_scope(nodeid)
+            return next((scope for scope, files in SHARED_SCOPES.items() if path in files),
+                        path)
+
+    return SharedScopes(config, log)
 
 
 @pytest.fixture(scope="session")
