@@ -44,6 +44,10 @@ ALLOWED = {
                                               "called from the listing done once (NOTE "
                                               "[interpreter launch cost])",
     ("device/interpreter.py", "_tilecomm_cached"): "a marker set on that listing",
+    ("device/interpreter.py", "_LangPatchScope"): "the Triton interpreter's record of a "
+                                                  "language patch: an empty one where a "
+                                                  "device function's call needs none",
+    ("device/interpreter.py", "_tilecomm_once"): "a marker set on the once-per-launch patch",
     ("device/interpreter.py", "_tilecomm_rne"): "a marker set on the interpreter's builder",
     ("backends/triton/__init__.py", "_tilecomm_cooperative"):
         "a marker set on Triton's JITFunction by make_cooperative",

@@ -97,3 +97,50 @@ def test_listing_once_puts_in_place_what_listing_every_launch_does(monkeypatch):
     wrapped = sum(v[0] == "wraps" for v in reference.values())
     assert cached == reference and wrapped > 100, wrapped
     assert torch.equal(cached_bits.view(torch.int32), reference_bits.view(torch.int32))
+
+
+@triton.jit
+def _twice(x):
+    # elementwise only: tl.sum's combine function sees tl.core, which Triton then patches
+    # (and leaves patched) at its first call in a launch, whoever's patch step runs
+    return tl.where(x > 100.0, x, x * 2 + 1)
+
+
+@triton.jit
+def _calls_a_device_function(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    m = offs < n
+    x = tl.load(x_ptr + offs, mask=m, other=0.0)
+    for _ in range(3):
+        x = _twice(x)
+    tl.store(y_ptr + offs, tl.where(x > 0, tl.math.exp(x * 1e-3), x), mask=m)
+
+
+def _run_nested() -> torch.Tensor:
+    x = torch.randn(40, generator=torch.Generator().manual_seed(5))
+    y = torch.empty_like(x)
+    _calls_a_device_function[(2,)](x, y, 40, BLOCK=64)
+    return y
+
+
+def test_a_device_functions_call_patches_nothing_the_launch_already_patched(monkeypatch):
+    """Triton patched the whole language again at every device function's call (and never
+    undid it); inside a launch that already patched what the function sees, nothing is
+    patched again, the language is as it was after the launch, and the bits are Triton's."""
+    patch, call = itp._patch_lang, itp.GridExecutor.__call__
+    assert getattr(patch, "_tilecomm_once", False)                   # installed
+    listed = itp._patch_builtin
+    patches = []
+    monkeypatch.setattr(itp, "_patch_builtin", lambda *a: patches.append(a[0]) or listed(*a))
+    _run_nested()                                 # Triton's leftovers from earlier launches
+    before, patches[:] = _members(), []
+    ours = _run_nested()
+    once = len(patches)
+    assert once > 0 and _members() == before
+    monkeypatch.setattr(itp, "_patch_lang", patch.triton)
+    monkeypatch.setattr(itp.GridExecutor, "__call__", call.triton)
+    patches[:] = []
+    theirs = _run_nested()
+    # the launch, then 2 programs x 3 calls of _twice: 7 full patches in Triton's way
+    assert len(patches) == 7 * once, (len(patches), once)
+    assert torch.equal(ours.view(torch.int32), theirs.view(torch.int32))

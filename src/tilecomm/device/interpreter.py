@@ -23,7 +23,11 @@ NOTE [interpreter launch cost]
     filtering were 20-30% of the CPU time of a rank running small kernels (py-spy over
     tests/kernels/test_conformance.py); the builtins of a module are the same at every launch.
     :func:`cache_builtin_members` lists them once per module and patches the same members with
-    the same wrappers as before. Installed with the scalar-index conversion above.
+    the same wrappers as before. Every call of a device function inside a kernel (``lang.wait``,
+    ``lang.signal``, ...) patched the whole language again, although the launch had already
+    patched it (another ~20%); :func:`patch_once_per_launch` skips that when the function sees
+    no language module the launch has not patched. Both are installed with the scalar-index
+    conversion above.
 """
 
 from __future__ import annotations
@@ -117,4 +121,55 @@ def cache_builtin_members() -> bool:
 
     _patch_builtin._tilecomm_cached = True
     itp._patch_builtin = _patch_builtin
+    return True
+
+
+def patch_once_per_launch() -> bool:
+    """Inside an interpreted launch, a device function's call does not patch the language
+    again when the launch already patched every language module the function sees (NOTE
+    [interpreter launch cost]); outside a launch, and for a function that sees another
+    module, Triton's patch runs as before. Idempotent; returns False when this triton has no
+    such step."""
+    try:
+        from triton.runtime import interpreter as itp
+        orig_patch, executor = itp._patch_lang, itp.GridExecutor
+        orig_call, scope_type, tl = executor.__call__, itp._LangPatchScope, itp.tl
+    except (ImportError, AttributeError):         # pragma: no cover - another triton layout
+        return False
+    if getattr(orig_patch, "_tilecomm_once", False):
+        return True
+    import inspect
+
+    #: the language modules the running launch patched (None: no launch is running)
+    patched: list = [None]
+    seen: dict = {}
+
+    def languages(fn) -> frozenset:
+        got = seen.get(fn)
+        if got is None:
+            got = seen[fn] = frozenset(id(v) for v in fn.__globals__.values()
+                                       if inspect.ismodule(v) and v in (tl, tl.core))
+        return got
+
+    def _patch_lang(fn):
+        langs = languages(fn)
+        if patched[0] is not None and langs and langs <= patched[0]:
+            return scope_type()               # already in place for this launch
+        scope = orig_patch(fn)
+        if patched[0] is not None:
+            patched[0] = patched[0] | langs
+        return scope
+
+    def __call__(self, *args, **kwargs):
+        outer, patched[0] = patched[0], frozenset()
+        try:
+            return orig_call(self, *args, **kwargs)
+        finally:
+            patched[0] = outer
+
+    _patch_lang._tilecomm_once = True
+    # Triton's own steps, for tests that compare against them
+    _patch_lang.triton, __call__.triton = orig_patch, orig_call
+    itp._patch_lang = _patch_lang
+    executor.__call__ = __call__
     return True

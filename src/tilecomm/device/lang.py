@@ -125,10 +125,13 @@ COMPAT = (not NATIVE_AVAILABLE) or _settings().device_compat
 
 if INTERPRETED:
     # NOTE [interpreter scalar index, Triton 3.6]: range() over kernel scalars with NumPy 2.4
-    from .interpreter import cache_builtin_members, index_scalars_like_triton39
+    from .interpreter import (cache_builtin_members, index_scalars_like_triton39,
+                              patch_once_per_launch)
     index_scalars_like_triton39()
-    # NOTE [interpreter launch cost]: the language's builtins listed once, not per launch
+    # NOTE [interpreter launch cost]: the language's builtins listed once, and patched once
+    # per launch, not again at every device function's call
     cache_builtin_members()
+    patch_once_per_launch()
 
 #: Length of one poll slice. On the GPU a slice is a spin on the global timer, short enough
 #: that a signal that jumped past the awaited epoch (so equality never matched) costs little;
