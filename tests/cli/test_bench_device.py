@@ -73,14 +73,16 @@ def test_device_cuda_without_a_gpu_is_a_clear_error(capsys):
 
 @pytest.mark.slow
 def test_kernel_path_stays_bounded_and_checks(tmp_path):
-    """Under TILECOMM_CPU_KERNELS=triton the bench runs the kernels (interpreter); 140 calls
-    of an in-place sum over 2 ranks would reach 2**140 (float32 overflows at 2**128)."""
+    """Under TILECOMM_CPU_KERNELS=triton the bench runs the kernels (interpreter); 20 calls
+    of an in-place sum of ones over 2 ranks would reach 2**20 (float16 overflows above 65504,
+    2**16: the timed loop must re-fill the input every 14 calls, ``runner.safe_chunk``)."""
     out = tmp_path / "rows.json"
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET",)}
     env.update(TILECOMM_CPU_KERNELS="triton", PYTHONWARNINGS="error::RuntimeWarning")
     r = subprocess.run([sys.executable, "-m", "tilecomm.cli", "bench", "all_reduce", "-n", "2",
                         "-b", "8", "-e", "8", "--algo", "all", "--mem", "heap", "--check",
-                        "--iters", "140", "--warmup", "0", "--rounds", "1", "--no-bound",
+                        "-d", "float16", "--iters", "20", "--warmup", "0", "--rounds", "1",
+                        "--no-bound",
                         "--json", str(out)], env=env, capture_output=True, text=True,
                        timeout=120, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
@@ -89,6 +91,7 @@ def test_kernel_path_stays_bounded_and_checks(tmp_path):
     assert len(rows) >= 2       # every all_reduce kernel (--algo all on the kernel path)
     for x in rows:
         assert x["wrong"] == 0 and x["case"].startswith("all_reduce/") and x["time_us"] > 0
+        assert x["dtype"] == "float16" and x["iters"] == 20
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
