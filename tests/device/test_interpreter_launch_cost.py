@@ -74,10 +74,11 @@ def _members() -> dict:
             if not n.startswith("__")}
 
 
-def _run() -> torch.Tensor:
+def _run(kernel=None, programs: int = 1) -> torch.Tensor:
+    """``kernel`` (default ``_mixed``) on 50 random floats, in ``programs`` programs."""
     x = torch.randn(50, generator=torch.Generator().manual_seed(3))
     y = torch.empty_like(x)
-    _mixed[(1,)](x, y, 50, BLOCK=64)
+    (kernel or _mixed)[(programs,)](x, y, 50, BLOCK=64)
     return y
 
 
@@ -117,10 +118,7 @@ def _calls_a_device_function(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
 
 
 def _run_nested() -> torch.Tensor:
-    x = torch.randn(40, generator=torch.Generator().manual_seed(5))
-    y = torch.empty_like(x)
-    _calls_a_device_function[(2,)](x, y, 40, BLOCK=64)
-    return y
+    return _run(_calls_a_device_function, programs=2)
 
 
 def test_a_device_functions_call_patches_nothing_the_launch_already_patched(monkeypatch):
