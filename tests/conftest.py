@@ -125,6 +125,7 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
+@pytest.hookimpl(optionalhook=True)      # a hook of pytest-xdist: absent without it
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadfile`` (pyproject.toml): a file's tests stay on one worker (they share
     rank pools, which each worker starts for itself), and so do the files of SHARED_SCOPES."""
