@@ -13,6 +13,10 @@ def shm_dir() -> str:
     return os.environ.get("TILECOMM_SHM_DIR") or "/dev/shm"
 
 
-def tilecomm_files() -> set[str]:
-    """The tilecomm segment and probe files in :func:`shm_dir` now."""
-    return {f for f in os.listdir(shm_dir()) if f.startswith("tilecomm")}
+def tilecomm_files(directory: str | None = None) -> set[str]:
+    """The tilecomm segment and probe files in ``directory`` (default :func:`shm_dir`: this
+    worker's; ``"/dev/shm"``: the machine's) now; none where the directory does not exist."""
+    try:
+        return {f for f in os.listdir(directory or shm_dir()) if f.startswith("tilecomm")}
+    except FileNotFoundError:
+        return set()

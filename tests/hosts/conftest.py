@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import shared_launches
-from shared_launches import host_env
+from shm_files import tilecomm_files
 from tilecomm import simhosts
 
 HERE = Path(__file__).resolve().parent
@@ -20,8 +20,9 @@ HERE = Path(__file__).resolve().parent
 
 @pytest.fixture(autouse=True)
 def _hosts_use_their_own_shm(monkeypatch):
-    """Tests here also start hosts through tilecomm's CLI and helpers, which pass this
-    process's environment on."""
+    """Hosts get this process's environment, without this worker's segment directory
+    (tests/shm_files.py), which a host's private /dev/shm does not have: for the launches
+    here and for those tilecomm's CLI and helpers start."""
     from tilecomm.settings import settings
 
     monkeypatch.delenv("TILECOMM_SHM_DIR", raising=False)
@@ -30,14 +31,10 @@ def _hosts_use_their_own_shm(monkeypatch):
     settings.cache_clear()
 
 
-def _shm_files() -> set[str]:
-    return {f for f in os.listdir("/dev/shm") if f.startswith("tilecomm")}
-
-
 def _run(per_host, script, *args, timeout=240):
     path = script if os.path.isabs(str(script)) else HERE / script
     res = simhosts.run(list(per_host), [str(path), *map(str, args)], timeout=timeout,
-                       capture=True, env=host_env())
+                       capture=True)
     assert not res.timed_out, f"timed out after {timeout} s\n{res.output[-4000:]}"
     assert res.ok, res.output[-6000:]
     return res.output
@@ -57,11 +54,11 @@ def shared_hosts(tmp_path_factory):
         per_host = tuple(per_host)
         if per_host not in done:
             out_dir = tmp_path_factory.mktemp("hosts-" + "-".join(map(str, per_host)))
-            before = _shm_files()
+            before = tilecomm_files("/dev/shm")
             try:
                 out = _run(per_host, "hosts_api.py",
                            *shared_launches.scenarios(per_host, str(out_dir)), timeout=300)
-                left = _shm_files() - before
+                left = tilecomm_files("/dev/shm") - before
                 done[per_host] = (None if not left else f"left in /dev/shm: {sorted(left)}",
                                   out, out_dir)
             except AssertionError as e:
@@ -82,7 +79,8 @@ def run_on_hosts():
     reason = simhosts.available()
     if reason:
         pytest.skip(f"simulated hosts unavailable here: {reason}")
-    before = _shm_files()
+    before = tilecomm_files("/dev/shm")
 
     yield _run
-    assert _shm_files() <= before, f"left in /dev/shm: {sorted(_shm_files() - before)}"
+    left = tilecomm_files("/dev/shm") - before
+    assert not left, f"left in /dev/shm: {sorted(left)}"

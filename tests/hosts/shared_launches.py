@@ -7,14 +7,6 @@ A scenario that ends a rank (a rank that dies) keeps a launch of its own."""
 
 from __future__ import annotations
 
-import os
-
-
-def host_env() -> dict:
-    """The environment of a simulated host's processes: without this test process's own
-    segment directory (tests/shm_files.py), which the host's private /dev/shm does not have."""
-    return {k: v for k, v in os.environ.items() if k != "TILECOMM_SHM_DIR"}
-
 #: MoE dispatch/combine cases per layout: name -> tokens per rank (moe_hosts.py)
 MOE_CASES = {
     (2, 2): {"bf16": [5, 0, 7, 3], "fp8": [4, 6, 2, 5], "f32": [9, 8, 7, 9]},

@@ -72,8 +72,6 @@ def test_split_sizes_that_disagree_raise_on_every_rank_of_uneven_hosts(shared_ho
 
 @pytest.mark.timeout(600)
 def test_ddp_over_two_hosts_follows_gloo_loss_curve(run_on_hosts, tmp_path):
-    from shared_launches import host_env
-
     from tilecomm import simhosts
 
     curves = {}
@@ -87,7 +85,7 @@ def test_ddp_over_two_hosts_follows_gloo_loss_curve(run_on_hosts, tmp_path):
             # down after the last step (or torchrun's exit barrier loses the store): its
             # curve is complete by then, and that curve is all this test needs of it.
             res = simhosts.run([2, 2], [str(EXAMPLES / "ddp_train.py"), *map(str, args)],
-                               timeout=240, capture=True, env=host_env())
+                               timeout=240, capture=True)
             assert not res.timed_out and path.exists(), res.output[-4000:]
         curves[backend] = json.loads(path.read_text())["losses"]
     ours, gloo = curves["tilecomm"], curves["gloo"]

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 import tilecomm
+from shm_files import tilecomm_files
 
 RUNNER = Path(__file__).with_name("run_suite.py")
 TIMEOUT_S = 240  # a whole run; each test has its own limit (--timeout) inside
@@ -61,13 +62,6 @@ def _tilecomm_env() -> dict[str, str]:
     return env
 
 
-def _shm_files() -> set[str]:
-    try:
-        return {f for f in os.listdir("/dev/shm") if f.startswith("tilecomm")}
-    except FileNotFoundError:
-        return set()
-
-
 def _start(backend: str, world_size: int, out: Path) -> subprocess.Popen:
     cmd = [sys.executable, str(RUNNER), "--backend", backend, "--world-size", str(world_size),
            "--select", "fast", "--start-method", "fork", "--timeout", "60", "--json", str(out)]
@@ -93,7 +87,7 @@ def _finish(proc: subprocess.Popen, what: str, out: Path) -> dict:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("torch_suite")
-    shm_before = _shm_files()
+    shm_before = tilecomm_files("/dev/shm")
     res: dict[str, list[dict]] = {"tilecomm": [], "gloo": []}
     for ws in WORLD_SIZES:
         # The two backends side by side: a test mostly waits (the suite's file barrier polls
@@ -107,7 +101,7 @@ def results(tmp_path_factory):
                 if proc.poll() is None:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
-    res["shm_new"] = sorted(_shm_files() - shm_before)
+    res["shm_new"] = sorted(tilecomm_files("/dev/shm") - shm_before)
     return res
 
 
