@@ -4,7 +4,9 @@ Public names only; see the README for a tour.
 """
 
 from .communicator import Communicator
-from .errors import CommError, CommMismatch, CommTimeout, NoDeviceError, RankError
+from .elastic import join
+from .errors import (CommAborted, CommError, CommMismatch, CommRevoked, CommTimeout,
+                     NoDeviceError, RankError)
 from .launch import RankGroup, init, launch
 from .types import ReduceOp
 from . import torch as _torch_backend  # noqa: E402,F401 - registers the "tilecomm" backend
@@ -12,6 +14,7 @@ from . import torch as _torch_backend  # noqa: E402,F401 - registers the "tileco
 __version__ = "0.1.0"
 
 __all__ = [
-    "CommError", "CommMismatch", "CommTimeout", "Communicator", "NoDeviceError", "RankError",
-    "RankGroup", "ReduceOp", "init", "launch", "__version__",
+    "CommAborted", "CommError", "CommMismatch", "CommRevoked", "CommTimeout", "Communicator",
+    "NoDeviceError", "RankError", "RankGroup", "ReduceOp", "init", "join", "launch",
+    "__version__",
 ]

@@ -23,6 +23,7 @@ from .algorithms.registry import algorithms
 from .backends.base import DEVICE_BACKENDS, Backend, CollectiveCall, PreparedCall
 from .buffers import Bytes, as_tensor, buffer_for, host_tensor
 from .calls import CallMemo, memo_key
+from . import elastic
 from .debug import attach as _attach_debug
 from .errors import CommError, NoDeviceError
 from .heap.allocator import HeapAllocator
@@ -78,6 +79,11 @@ class Communicator:
                              (self._heap_lo, self._heap_hi), self._validating)
         #: the flight recorder of this communicator's calls (tilecomm.debug.flight)
         self.flight = _attach_debug(self, backend)
+        #: how the ranks met, for shrink and grow (tilecomm.elastic.Membership)
+        self.membership = elastic.Membership()
+        #: ``(lo, hi)`` address ranges of the symmetric heaps of the communicators this one
+        #: replaced (shrink, grow): tensors there are refused, not staged
+        self.retired_heaps: list[tuple[int, int]] = []
 
     @property
     def deterministic(self) -> bool:
@@ -126,6 +132,72 @@ class Communicator:
             self._backend.close()
             if pending is not None:
                 raise pending
+
+    # ---- failures: abort, revoke, shrink, grow (tilecomm.elastic) ------------------------
+    def abort(self, reason: str = "") -> None:
+        """Stop this communicator on every rank, from any thread (a watchdog, a signal
+        handler): every call in flight on any rank ends within about 0.2 s, and every later
+        one at once, with :class:`~tilecomm.CommAborted` naming this rank and ``reason``. The
+        communicator then takes no calls but :meth:`shrink` (the survivors' new
+        communicator) and :meth:`close` (which releases its memory). Local: the other ranks
+        learn it from this rank's stop word. Idempotent; the first stop's reason stays."""
+        self._stop("abort", reason)
+
+    def revoke(self, reason: str = "") -> None:
+        """Like :meth:`abort`, but what the calls raise is :class:`~tilecomm.CommRevoked`
+        (a CommAborted) saying the communicator was revoked, for the ranks that will shrink
+        it: in-flight calls end, and it then takes only :meth:`shrink` and :meth:`close`."""
+        self._stop("revoke", reason)
+
+    def _stop(self, how: str, reason: str) -> None:
+        why = str(reason) if reason else f"comm.{how}() was called"
+        self.flight.event(how, f"rank {self.rank}: {why}")
+        if not self._closed:
+            self.host.stop(revoke=how == "revoke", reason=why)
+
+    def shrink(self, exclude: Sequence[int], *, abort: bool = False,
+               timeout: float | None = None) -> "Communicator":
+        """A new communicator over the ranks not in ``exclude``, renumbered 0..n-1 in their
+        old order. Called by those ranks only (the survivors), with the same ``exclude`` on
+        each (``CommMismatch`` naming each rank's list otherwise); the excluded ranks may be
+        dead, stopped or alive. ``abort=True`` first aborts this communicator (:meth:`abort`),
+        ending what is in flight on every rank. Works on a communicator that failed, was
+        aborted or was revoked. The new one has its own symmetric heap: tensors from this
+        one's :meth:`alloc` are refused there. This communicator stays open: close it
+        (``timeout``: bounds each wait of the shrink; default this communicator's)."""
+        excluded = elastic.exclude_list(self, exclude)
+        if abort:
+            self.abort(f"shrink(exclude={excluded}, abort=True)")
+        rec = self.flight.issue("shrink", None, 0, None, ordered=False)
+        try:
+            new = elastic.shrink(self, excluded, self.timeout if timeout is None
+                                 else float(timeout))
+        except BaseException as e:
+            self.flight.fail(rec, e)
+            raise
+        self.flight.done(rec, note=f"excluded {excluded}; {new.world_size} ranks, this one "
+                                   f"now rank {new.rank}")
+        new.retired_heaps = self.retired_heaps + [self.host.heap_range]
+        return new
+
+    def grow(self, n: int, *, timeout: float | None = None) -> elastic.Growth:
+        """Start adding ``n`` new ranks (collective over this communicator's ranks). Returns a
+        :class:`~tilecomm.elastic.Growth`: give its ``ticket`` (a string) to the new processes,
+        which call ``tilecomm.join(ticket, i)`` for i in 0..n-1, and call its ``join()`` here;
+        both return the grown communicator (these ranks keep their numbers, the new ones are
+        ``world_size + i``). Every wait is bounded by ``timeout`` (default this
+        communicator's); a rank that never joins is named."""
+        self._check_open()
+        from .launch import rendezvous_host
+        tmo = self.timeout if timeout is None else float(timeout)
+        rec = self.flight.issue("grow", None, 0, None, ordered=False)
+        try:
+            g = elastic.grow(self, n, tmo, rendezvous_host())
+        except BaseException as e:
+            self.flight.fail(rec, e)
+            raise
+        self.flight.done(rec, note=f"by {n} ranks: {g.ticket}")
+        return g
 
     def synchronize(self) -> None:
         """Wait for the collectives this rank queued on a device (GPU kernels run
@@ -631,6 +703,8 @@ class Communicator:
     def _dtype(self, t, what: str, op: ReduceOp | None = None) -> DType:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{what}: expected a torch.Tensor, got {type(t).__name__}")
+        if self.retired_heaps:
+            self._check_not_retired(t, what)
         if t.device.type not in DEVICE_BACKENDS:
             raise TypeError(f"{what}: tensor is on {t.device}; collectives take tensors on "
                             f"{', '.join(DEVICE_BACKENDS)}")
@@ -686,8 +760,15 @@ class Communicator:
                              f"counts, got {list(counts)}")
         return vals
 
-    @staticmethod
-    def _out(out, shape, like: torch.Tensor, what: str) -> torch.Tensor:
+    def _check_not_retired(self, t: torch.Tensor, what: str) -> None:
+        ptr = t.data_ptr()
+        if t.device.type == "cpu" and any(lo <= ptr < hi for lo, hi in self.retired_heaps):
+            raise ValueError(f"{what}: the tensor lies in the symmetric heap of the "
+                             f"communicator this one replaced (shrink / grow); it is not "
+                             f"symmetric here: copy it out, or allocate with this "
+                             f"communicator's alloc")
+
+    def _out(self, out, shape, like: torch.Tensor, what: str) -> torch.Tensor:
         dtype = like.dtype
         if out is None:
             return torch.empty(shape, dtype=dtype, device=like.device)
@@ -697,4 +778,6 @@ class Communicator:
         if out.dtype != dtype or out.device != like.device:
             raise TypeError(f"{what}: out must be a {dtype} tensor on {like.device}, got "
                             f"{out.dtype} on {out.device}")
+        if self.retired_heaps:
+            self._check_not_retired(out, what)
         return out

@@ -14,6 +14,22 @@ class CommMismatch(CommError):
     """
 
 
+class CommAborted(CommError):
+    """The communicator was aborted (``comm.abort()``) by ``by`` (a rank of it) because of
+    ``reason``: the call that raised this was cut short, or came after the abort. The
+    communicator takes no more calls; make a new one (``comm.shrink``) or close it."""
+
+    def __init__(self, message: str, *, by: int = -1, reason: str = ""):
+        super().__init__(message)
+        self.by = by
+        self.reason = reason
+
+
+class CommRevoked(CommAborted):
+    """The communicator was revoked (``comm.revoke()``) by ``by``: in-flight calls end with
+    this, and it then takes only ``shrink`` and ``close``."""
+
+
 class NoDeviceError(CommError):
     """A call needs a CUDA GPU and this machine has none usable (a CPU-only torch build, or
     no driver or visible GPU). Raised before any communication, with the call's name and the

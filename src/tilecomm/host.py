@@ -103,6 +103,15 @@ class HostPort:
         if ch is not None:
             ch.cancelled = reason
 
+    def stop(self, revoke: bool, reason: str) -> None:
+        """Post this rank's stop word (``comm.abort`` / ``comm.revoke``; NOTE [stop word] in
+        backends/cpu/channel.py): every rank's calls end with CommAborted / CommRevoked."""
+        from .backends.cpu.channel import STOP_ABORTED, STOP_REVOKED
+
+        ch = self.channel
+        if ch is not None:
+            ch.post_stop(STOP_REVOKED if revoke else STOP_ABORTED, reason)
+
     def attach_debug(self, flight, tracer) -> None:
         """Record the host backend's waits on ``flight`` (an enclosing communicator's calls)."""
         self.backend.attach_debug(flight, tracer)

@@ -218,13 +218,15 @@ class RankGroup:
             c.send((fn, args))
         return self.collect()
 
-    def collect(self, grace: float = 2.0) -> list:
+    def collect(self, grace: float = 2.0, keep_going: bool = False) -> list:
         """Wait for one result per rank.
 
         On the first failure (an exception, or a process that died) the other ranks get
         ``grace`` seconds to report (a peer's death makes them raise CommTimeout quickly), then
         all are stopped and :class:`RankError` is raised for the first failing rank, with the
-        others' errors in ``RankError.others``.
+        others' errors in ``RankError.others``. ``keep_going``: a failure stops nobody; every
+        rank runs to its end, and a failed rank's place in the results holds its
+        :class:`RankError` (raised for none).
         """
         results: dict[int, Any] = {}
         failures: dict[int, tuple[str, str, str]] = {}
@@ -232,9 +234,21 @@ class RankGroup:
         deadline = None
         while pending:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if keep_going and (results or failures):
+                remaining = 0.5
             objs = [self.conns[r] for r in pending] + [self.procs[r].sentinel for r in pending]
             ready = mpc.wait(objs, timeout=remaining)
             if not ready and deadline is not None:
+                break
+            if not ready and keep_going and all(_sigstopped(self.procs[r].pid)
+                                                for r in pending):
+                # a rank stopped (SIGSTOP) never reports: once it is all that is left, it is
+                # a failed rank (killed; its peers have gone on without it)
+                for r in pending:
+                    self.procs[r].kill()
+                    self.procs[r].join(timeout=5)
+                    failures[r] = ("exit", "rank process was stopped (SIGSTOP) while the "
+                                   "others finished; killed", "")
                 break
             for r in sorted(pending):
                 conn, proc = self.conns[r], self.procs[r]
@@ -256,18 +270,17 @@ class RankGroup:
                     results[r] = msg[1]
                 else:
                     failures[r] = msg[1:]
-                if r in failures and deadline is None:
+                if r in failures and deadline is None and not keep_going:
                     deadline = time.monotonic() + grace
+        if keep_going:
+            self._busy = False
+            return [results[r] if r in results else _rank_error(r, failures[r])
+                    for r in range(self.world_size)]
         if failures:
             # the ranks that reported exit at once when asked; the others are stuck
             self.stop(grace=0.5)
             first = min(failures, key=lambda r: (failures[r][0] in ("CommTimeout", "CommError"), r))
-            exc_type, message, tb = failures[first][:3]
-            # the ranks at fault: those the reporter's timeout waited for, or the reporter
-            # itself when its process died
-            culprits = (first,) if exc_type == "exit" else \
-                (failures[first][3] if len(failures[first]) > 3 else ())
-            err = RankError(first, exc_type, message, tb, culprits=culprits)
+            err = _rank_error(first, failures[first])
             err.others = {r: f[:3] for r, f in failures.items() if r != first}
             raise err
         self._busy = False
@@ -327,6 +340,24 @@ class RankGroup:
         self.stop()
 
 
+def _sigstopped(pid: int) -> bool:
+    """True when process ``pid`` is stopped (SIGSTOP, a debugger)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
+    except (OSError, IndexError):
+        return False
+
+
+def _rank_error(rank: int, failure: tuple) -> RankError:
+    """The RankError of ``rank``'s failure report ``(type, message, traceback[, missing])``."""
+    exc_type, message, tb = failure[:3]
+    # the ranks at fault: those the reporter's timeout waited for, or the reporter itself
+    # when its process died
+    culprits = (rank,) if exc_type == "exit" else (failure[3] if len(failure) > 3 else ())
+    return RankError(rank, exc_type, message, tb, culprits=culprits)
+
+
 def _join_all(procs, seconds: float) -> None:
     """Wait until every process in ``procs`` has ended or ``seconds`` have passed (in all)."""
     deadline = time.monotonic() + seconds
@@ -344,7 +375,7 @@ def _join_all(procs, seconds: float) -> None:
 def launch(fn: Callable, world_size: int, *args, timeout: float | None = None,
            heap_bytes: int | None = None, scratch_bytes: int | None = None,
            start_method: str | None = None, deterministic: bool | None = None,
-           mps: bool = False) -> list:
+           mps: bool = False, keep_going: bool = False) -> list:
     """Run ``fn(comm, *args)`` in ``world_size`` new local processes; return results by rank.
 
     ``timeout`` bounds every wait inside a collective (default ``TILECOMM_TIMEOUT``). If a rank
@@ -356,6 +387,10 @@ def launch(fn: Callable, world_size: int, *args, timeout: float | None = None,
     them under an MPS control daemon (:mod:`tilecomm.mps`: started if none runs, each rank
     given its share of the GPU, quit afterwards; without one the ranks run in time slices)
     and let them finish their kernels before they are stopped.
+    ``keep_going``: when a rank raises or dies the others go on (they see the failure as
+    their Communicator reports it: a CommTimeout naming the rank, within about 0.5 s of a
+    death, and may ``shrink`` past it); the results hold a :class:`~tilecomm.RankError` in
+    the place of each rank that failed, and nothing is raised.
     """
     daemon, env, grace = None, {}, 0.0
     if mps:
@@ -371,7 +406,7 @@ def launch(fn: Callable, world_size: int, *args, timeout: float | None = None,
                           deterministic=deterministic, env=env, leave_grace=grace)
         group.start(first_task=(fn, args))
         try:
-            return group.collect()
+            return group.collect(keep_going=keep_going)
         finally:
             group.stop()
     finally:
@@ -423,11 +458,19 @@ def connect(store, rank: int, world_size: int, *, timeout: float | None = None,
     """
     from .hier.discover import discover_hosts
 
+    from .elastic import wait_keys
+
     tmo = settings().timeout if timeout is None else float(timeout)
+    # every wait of the start is bounded too, and names the ranks that never came
+    store.set(f"arrived/{rank}", "1")
+    wait_keys(store, [f"arrived/{r}" for r in range(world_size)], list(range(world_size)),
+              tmo, f"init of rank {rank}", f"at init (world size {world_size})")
     layout = discover_hosts(dist_prefix(store, "hosts"), rank, world_size, settings().shm_dir)
     if layout.num_hosts == 1:
-        return _connect_host(store, rank, world_size, tmo, heap_bytes, scratch_bytes,
+        comm = _connect_host(store, rank, world_size, tmo, heap_bytes, scratch_bytes,
                              deterministic)
+        comm.membership.store = store
+        return comm
     from .hier.backend import HierBackend
     from .hier.rails import Rails
 
@@ -450,6 +493,7 @@ def connect(store, rank: int, world_size: int, *, timeout: float | None = None,
     local.host.attach_debug(_flight.adopt_host_leg(local.flight, comm.flight, host),
                                 getattr(local.host.channel, "trace", None))
     be.rendezvous("init", 0, 0)
+    comm.membership.store = store
     return comm
 
 
@@ -461,6 +505,15 @@ def _gloo_host() -> str | None:
     if master in ("localhost", "::1") or master.startswith("127."):
         return "127.0.0.1"
     return None
+
+
+def rendezvous_host() -> str:
+    """Where a rank serves a rendezvous store to others (``comm.grow``): TILECOMM_GLOO_HOST,
+    else loopback when the job's rendezvous is on loopback (or there is none: one host), else
+    this host's name."""
+    import socket
+
+    return _gloo_host() or socket.gethostname()
 
 
 def dist_prefix(store, prefix: str):

@@ -56,7 +56,7 @@ class Record:
     """One call as this rank saw it (fields: see the module docstring)."""
 
     __slots__ = ("seq", "op", "algorithm", "nbytes", "dtype", "root", "peer", "state",
-                 "issued_ns", "ended_ns", "wait", "error", "device")
+                 "issued_ns", "ended_ns", "wait", "error", "device", "note")
 
     def __init__(self, seq, op, algorithm, nbytes, dtype, root, peer, issued_ns):
         self.seq, self.op, self.algorithm, self.nbytes = seq, op, algorithm, nbytes
@@ -67,13 +67,14 @@ class Record:
         self.wait = None
         self.error = None
         self.device = None
+        self.note = None
 
     def to_json(self) -> dict:
         return {"seq": self.seq, "op": self.op, "algorithm": self.algorithm,
                 "bytes": self.nbytes, "dtype": self.dtype, "root": self.root,
                 "peers": None if self.peer is None else [self.peer], "state": self.state,
                 "issued_ns": self.issued_ns, "ended_ns": self.ended_ns, "wait": self.wait,
-                "error": self.error, "device": self.device}
+                "error": self.error, "device": self.device, "note": self.note}
 
 
 class FlightRecorder:
@@ -114,7 +115,9 @@ class FlightRecorder:
             self.records.append(rec)
         return rec
 
-    def done(self, rec: Record) -> None:
+    def done(self, rec: Record, note: str | None = None) -> None:
+        if note is not None:
+            rec.note = note
         rec.state = "completed"
         rec.ended_ns = time.time_ns()
         rec.wait = None
@@ -145,6 +148,13 @@ class FlightRecorder:
                 import sys
                 print(f"tilecomm: could not write the flight record to {self.debug_dir}: {e}",
                       file=sys.stderr)
+
+    def event(self, op: str, note: str) -> Record:
+        """A completed record of something this rank did to the communicator itself (abort,
+        revoke): ``note`` says who and why. Takes no sequence number."""
+        rec = self.issue(op, None, 0, None, ordered=False)
+        self.done(rec, note)
+        return rec
 
     def reject(self, op: str, exc: BaseException, announce) -> None:
         """This rank refused its part of call ``op`` (``exc``, a bad argument) and tells its

@@ -72,10 +72,22 @@ class SegmentLayout:
         return self.p2p + array * self.world_size + peer
 
     @property
-    def num_slots(self) -> int:
+    def stop(self) -> int:
+        """First of the six slots of the stop word and the shrink agreement
+        (backends/cpu/channel.py, NOTE [stop word]; ``STOP_*`` offsets from it)."""
         return self.p2p + 5 * self.world_size
 
-    MSG_BYTES = 512       # error text per parity
+    #: offsets from ``stop``: how the rank stopped the communicator (0 not, 1 aborted, 2
+    #: revoked), the bytes of its reason (the third message area), the sequence number of
+    #: its next collective then; the shrink attempt it has reached, its exclude list (a bit
+    #: mask), and (lowest survivor) ``attempt << 32 | port`` of the new rendezvous
+    STOP_KIND, STOP_LEN, STOP_SEQ, SHRINK_ATTEMPT, SHRINK_EXCLUDE, SHRINK_PORT = range(6)
+
+    @property
+    def num_slots(self) -> int:
+        return self.stop + 6
+
+    MSG_BYTES = 512       # error text per parity (and the stop reason, a third area)
 
     @property
     def msg_offset(self) -> int:
@@ -83,7 +95,7 @@ class SegmentLayout:
 
     @property
     def control_bytes(self) -> int:
-        return round_up(self.msg_offset + 2 * self.MSG_BYTES, 4096)
+        return round_up(self.msg_offset + 3 * self.MSG_BYTES, 4096)
 
     @property
     def p2p_offset(self) -> int:

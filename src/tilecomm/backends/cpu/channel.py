@@ -10,6 +10,19 @@ NOTE [descriptor parity]
     cannot post ``seq + 2`` before every peer has posted ``seq + 1``, which a peer does only
     after reading all descriptors of ``seq``; so two slots never let a fast rank overwrite a
     descriptor a slow rank has yet to read.
+
+NOTE [stop word]
+    ``abort()`` and ``revoke()`` (Communicator) write this rank's stop word: the reason into
+    the third message area, its length and the rank's next sequence number, the kind last
+    (x86-64 keeps stores in order, so a peer that sees the kind sees the reason), then its
+    "gave up" word, which every call reads once its peers have arrived. Every wait,
+    at its checks every 0.2 s, reads every rank's stop word (its own too: an abort from
+    another thread of this process ends this thread's wait the same way), so every call in
+    flight on any rank ends within about 0.2 s of the abort, with CommAborted / CommRevoked
+    naming the rank that stopped the communicator and why. A rank that has seen a stop word
+    refuses every later call at once (``broken``), and a peer that starts a call after the
+    stop finds the "gave up" word there. The normal path pays nothing: the stop word itself
+    is read only by waits that have blocked for 0.2 s and when a "gave up" word is set.
 """
 
 from __future__ import annotations
@@ -21,7 +34,7 @@ from array import array
 import zlib
 from typing import Iterable
 
-from ...errors import CommError, CommTimeout
+from ...errors import CommAborted, CommError, CommRevoked, CommTimeout
 from ...settings import settings
 from ...heap.base import SegmentLayout, SymmetricHeap
 
@@ -37,6 +50,9 @@ COLL_IDS = {name: i for i, name in enumerate(
      "all_to_all_v", "barrier", "alloc", "init"], start=1)}
 COLL_NAMES = {i: n for n, i in COLL_IDS.items()}
 ERROR_ID = 99
+
+#: SegmentLayout.STOP_KIND values (NOTE [stop word])
+STOP_NONE, STOP_ABORTED, STOP_REVOKED = range(3)
 
 #: SegmentLayout.ACT_KIND values
 ACT_IDLE, ACT_COLLECTIVE, ACT_SEND, ACT_RECV = range(4)
@@ -73,6 +89,9 @@ class Channel:
         self.step = int(self.me[SegmentLayout.PROGRESS])
         #: why the communicator can no longer be used (set after a timeout), or None
         self.broken: str | None = None
+        #: the CommAborted / CommRevoked this rank raises for every call once a rank stopped
+        #: the communicator (NOTE [stop word]), or None
+        self.stopped: CommAborted | None = None
         #: set (from any thread) to end every wait in progress with a CommError, e.g. by a
         #: process group being destroyed while a send thread waits for its receiver
         self.cancelled: str | None = None
@@ -167,10 +186,13 @@ class Channel:
         self.wait_slots([(r, SegmentLayout.PROGRESS) for r in ranks], step, what)
 
     def wait_slots(self, where: list[tuple[int, int]], value: int,
-                   what: tuple) -> None:
+                   what: tuple, recovering: bool = False) -> None:
         """Wait until ``slots[rank][index] >= value`` for every ``(rank, index)`` in ``where``.
 
         ``what`` is ``(operation, sequence number, what is awaited)`` for the timeout message.
+        ``recovering``: a wait of the survivors' shrink on a stopped or broken communicator:
+        only the timeout and the peers' deaths end it (not a stop word, a peer that gave up,
+        or a cancellation).
         """
         slots = self.slots
         pending = [(slots[r], i, r) for r, i in where if slots[r][i] < value]
@@ -212,17 +234,22 @@ class Channel:
                 next_check = now + 0.2
                 if self.flight is not None:
                     rec = self.flight.waiting(what, [r for _, _, r in pending])
-                if self.cancelled:
+                if self.cancelled and not recovering:
                     op, seq, detail = what
                     raise CommError(f"{op} #{seq} on rank {self.rank}: cancelled while waiting "
                                     f"for {detail}: {self.cancelled}")
+                if not recovering:
+                    self.check_stopped(what)
                 dead = [r for _, _, r in pending if not self.alive(r)]
                 if dead:
-                    self._raise_timeout(what, [r for _, _, r in pending], now - start, dead)
-                self.check_crossed([r for _, _, r in pending], what)
-                self.check_aborts([r for _, _, r in pending], what)
+                    self._raise_timeout(what, [r for _, _, r in pending], now - start, dead,
+                                        recovering)
+                if not recovering:
+                    self.check_crossed([r for _, _, r in pending], what)
+                    self.check_aborts([r for _, _, r in pending], what)
             if now - start > self.timeout:
-                self._raise_timeout(what, [r for _, _, r in pending], now - start, [])
+                self._raise_timeout(what, [r for _, _, r in pending], now - start, [],
+                                    recovering)
 
     def _traced(self, pending, value, t0: int, what: tuple) -> list:
         """``pending`` less the peers whose slot is there now, each ending a wait event."""
@@ -252,6 +279,7 @@ class Channel:
         for r in ranks:
             gave_up = int(self.slots[r][SegmentLayout.ABORT])
             if gave_up and r != self.rank:
+                self.check_stopped(what)        # gave up because the communicator was stopped
                 op, seq, _ = what
                 self.broken = f"rank {r} gave up at collective #{gave_up - 1}"
                 raise CommError(f"{op} #{seq} on rank {self.rank}: rank {r} gave up on "
@@ -259,9 +287,72 @@ class Channel:
                                 f"mismatch; see rank {r}'s error); its communicator is "
                                 f"unusable, so this one is too")
 
-    def _raise_timeout(self, what, missing, waited, dead) -> None:
+    # ---- the stop word (NOTE [stop word]) -----------------------------------------------------
+    def post_stop(self, kind: int, reason: str) -> CommAborted:
+        """Stop the communicator on every rank: ``kind`` STOP_ABORTED or STOP_REVOKED,
+        ``reason`` said in every rank's error. Any thread. Returns this rank's error for later
+        calls. A second stop keeps the first one's word (peers may be reading it)."""
+        lay, me = self.layout, self.me
+        if not me[lay.stop + lay.STOP_KIND]:
+            n = self._write_text(2, reason)
+            me[lay.stop + lay.STOP_LEN] = n
+            me[lay.stop + lay.STOP_SEQ] = self.next_seq - 1
+            me[lay.stop + lay.STOP_KIND] = kind
+            if not me[SegmentLayout.ABORT]:
+                # peers that start a call after this one see it in their arrival check (the
+                # "gave up" word every call reads, native runner included), not only in waits
+                me[SegmentLayout.ABORT] = self.next_seq + 1
+        err = self.stop_error(self.rank)
+        self.stopped = err
+        self.broken = str(err)
+        return err
+
+    def first_stop(self) -> int | None:
+        """The lowest rank whose stop word is set (this one included), or None."""
+        k = self.layout.stop + self.layout.STOP_KIND
+        for r, s in enumerate(self.slots):
+            if s[k]:
+                return r
+        return None
+
+    def stop_error(self, rank: int, what: tuple | None = None) -> CommAborted:
+        """The error for ``rank``'s stop word; ``what`` ``(operation, seq, ...)`` names the call
+        it cut short."""
+        lay, s = self.layout, self.slots[rank]
+        kind = int(s[lay.stop + lay.STOP_KIND])
+        reason = self._read_text(rank, 2, int(s[lay.stop + lay.STOP_LEN])) or "no reason given"
+        at = int(s[lay.stop + lay.STOP_SEQ])
+        revoked = kind == STOP_REVOKED
+        where = "" if what is None else f"{what[0]} #{what[1]} on rank {self.rank}: "
+        then = ("it takes only shrink() and close() now" if revoked else
+                "it takes no more calls: make a new one with shrink(), or close it")
+        text = (f"{where}the communicator was {'revoked' if revoked else 'aborted'} by rank "
+                f"{rank} (its last call was #{at}): {reason}; {then}")
+        return (CommRevoked if revoked else CommAborted)(text, by=rank, reason=reason)
+
+    def check_stopped(self, what: tuple) -> None:
+        """Raise the CommAborted / CommRevoked of the first stop word set, naming the call
+        ``what`` it cuts short; from then on this rank refuses every call."""
+        r = self.first_stop()
+        if r is None:
+            return
+        err = self.stop_error(r, what)
+        if self.stopped is None:
+            self.stopped = self.stop_error(r)
+            self.broken = str(self.stopped)
+        raise err
+
+    def unusable(self) -> CommError:
+        """The error a call on a broken communicator raises (CommAborted / CommRevoked after a
+        stop)."""
+        if self.stopped is not None:
+            return type(self.stopped)(str(self.stopped), by=self.stopped.by,
+                                      reason=self.stopped.reason)
+        return CommError(f"communicator unusable: {self.broken}; create a new one")
+
+    def _raise_timeout(self, what, missing, waited, dead, recovering=False) -> None:
         op, seq, detail = what
-        if op not in ("send", "recv"):
+        if op not in ("send", "recv") and not recovering:
             # Tell late peers, so they raise instead of completing a call this rank abandoned.
             self.me[SegmentLayout.ABORT] = int(seq) + 1
         states = "; ".join(f"rank {r} {self.describe_peer(r)}" for r in missing)
@@ -287,14 +378,24 @@ class Channel:
         return list(self.slots[rank][base:base + SegmentLayout.DESC_LEN])
 
     def post_message(self, seq: int, text: str) -> int:
-        data = text.encode()[: SegmentLayout.MSG_BYTES]
-        off = self.layout.msg_offset + (seq & 1) * SegmentLayout.MSG_BYTES
+        return self._write_text(seq & 1, text)
+
+    def read_message(self, rank: int, seq: int, length: int) -> str:
+        return self._read_text(rank, seq & 1, length)
+
+    def _write_text(self, area: int, text: str) -> int:
+        """Write ``text`` (cut to MSG_BYTES at a character boundary) into message area
+        ``area`` (0, 1: error descriptors by parity; 2: the stop reason); returns its bytes."""
+        data = text.encode()
+        if len(data) > SegmentLayout.MSG_BYTES:
+            data = data[: SegmentLayout.MSG_BYTES].decode(errors="ignore").encode()
+        off = self.layout.msg_offset + area * SegmentLayout.MSG_BYTES
         seg = self.heap.segment(self.rank)
         seg[off:off + len(data)] = memoryview(data)
         return len(data)
 
-    def read_message(self, rank: int, seq: int, length: int) -> str:
-        off = self.layout.msg_offset + (seq & 1) * SegmentLayout.MSG_BYTES
+    def _read_text(self, rank: int, area: int, length: int) -> str:
+        off = self.layout.msg_offset + area * SegmentLayout.MSG_BYTES
         return bytes(self.heap.segment(rank)[off:off + length]).decode(errors="replace")
 
     def describe_peer(self, rank: int) -> str:

@@ -225,7 +225,7 @@ class Executor:
 
     def _check_usable(self) -> None:
         if self.ch.broken:
-            raise CommError(f"communicator unusable: {self.ch.broken}; create a new one")
+            raise self.ch.unusable()
 
     # ---- descriptor handshake -------------------------------------------------------------
     @staticmethod

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...errors import CommError, CommMismatch, CommTimeout
+from ...errors import CommMismatch, CommTimeout
 from ...types import DTYPE_BY_ID, DType
 from .channel import ACT_RECV, ACT_SEND, Channel
 
@@ -47,7 +47,7 @@ class PointToPoint:
         """A timed-out transfer leaves the pair's counters unknowable: refuse further use.
         The transfer is published as this rank's activity (NOTE [activity] in channel.py)."""
         if self.ch.broken:
-            raise CommError(f"communicator unusable: {self.ch.broken}; create a new one")
+            raise self.ch.unusable()
         published = self.ch.begin(kind, peer, msg)
         try:
             fn(*args)
