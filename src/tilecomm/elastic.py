@@ -147,9 +147,14 @@ def wait_keys(store, keys, ranks, timeout: float, what: str, doing: str) -> None
     try:
         store.wait(keys, timedelta(seconds=timeout))
     except Exception as e:  # noqa: BLE001 - the store's own timeout (DistStoreError) and kin
-        missing = tuple(r for r, k in zip(ranks, keys) if not store.check([k]))
+        try:
+            missing = tuple(r for r, k in zip(ranks, keys) if not store.check([k]))
+        except Exception:  # noqa: BLE001 - the store itself is gone
+            missing = ()
         if not missing:
-            raise
+            raise CommError(f"{what}: the rendezvous store stopped answering while waiting "
+                            f"for ranks {list(ranks)} {doing} (did the rank serving it "
+                            f"fail?): {type(e).__name__}: {e}") from None
         raise CommTimeout(f"{what}: rank(s) {list(missing)} did not arrive {doing} within "
                           f"{timeout:g} s ({type(e).__name__})", collective=what.split()[0],
                           seq=0, missing=missing) from None

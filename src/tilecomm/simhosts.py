@@ -90,10 +90,12 @@ def stop(procs: list[subprocess.Popen]) -> list[int]:
 
 
 def run(per_host: list[int], argv: list[str], *, timeout: float | None = None,
-        env: dict | None = None, capture: bool = False) -> "Result":
+        env: dict | None = None, capture: bool = False, keep_going: bool = False) -> "Result":
     """Run ``argv`` (a script and its arguments, as for torchrun) on simulated hosts with
     ``per_host[h]`` ranks each; returns exit codes (and output when ``capture``). Every host
-    is stopped when one fails or ``timeout`` passes."""
+    is stopped when one fails or ``timeout`` passes; with ``keep_going`` a host that fails
+    (or is killed) stops nobody else: the others run to their end (a job that survives the
+    loss of a host, ``examples/elastic_ddp.py``)."""
     import threading
 
     procs = start(per_host, argv, env=env, capture=capture)
@@ -109,7 +111,7 @@ def run(per_host: list[int], argv: list[str], *, timeout: float | None = None,
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
         while any(p.poll() is None for p in procs):
-            if any(p.poll() not in (None, 0) for p in procs):
+            if not keep_going and any(p.poll() not in (None, 0) for p in procs):
                 _wait_all(procs, 3.0)      # let the others report their error, then stop
                 break
             if deadline is not None and time.monotonic() > deadline:
@@ -180,6 +182,9 @@ def add_hosts_parser(sub) -> None:
     r.add_argument("--per-host", default="2",
                    help="ranks per host: one count, or one per host (e.g. 2,1)")
     r.add_argument("--timeout", type=float, default=None, help="stop every host after S s")
+    r.add_argument("--keep-going", action="store_true",
+                   help="a host that fails stops no other host (jobs that survive a lost "
+                        "host); the exit status is then that of the hosts that survived")
     r.add_argument("argv", nargs=argparse.REMAINDER, help="-- script.py [args]")
     r.set_defaults(func=_run_cli)
     c = hs.add_parser("check", help="say whether simulated hosts can be made here")
@@ -192,13 +197,16 @@ def _run_cli(args) -> int:
         raise ValueError("hosts run: give the program after --, e.g. "
                          "tilecomm hosts run --hosts 2 -- train.py")
     per_host = parse_per_host(args.hosts, args.per_host)
-    res = run(per_host, argv, timeout=args.timeout)
+    res = run(per_host, argv, timeout=args.timeout, keep_going=args.keep_going)
     if res.timed_out:
         print(f"tilecomm hosts: stopped after {args.timeout:g} s", file=sys.stderr)
     bad = [h for h, c in enumerate(res.codes) if c]
     if bad:
         print(f"tilecomm hosts: host(s) {bad} exited with {[res.codes[h] for h in bad]}",
               file=sys.stderr)
+    if args.keep_going:     # the job survived when some host finished and none timed out
+        return 0 if len(bad) < len(res.codes) and not res.timed_out and \
+            all(c == 0 or c < 0 or c == 137 for c in res.codes) else 1
     return 0 if res.ok else 1
 
 

@@ -26,6 +26,33 @@ def register() -> None:
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND_NAME, create_process_group, devices=["cpu"])
+    _let_shrink_group_take_python_groups()
+
+
+def _let_shrink_group_take_python_groups() -> None:
+    """NOTE [shrink_group]: ``dist.shrink_group`` (PyTorch 2.13) asks the group's backend for
+    its shrunk successor (``ProcessGroupTilecomm.shrink``), then wraps what it gets in a new
+    ``ProcessGroup`` through ``_register_backend``, which accepts only C++ backends; a Python
+    process group cannot be one. So the step that wraps it (``_create_shrunk_process_group``,
+    private) is given a front that returns a tilecomm group as the new group itself, named
+    and described as torch would, and passes every other backend on unchanged. Feature-
+    detected: where torch lacks the step, nothing is changed."""
+    from torch.distributed import distributed_c10d as c10d
+
+    make = getattr(c10d, "_create_shrunk_process_group", None)
+    if make is None or getattr(make, "tilecomm_front", False):
+        return
+
+    def create_shrunk(new_backend, remaining_ranks, metadata, is_default_group):
+        if not isinstance(new_backend, ProcessGroupTilecomm):
+            return make(new_backend, remaining_ranks, metadata, is_default_group)
+        new_backend._set_group_name(metadata["new_group_name"])
+        new_backend._set_group_desc("default:shrunken" if is_default_group else
+                                    f"{metadata['original_group_name']}:shrunk")
+        return new_backend
+
+    create_shrunk.tilecomm_front = True
+    c10d._create_shrunk_process_group = create_shrunk
 
 
 if dist.is_available():

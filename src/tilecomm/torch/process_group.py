@@ -51,10 +51,13 @@ if hasattr(threading, "_register_atexit"):
 class ProcessGroupTilecomm(dist.ProcessGroup):
     """A torch.distributed process group whose collectives run on tilecomm (CPU tensors)."""
 
-    def __init__(self, store, rank: int, world_size: int, timeout: timedelta):
+    def __init__(self, store, rank: int, world_size: int, timeout: timedelta, comm=None):
+        """``comm``: the Communicator to serve (a shrunk one); by default one is connected
+        through ``store``."""
         super().__init__(rank, world_size)
         seconds = timeout.total_seconds() if timeout is not None else None
-        self.comm = connect(store, rank, world_size, timeout=seconds)
+        self.comm = comm if comm is not None else connect(store, rank, world_size,
+                                                          timeout=seconds)
         self.timeout = self.comm.timeout
         self._p2p = PeerTransfers(self.comm, f"tilecomm-pg{next(_group_ids)}")
         _live_groups.add(self)
@@ -100,6 +103,33 @@ class ProcessGroupTilecomm(dist.ProcessGroup):
             self.comm.host.cancel_waits("the process group was destroyed")
         self._p2p.shutdown()
         self.comm.close()
+
+    # ---- failures: abort and shrink (dist.shrink_group) ---------------------------------
+    def abort(self) -> None:
+        """torch's abort path (``_abort_process_group``): stop the group's communicator on
+        every rank (``Communicator.abort``); in-flight calls end with CommAborted."""
+        self._p2p.closing = True
+        if not self.comm.closed:
+            self.comm.abort("the process group was aborted (torch.distributed abort path)")
+
+    @property
+    def supports_shrinking(self) -> bool:
+        return True
+
+    def _get_backend(self, device):
+        """This group is its own CPU backend (``dist.shrink_group`` looks the backend up by
+        device; torch expects a RuntimeError for a device it does not serve)."""
+        if torch.device(device).type == "cpu":
+            return self
+        raise RuntimeError(f"tilecomm backend: no backend for {device} tensors in this group")
+
+    def shrink(self, ranks_to_exclude, shrink_flags: int = 0, opts_override=None):
+        """``dist.shrink_group``'s call: a new group over the ranks not excluded (group
+        ranks, renumbered in order), on ``Communicator.shrink``; ``shrink_flags`` with
+        SHRINK_ABORT (1) first aborts what is in flight. torch then destroys this group."""
+        new = self.comm.shrink(list(ranks_to_exclude), abort=bool(int(shrink_flags) & 1))
+        return ProcessGroupTilecomm(None, new.rank, new.world_size,
+                                    timedelta(seconds=new.timeout), comm=new)
 
     # ---- helpers -------------------------------------------------------------------------
     def _single(self, tensors, collective: str) -> torch.Tensor:
