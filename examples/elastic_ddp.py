@@ -42,7 +42,7 @@ import tilecomm
 GLOBAL_BATCH = 48      # samples per step over all ranks (divisible by 4, 3, 2 and 1)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--hidden", type=int, default=64)
@@ -56,7 +56,7 @@ def main() -> None:
     ap.add_argument("--losses", help="the first rank writes {losses, events, world_sizes} here")
     ap.add_argument("--ckpt", help="where the survivors save the state they resume from")
     ap.add_argument("--resume", help="start from this saved state (and its step)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.local:
         results = tilecomm.launch(_local_rank, args.local, args, keep_going=True)
         failed = [r for r, x in enumerate(results) if isinstance(x, Exception)]
@@ -153,7 +153,7 @@ def train(rank: int, args, kill, store=None) -> None:
     dist.destroy_process_group()
 
 
-def census(rank: int, attempt: int, store=None, window: float = 2.0) -> set[int]:
+def census(rank: int, attempt: int, store=None, window: float = 1.0) -> set[int]:
     """The ranks of the current group that are gone: every survivor checks in under this
     attempt's key; whoever has not within ``window`` seconds of the first is lost. Every
     survivor reads the same list (the first to decide writes it)."""

@@ -102,17 +102,21 @@ def _meet_in_segments(comm, survivors, excluded, attempt: int, timeout: float):
     ch = comm.host.channel
     lay = ch.layout
     base = lay.stop
-    mask = _mask(excluded)
     me = ch.me
-    me[base + lay.SHRINK_EXCLUDE] = mask
-    me[base + lay.SHRINK_ATTEMPT] = attempt         # after the mask: a peer that sees it sees both
+    listed = ",".join(map(str, excluded)).encode()
+    me[base + lay.SHRINK_EXCLUDE] = _mask(excluded)
+    me[base + lay.SHRINK_VOTE] = attempt << 32 | zlib.crc32(listed)
     what = ("shrink", attempt, f"the survivors {survivors} to call shrink")
     ch.timeout = timeout        # the old communicator takes no more calls: its bound is ours
-    ch.wait_slots([(r, base + lay.SHRINK_ATTEMPT) for r in survivors], attempt, what,
+    ch.wait_slots([(r, base + lay.SHRINK_VOTE) for r in survivors], attempt << 32, what,
                   recovering=True)
-    views = {r: int(ch.slots[r][base + lay.SHRINK_EXCLUDE]) for r in survivors}
-    if len(set(views.values())) > 1:
-        said = "; ".join(f"rank {r} excludes {_unmask(m)}" for r, m in views.items())
+    votes = {r: int(ch.slots[r][base + lay.SHRINK_VOTE]) for r in survivors}
+    ahead = [r for r, v in votes.items() if v >> 32 > attempt]
+    if ahead or len(set(votes.values())) > 1:
+        said = "; ".join(f"rank {r} excludes {_unmask(int(ch.slots[r][base + lay.SHRINK_EXCLUDE]))}"
+                         for r in survivors)
+        if ahead:       # it gave up on this attempt (it saw a disagreement) and called again
+            said += f"; rank(s) {ahead} already gave up on this attempt"
         raise CommMismatch(f"shrink (attempt {attempt}) on rank {comm.rank}: the survivors "
                            f"disagree on whom to exclude: {said}")
     lowest = survivors[0]
@@ -161,14 +165,8 @@ def wait_keys(store, keys, ranks, timeout: float, what: str, doing: str) -> None
 
 
 def _mask(ranks) -> int:
-    """A bit mask of ``ranks`` (ranks 62 and up fold into a hash: equal lists give equal
-    masks, and the message shows only the low ranks exactly)."""
-    m = 0
-    for r in ranks:
-        m |= 1 << r if r < 62 else 1 << 62
-    if any(r >= 62 for r in ranks):
-        m ^= zlib.crc32(",".join(map(str, ranks)).encode()) << 20 & ((1 << 62) - 1)
-    return m
+    """``ranks`` below 62 as a bit mask (what the messages show; the vote is the crc)."""
+    return sum(1 << r for r in ranks if r < 62)
 
 
 def _unmask(m: int) -> list[int]:

@@ -95,8 +95,10 @@ def _size(rng: random.Random) -> int:
     return rng.randrange(20_000, 24_000) | 1      # > the 64 KiB test scratch in float64
 
 
-def spec(seed: int, world_size: int, index: int) -> Spec:
-    """Call ``index`` of the soak with ``seed`` on ``world_size`` ranks (same on every rank)."""
+def spec(seed: int, world_size: int, index: int, auto_only: bool = False) -> Spec:
+    """Call ``index`` of the soak with ``seed`` on ``world_size`` ranks (same on every rank).
+    ``auto_only``: every call with ``algo="auto"`` and outside deterministic mode (ranks that
+    span hosts run the hierarchical algorithms, which auto picks among)."""
     rng = random.Random(f"tilecomm-soak:{seed}:{world_size}:{index}")
     names = [c for c in COLLECTIVES if c != "send_recv" or world_size > 1]
     coll = rng.choice(names)
@@ -134,6 +136,8 @@ def spec(seed: int, world_size: int, index: int) -> Spec:
     peers = tuple(rng.sample(range(world_size), 2)) if coll == "send_recv" else (0, 0)
     out = rng.choice(["none", "given", "heap"]) \
         if coll in ("all_gather", "reduce_scatter", "all_to_all") else "none"
+    if auto_only:
+        algo, det = "auto", False
     return Spec(**base, algo=algo, dtype=dtype, op=op, root=root, rows=rows, cols=cols,
                 heap=rng.random() < 0.3 and coll != "send_recv", layout=layout, out=out,
                 deterministic=det, peers=peers, counts=counts)
@@ -262,8 +266,9 @@ def _compare(got: torch.Tensor, want: torch.Tensor, s: Spec, what: str) -> str |
     return None
 
 
-def soak_rank(comm, seed: int, start: int, count: int) -> dict:
-    """Run calls ``start .. start+count-1`` of ``seed`` on this rank (every rank calls it).
+def soak_rank(comm, seed: int, start: int, count: int, auto_only: bool = False) -> dict:
+    """Run calls ``start .. start+count-1`` of ``seed`` on this rank (every rank calls it;
+    ``auto_only``: see :func:`spec`).
 
     Returns ``{"calls": count, "wrong": [descriptions], "by_collective": {name: calls}}``. A call
     that raises re-raises with its description attached (a note), so the launcher's RankError
@@ -272,7 +277,7 @@ def soak_rank(comm, seed: int, start: int, count: int) -> dict:
     wrong: list[str] = []
     by: dict[str, int] = {}
     for i in range(start, start + count):
-        s = spec(seed, comm.world_size, i)
+        s = spec(seed, comm.world_size, i, auto_only)
         by[s.collective] = by.get(s.collective, 0) + 1
         try:
             bad = run_call(comm, s)

@@ -79,9 +79,10 @@ class SegmentLayout:
 
     #: offsets from ``stop``: how the rank stopped the communicator (0 not, 1 aborted, 2
     #: revoked), the bytes of its reason (the third message area), the sequence number of
-    #: its next collective then; the shrink attempt it has reached, its exclude list (a bit
-    #: mask), and (lowest survivor) ``attempt << 32 | port`` of the new rendezvous
-    STOP_KIND, STOP_LEN, STOP_SEQ, SHRINK_ATTEMPT, SHRINK_EXCLUDE, SHRINK_PORT = range(6)
+    #: its last call then; its shrink vote ``attempt << 32 | crc32(exclude list)`` (one word,
+    #: so a vote is never read with another attempt's list), its exclude list as a bit mask
+    #: (for the messages), and (lowest survivor) ``attempt << 32 | port`` of the rendezvous
+    STOP_KIND, STOP_LEN, STOP_SEQ, SHRINK_VOTE, SHRINK_EXCLUDE, SHRINK_PORT = range(6)
 
     @property
     def num_slots(self) -> int:
