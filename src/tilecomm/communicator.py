@@ -130,6 +130,7 @@ class Communicator:
                     be.close()
             self._backends.clear()
             self._backend.close()
+            self.membership.keep.clear()      # a rendezvous store this rank served
             if pending is not None:
                 raise pending
 
