@@ -38,6 +38,7 @@ from torch.distributed import distributed_c10d as c10d
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import tilecomm
+from tilecomm import simhosts
 
 GLOBAL_BATCH = 48      # samples per step over all ranks (divisible by 4, 3, 2 and 1)
 
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     rank = int(os.environ["RANK"])
     dist.init_process_group("tilecomm", timeout=timedelta(seconds=args.timeout))
-    train(rank, args, lambda: _kill_host(args.kill_host))
+    train(rank, args, simhosts.kill_this_host)
 
 
 def _local_rank(comm, args):
@@ -189,35 +190,6 @@ def check_in_for_lost_agents(n: int) -> None:
     for _ in range(n):
         if store.add(prefix + "/num_members", 1) == agents:
             store.set(prefix + "/last_member", "<val_ignored>")
-
-
-def _kill_host(host) -> None:
-    """Kill this host's torchrun agent and every rank it started (SIGKILL): the unit torchrun
-    loses is a host. Local rank 0 does it; the others wait to be killed."""
-    if int(os.environ.get("LOCAL_RANK", 0)):
-        time.sleep(60)
-        return
-    agent = os.getppid()
-    for pid in os.listdir("/proc"):
-        if pid.isdigit() and int(pid) != os.getpid() and _parent(int(pid)) == agent:
-            _sigkill(int(pid))
-    _sigkill(agent)
-    _sigkill(os.getpid())
-
-
-def _parent(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return -1
-
-
-def _sigkill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 if __name__ == "__main__":

@@ -24,6 +24,12 @@ SCANNED = ("src", "scripts", "benchmarks")
 ALLOWED = {
     ("launch.py", "_exit"): "os._exit: a forked rank must not run the parent's atexit handlers",
     ("orphan.py", "_exit"): "os._exit: the watchdog ends the process from a thread",
+    ("fault_soak.py", "_exit"): "os._exit: a forked newcomer must not run its parent's "
+                                "atexit handlers",
+    ("torch/__init__.py", "_create_shrunk_process_group"):
+        "dist.shrink_group's step that wraps only C++ backends (NOTE [shrink_group])",
+    ("torch/__init__.py", "_set_group_name"): "the naming hook torch calls on a new group",
+    ("torch/__init__.py", "_set_group_desc"): "the description hook torch calls on a new group",
     ("helpfmt.py", "_get_help_string"): "argparse's hook for help text, overridden by design",
     ("cli.py", "_plugins"): "torch.distributed.Backend._plugins: whether 'tilecomm' registered",
     ("torch/__init__.py", "_plugins"): "torch.distributed.Backend._plugins: no public query",

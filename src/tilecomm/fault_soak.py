@@ -65,7 +65,7 @@ def plan(seed: int, index: int, world: int, start_world: int, calls: int = 12,
 
 
 def member(comm, seed: int, rounds: int, start_world: int, run_dir: str, first: int = 0,
-           calls: int = 12) -> None:
+           calls: int = 12, fail_rate: float = 0.7) -> None:
     """Take part in rounds ``first .. rounds - 1`` (every member of the communicator calls
     it). What it sees goes to ``run_dir/events-PID.jsonl`` as it happens (a member may be a
     later round's victim): per round the calls made and the wrong results, and the
@@ -73,7 +73,7 @@ def member(comm, seed: int, rounds: int, start_world: int, run_dir: str, first: 
     log = _Log(run_dir)
     children: list[int] = []
     for k in range(first, rounds):
-        r = plan(seed, k, comm.world_size, start_world, calls)
+        r = plan(seed, k, comm.world_size, start_world, calls, fail_rate)
         failed, made, wrong = False, 0, []
         for i in range(r.calls):
             if r.victim == comm.rank and i == r.at:
@@ -126,12 +126,16 @@ class _Log:
 
 
 def _fail(r: Round, run_dir: str) -> None:
-    with open(os.path.join(run_dir, f"victim-{r.index}.tmp"), "w") as f:
-        f.write(f"{os.getpid()} {time.time()!r}")
-    os.rename(os.path.join(run_dir, f"victim-{r.index}.tmp"),
-              os.path.join(run_dir, f"victim-{r.index}"))
+    _note_failure(run_dir, r.index)
     os.kill(os.getpid(), signal.SIGKILL if r.how == "kill" else signal.SIGSTOP)
     time.sleep(3600)        # SIGSTOP takes effect at once; never reached
+
+
+def _note_failure(run_dir: str, k: int) -> None:
+    """The victim's pid and the time it fails, for the survivors' timing of round ``k``."""
+    with open(os.path.join(run_dir, f"victim-{k}.tmp"), "w") as f:
+        f.write(f"{os.getpid()} {time.time()!r}")
+    os.rename(os.path.join(run_dir, f"victim-{k}.tmp"), os.path.join(run_dir, f"victim-{k}"))
 
 
 def _note(run_dir: str, k: int) -> tuple[int, float]:
@@ -210,6 +214,7 @@ def summarize(results: list, run_dir: str) -> dict:
     errors += [str(r) for r in results if isinstance(r, Exception) and not _a_victim(r)]
     rounds = {e["round"] for e in events if "round" in e}
     kills = sorted(e["seconds"] for e in events if e.get("how") == "kill")
+    hosts = sorted(e["seconds"] for e in events if e.get("how") == "host")
     stops = sorted(e["seconds"] for e in events if e.get("how") == "stop")
     grows = sorted(e["seconds"] for e in events if "grow" in e)
     return {
@@ -218,8 +223,10 @@ def summarize(results: list, run_dir: str) -> dict:
         "wrong": [w for e in events for w in e.get("wrong", ())],
         "errors": errors,
         "victims": len(victims), "kills": len(kills), "stops": len(stops),
-        "grows": len(grows), "recovery_kill_s": _stats(kills),
-        "recovery_stop_s": _stats(stops), "grow_s": _stats(grows),
+        "grows": len(grows), "recovery_kill_s": stats(kills),
+        "recovery_stop_s": stats(stops), "grow_s": stats(grows),
+        "hosts_lost": len(hosts), "recovery_host_s": stats(hosts),
+        "left_in_shm": sum(e["left_in_shm"] for e in events if "left_in_shm" in e),
     }
 
 
@@ -228,7 +235,8 @@ def _a_victim(err) -> bool:
     return "SIGKILL" in str(err) or "SIGSTOP" in str(err)
 
 
-def _stats(xs: list[float]) -> dict | None:
+def stats(xs: list[float]) -> dict | None:
+    """Median, max and count of ``xs`` (None when empty)."""
     if not xs:
         return None
     xs = sorted(xs)
@@ -271,6 +279,63 @@ def run(world: int, rounds: int, seed: int = 0, *, timeout: float = 1.0, calls: 
     res.update(requested=rounds, world=world, seed=seed, hangs=hangs,
                left_in_shm=len(_segments(shm) - before), seconds=time.monotonic() - t0)
     return res
+
+
+def across_hosts(seed: int, rounds: int, run_dir: str, timeout: float,
+                 calls: int = 12) -> None:
+    """A rank's part of a fault soak under torchrun on simulated hosts (every rank calls it;
+    ``scripts/fault_soak.py --hosts``). Rounds of random calls (``algo="auto"``: the
+    hierarchical algorithms) on the communicator that spans the hosts; in a round drawn from
+    the seed the last host is lost at a random call (its torchrun and ranks killed; the first
+    host holds torchrun's store, which shrink meets through), the survivors shrink past its
+    ranks, and the remaining rounds run on them without further faults (under torchrun a rank
+    that dies takes its host's ranks with it, so one host cannot lose one rank)."""
+    from .launch import init
+    from .simhosts import kill_this_host
+
+    comm = init(timeout=timeout)
+    rng = random.Random(f"tilecomm-fault-soak-hosts:{seed}")
+    lose, at = rng.randrange(rounds), rng.randrange(calls)
+    lost = list(comm.layout.hosts[-1])
+    log = _Log(run_dir)
+    for k in range(rounds):
+        failed, made, wrong = False, 0, []
+        for i in range(calls):
+            if k == lose and i == at and comm.rank in lost:
+                if comm.topology.local_rank == 0:
+                    _note_failure(run_dir, k)
+                kill_this_host()
+            try:
+                bad = run_call(comm, spec(seed * 100_003 + k, comm.world_size, i,
+                                          auto_only=True))
+            except CommError:
+                failed = True
+                break
+            made += 1
+            if bad is not None:
+                wrong.append(f"round {k}, rank {comm.rank}: {bad}")
+        if k == lose and not failed:
+            try:
+                comm.barrier()
+                wrong.append(f"round {k}: a barrier completed without ranks {lost}")
+            except CommError:
+                pass
+        log.write(round=k, calls=made, wrong=wrong)
+        if k == lose:
+            new = comm.shrink(lost)
+            new.barrier()
+            if new.rank == 0:
+                log.write(recovery=k, how="host", seconds=time.time() - _note(run_dir, k)[1])
+            comm.close()
+            comm = new
+            member(comm, seed, rounds, comm.world_size, run_dir, k + 1, calls, fail_rate=0)
+            break
+    else:
+        comm.close()
+    if comm.rank == 0:      # what this host's /dev/shm holds once every rank has closed
+        from .settings import settings
+        time.sleep(0.5)
+        log.write(left_in_shm=len(_segments(settings().shm_dir)))
 
 
 def _segments(directory: str) -> set[str]:
