@@ -38,7 +38,7 @@ from torch.distributed import distributed_c10d as c10d
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import tilecomm
-from tilecomm import simhosts
+from tilecomm import torchrun
 
 GLOBAL_BATCH = 48      # samples per step over all ranks (divisible by 4, 3, 2 and 1)
 
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     rank = int(os.environ["RANK"])
     dist.init_process_group("tilecomm", timeout=timedelta(seconds=args.timeout))
-    train(rank, args, simhosts.kill_this_host)
+    train(rank, args, torchrun.kill_this_host)
 
 
 def _local_rank(comm, args):
@@ -150,7 +150,7 @@ def train(rank: int, args, kill, store=None) -> None:
     if dist.get_rank() == 0 and not args.local:
         lost_hosts = {int(r) // int(os.environ["LOCAL_WORLD_SIZE"])
                       for e in events for r in e["lost_global"]}
-        check_in_for_lost_agents(len(lost_hosts))
+        torchrun.check_in_for_lost_agents(len(lost_hosts))
     dist.destroy_process_group()
 
 
@@ -171,25 +171,6 @@ def census(rank: int, attempt: int, store=None, window: float = 1.0) -> set[int]
     # first writer wins: compare_set only sets when the key is absent
     decided = s.compare_set("lost", "", ",".join(str(r) for r in range(world) if r not in here))
     return {int(r) for r in decided.decode().split(",") if r}
-
-
-def check_in_for_lost_agents(n: int) -> None:
-    """Let this host's torchrun exit when its workers are done: a torchrun agent whose
-    workers succeeded waits (300 s, not settable from the command line) in an exit barrier
-    for every agent of the job, and a lost host's agent never comes. Check in for it: the
-    barrier is a counter in the agent store (PrefixStore(run id) over the TCPStore at
-    MASTER_ADDR:MASTER_PORT, key "torchelastic/agent/terminal_state/num_members"; the last
-    member sets ".../last_member"), as in torch/distributed/elastic/utils/store.py."""
-    agents = int(os.environ.get("GROUP_WORLD_SIZE", 1))
-    if n <= 0 or "TORCHELASTIC_RUN_ID" not in os.environ:
-        return
-    tcp = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                        is_master=False, timeout=timedelta(seconds=30))
-    store = dist.PrefixStore(os.environ["TORCHELASTIC_RUN_ID"], tcp)
-    prefix = "torchelastic/agent/terminal_state"
-    for _ in range(n):
-        if store.add(prefix + "/num_members", 1) == agents:
-            store.set(prefix + "/last_member", "<val_ignored>")
 
 
 if __name__ == "__main__":

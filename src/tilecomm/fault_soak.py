@@ -291,7 +291,7 @@ def across_hosts(seed: int, rounds: int, run_dir: str, timeout: float,
     ranks, and the remaining rounds run on them without further faults (under torchrun a rank
     that dies takes its host's ranks with it, so one host cannot lose one rank)."""
     from .launch import init
-    from .simhosts import kill_this_host
+    from .torchrun import check_in_for_lost_agents, kill_this_host
 
     comm = init(timeout=timeout)
     rng = random.Random(f"tilecomm-fault-soak-hosts:{seed}")
@@ -334,6 +334,7 @@ def across_hosts(seed: int, rounds: int, run_dir: str, timeout: float,
         comm.close()
     if comm.rank == 0:      # what this host's /dev/shm holds once every rank has closed
         from .settings import settings
+        check_in_for_lost_agents(1)
         time.sleep(0.5)
         log.write(left_in_shm=len(_segments(settings().shm_dir)))
 

@@ -160,37 +160,6 @@ class Result:
                        in enumerate(zip(self.codes, self.outputs)))
 
 
-def kill_this_host() -> None:
-    """From a rank under torchrun: kill this host's torchrun agent and every rank it started
-    (SIGKILL), as when a machine is lost. Local rank 0 does it (and dies); the other ranks
-    wait to be killed. torchrun's agent stops all its ranks when one fails, so under torchrun
-    the unit that is lost is a host: this is the failure to test jobs against."""
-    if int(os.environ.get("LOCAL_RANK", 0)):
-        time.sleep(3600)
-        return
-    agent = os.getppid()
-    for pid in os.listdir("/proc"):
-        if pid.isdigit() and int(pid) != os.getpid() and _parent_of(int(pid)) == agent:
-            _sigkill(int(pid))
-    _sigkill(agent)
-    _sigkill(os.getpid())
-
-
-def _parent_of(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return -1
-
-
-def _sigkill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-
-
 def parse_per_host(hosts: int, per_host: str) -> list[int]:
     """``--hosts 3 --per-host 2`` -> [2, 2, 2]; ``--per-host 2,1`` -> [2, 1]."""
     vals = [int(x) for x in str(per_host).split(",") if x.strip()]
