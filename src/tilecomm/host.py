@@ -46,6 +46,7 @@ class HostPort:
         self.heap_range = heap_range
         self.rank, self.world_size = comm.rank, comm.world_size
         self.timeout = comm.timeout
+        self._on_stop: list = []
 
     # ---- agreement ---------------------------------------------------------------------------
     def exchange(self, values) -> list[list[int]]:
@@ -111,6 +112,17 @@ class HostPort:
         ch = self.channel
         if ch is not None:
             ch.post_stop(STOP_REVOKED if revoke else STOP_ABORTED, reason)
+        for ref in list(self._on_stop):
+            fn = ref()
+            if fn is not None:
+                fn(self.rank)
+
+    def on_stop(self, fn) -> None:
+        """Call ``fn(rank)`` when this rank stops the communicator (a bound method, held
+        weakly): the device heaps cut their kernels' waits short (NOTE [device abort])."""
+        import weakref
+
+        self._on_stop.append(weakref.WeakMethod(fn))
 
     def attach_debug(self, flight, tracer) -> None:
         """Record the host backend's waits on ``flight`` (an enclosing communicator's calls)."""

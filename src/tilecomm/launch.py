@@ -461,6 +461,8 @@ def connect(store, rank: int, world_size: int, *, timeout: float | None = None,
     from .elastic import wait_keys
 
     tmo = settings().timeout if timeout is None else float(timeout)
+    if settings().debug_dir:
+        _flight.dump_on_sigterm()   # torchrun stops the ranks with SIGTERM when one fails
     # every wait of the start is bounded too, and names the ranks that never came
     store.set(f"arrived/{rank}", "1")
     wait_keys(store, [f"arrived/{r}" for r in range(world_size)], list(range(world_size)),

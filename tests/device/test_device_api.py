@@ -133,6 +133,41 @@ def test_wait_on_silent_peer_raises_commtimeout(rank_pool):
     assert again == [0] * derr.ERR_WORDS      # check() cleared the record
 
 
+def _aborted_while_waiting(comm):
+    """Rank 1's kernel waits (bound 60 s) for a signal rank 0 never sends; rank 0 aborts the
+    communicator instead (NOTE [device abort] in device/heap.py)."""
+    import threading
+
+    from tilecomm.device import DeviceHeap
+
+    mod = tutorial("01_notify_wait")
+    heap = DeviceHeap.create(comm, timeout=60.0)
+    box = heap.alloc(16, mod.torch.int64)
+    pad = heap.signal_pad(2)
+    if comm.rank == 0:
+        threading.Timer(0.5, comm.abort, args=("the host saw a peer fail",)).start()
+        time.sleep(1.0)
+        return None
+    t = time.perf_counter()
+    mod.ping_pong[(1,)](box, pad, heap.handle, 7, N=16)
+    elapsed = time.perf_counter() - t
+    try:
+        heap.check("ping_pong")
+    except tilecomm.CommAborted as e:
+        return type(e).__name__, str(e), e.by, e.rank, e.peer, elapsed
+    return ("no error", elapsed)
+
+
+def test_an_abort_ends_a_device_wait_on_every_rank(rank_pool):
+    _, res = rank_pool(2, "interpreter").run_and_discard(_aborted_while_waiting)
+    assert res[0] == "DeviceAborted", res
+    name, msg, by, rank, peer, elapsed = res
+    assert (by, rank, peer) == (0, 1, 0)
+    assert "ping_pong: rank 1's device wait for rank 0 (epoch 7) ended early: the " \
+           "communicator was aborted by rank 0" in msg
+    assert elapsed < 30, elapsed            # cut short, not the 60 s bound
+
+
 def test_a_new_wait_bound_takes_effect_without_recompiling(rank_pool):
     # made with a 60 s bound, then set to 0.3 s: the kernel reads the bound from the handle
     _, res = rank_pool(2, "interpreter").run_and_discard(_silent_peer, 60.0, 0.3)

@@ -47,6 +47,7 @@ REJECTED = "rejected by this rank: "
 _recorders: "weakref.WeakValueDictionary[int, FlightRecorder]" = weakref.WeakValueDictionary()
 _next_id = [0]
 _handler_installed = [False]
+_term_installed = [False]
 _lock = threading.Lock()
 #: held while a dump is written: a SIGUSR1 arriving meanwhile (same thread) skips its own
 _dump_lock = threading.Lock()
@@ -306,6 +307,37 @@ def _on_sigusr1(signum, frame) -> None:
 
 
 _previous: list = [None]
+_previous_term: list = [None]
+
+
+def dump_on_sigterm() -> None:
+    """Write the flight record when this process is told to stop (SIGTERM), then stop as it
+    would have: torchrun stops every other rank of a job with SIGTERM (then SIGKILL) as soon
+    as one fails, before they notice the dead peer, so without this a crash left no record at
+    all. Main thread only; a handler the program installed runs after the dump."""
+    if _term_installed[0] or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        _previous_term[0] = signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):
+        return
+    _term_installed[0] = True
+
+
+def _on_sigterm(signum, frame) -> None:
+    if _dump_lock.acquire(blocking=False):
+        try:
+            _dump("SIGTERM: told to stop (torchrun stops the ranks when one fails)", None)
+        except Exception:  # noqa: BLE001 - the stop must go on
+            pass
+        finally:
+            _dump_lock.release()
+    prev = _previous_term[0]
+    if callable(prev):
+        prev(signum, frame)
+    elif prev != signal.SIG_IGN:          # the default: end by SIGTERM, as before
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _install_handler() -> None:

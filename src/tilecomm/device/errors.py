@@ -8,7 +8,8 @@ raises :class:`DeviceTimeout` and clears the buffer for the next launch.
 
 Layout (int64 words)::
 
-    CODE      0 = no error, WAIT_TIMEOUT, BARRIER_TIMEOUT
+    CODE      0 = no error, WAIT_TIMEOUT, BARRIER_TIMEOUT, ABORTED (a wait cut short by
+              ``comm.abort``: OBSERVED holds the abort word, 1 + the rank that aborted)
     RANK      the rank that waited
     PEER      the rank it waited for (the one expected to signal)
     EPOCH     the value it waited for (slot >= EPOCH)
@@ -22,7 +23,7 @@ This module does not import triton (the host side needs none of it).
 
 from __future__ import annotations
 
-from ..errors import CommTimeout
+from ..errors import CommAborted, CommTimeout
 
 CODE, RANK, PEER, EPOCH, SLOT, OBSERVED, SITE, COUNT = range(8)
 ERR_WORDS = 8
@@ -30,6 +31,7 @@ ERR_WORDS = 8
 OK = 0
 WAIT_TIMEOUT = 1      #: wait_ge expired
 BARRIER_TIMEOUT = 2   #: a wait inside barrier() expired
+ABORTED = 3           #: a wait (wait_ge or barrier) ended because the communicator was aborted
 
 _NAMES = {WAIT_TIMEOUT: "wait", BARRIER_TIMEOUT: "barrier"}
 
@@ -47,7 +49,18 @@ class DeviceTimeout(CommTimeout):
                                                                        site, count)
 
 
-def decode(words, kernel: str, timeout: float | None = None) -> DeviceTimeout | None:
+class DeviceAborted(CommAborted):
+    """A device wait ended early because the communicator was aborted by rank ``by``
+    (``comm.abort``): ``rank`` was waiting for ``peer`` at ``epoch`` in ``kernel``."""
+
+    def __init__(self, message: str, *, kernel: str, rank: int, peer: int, epoch: int,
+                 by: int):
+        super().__init__(message, by=by, reason="the communicator was aborted")
+        self.kernel, self.rank, self.peer, self.epoch = kernel, rank, peer, epoch
+
+
+def decode(words, kernel: str,
+           timeout: float | None = None) -> DeviceTimeout | DeviceAborted | None:
     """The error described by the ``ERR_WORDS`` integers ``words``, or None if there is none."""
     w = [int(x) for x in words]
     if len(w) < ERR_WORDS:
@@ -55,6 +68,12 @@ def decode(words, kernel: str, timeout: float | None = None) -> DeviceTimeout | 
     code = w[CODE]
     if code == OK:
         return None
+    if code == ABORTED:
+        by = w[OBSERVED] - 1
+        return DeviceAborted(f"{kernel}: rank {w[RANK]}'s device wait for rank {w[PEER]} "
+                             f"(epoch {w[EPOCH]}) ended early: the communicator was aborted "
+                             f"by rank {by}; {w[COUNT]} wait(s) of this launch gave up",
+                             kernel=kernel, rank=w[RANK], peer=w[PEER], epoch=w[EPOCH], by=by)
     what = _NAMES.get(code, f"error code {code}")
     after = f" after {timeout:.3g} s" if timeout is not None else ""
     site = f" (site {w[SITE]})" if w[SITE] else ""

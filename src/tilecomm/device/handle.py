@@ -12,7 +12,12 @@ Layout (int64 words)::
     TIMEOUT_NS   how long a device wait polls before it gives up (DeviceHeap.timeout)
     SELF_BASE    this rank's heap base (BASES + RANK, kept apart so that translating a
                  pointer needs no load that waits on the load of the rank)
-    (4..7)       reserved, zero
+    ABORT        where this rank's abort word is, in int64 words from the handle itself
+                 (``heap + handle[ABORT]``): a word in this rank's symmetric memory that any
+                 rank's ``comm.abort()`` sets, and every device wait polls (NOTE [device
+                 abort] in device/heap.py); by default the handle's own word NO_ABORT,
+                 which stays zero
+    (5..7)       reserved, zero (5 = NO_ABORT)
     ERR ..       the error record of bounded waits, ERR_WORDS words (tilecomm.device.errors;
                  ``DeviceHeap.errors`` is a view of them)
     BASES ..     every rank's heap base address, as mapped in this process, WORLD words
@@ -37,7 +42,7 @@ import torch
 
 from .errors import ERR_WORDS
 
-RANK, WORLD, TIMEOUT_NS, SELF_BASE = 0, 1, 2, 3
+RANK, WORLD, TIMEOUT_NS, SELF_BASE, ABORT, NO_ABORT = 0, 1, 2, 3, 4, 5
 #: first word of the error record (ERR_WORDS words)
 ERR = 8
 #: first word of the base table (WORLD words)
@@ -54,6 +59,7 @@ def make_handle(rank: int, bases: Sequence[int], timeout_ns: int,
     words = [0] * (BASES + world)
     words[RANK], words[WORLD], words[TIMEOUT_NS] = rank, world, int(timeout_ns)
     words[SELF_BASE] = int(bases[rank])
+    words[ABORT] = NO_ABORT
     words[BASES:] = [int(b) for b in bases]
     return torch.tensor(words, dtype=torch.int64, device=device)
 
@@ -66,6 +72,15 @@ def bases_of(handle: torch.Tensor) -> torch.Tensor:
 def errors_of(handle: torch.Tensor) -> torch.Tensor:
     """The error record of ``handle`` (a view: int64[ERR_WORDS])."""
     return handle[ERR:ERR + ERR_WORDS]
+
+
+def set_abort_word(handle: torch.Tensor, address: int) -> None:
+    """Point ``handle``'s waits at the abort word at ``address`` (an 8-byte-aligned int64 in
+    the same address space as the handle: this rank's symmetric memory)."""
+    delta = int(address) - handle.data_ptr()
+    if delta % 8:
+        raise ValueError(f"set_abort_word: {address:#x} is not 8-byte aligned to the handle")
+    handle[ABORT] = delta // 8
 
 
 def set_timeout(handle: torch.Tensor, timeout_ns: int) -> None:

@@ -31,6 +31,9 @@ from ..settings import settings
 from . import errors as _errors
 from . import handle as _handle
 
+#: bytes at the start of a CUDA heap buffer kept for the abort word (allocations stay aligned)
+ABORT_BYTES = 256
+
 
 def interpreted() -> bool:
     """True when Triton kernels of this process run in the interpreter (TRITON_INTERPRET)."""
@@ -54,7 +57,19 @@ def require_interpreter(what: str) -> None:
 
 
 class DeviceHeap(abc.ABC):
-    """Symmetric memory for device kernels (see the module docstring)."""
+    """Symmetric memory for device kernels (see the module docstring).
+
+    NOTE [device abort]
+        Every rank's symmetric memory holds an abort word at the same place (the shared-memory
+        heap: a slot of the control block; the CUDA heap: the first 8 bytes of the buffer,
+        which the allocator never hands out), and the handle points this rank's waits at its
+        own (``handle.ABORT``). ``comm.abort()`` on any rank writes 1 + its rank into every
+        rank's abort word (``abort``, called through ``comm.host.on_stop``); every device wait
+        polls it beside the error word, so a kernel waiting on a peer ends within a poll
+        slice and records ABORTED, which ``check`` raises as ``DeviceAborted`` (a
+        CommAborted) naming the rank that aborted. The word is never cleared: an aborted
+        communicator takes no more calls.
+    """
 
     rank: int
     world_size: int
@@ -74,12 +89,31 @@ class DeviceHeap(abc.ABC):
         self.timeout = settings().device_timeout if timeout is None else timeout
         self._epoch = 0
 
-    def _make_handle(self, bases: Sequence[int]) -> None:
+    def _make_handle(self, bases: Sequence[int], abort_words: Sequence[int] | None = None,
+                     comm=None) -> None:
         """Build ``handle`` (and its views ``bases``, ``errors``) once the subclass knows every
-        rank's heap base and its device."""
+        rank's heap base and its device; ``abort_words``: every rank's abort word address in
+        this process (NOTE [device abort]), written by :meth:`abort`, which ``comm``'s stop
+        calls."""
         self.handle = _handle.make_handle(self.rank, bases, self.timeout_ns, self.device)
         self.bases = _handle.bases_of(self.handle)
         self.errors = _handle.errors_of(self.handle)
+        self.abort_words = list(abort_words or [])
+        if self.abort_words:
+            _handle.set_abort_word(self.handle, self.abort_words[self.rank])
+            comm.host.on_stop(self.abort)
+
+    def abort(self, by: int) -> None:
+        """Cut every device wait of every rank short (NOTE [device abort]): write ``1 + by``
+        into every rank's abort word. Any thread; never waits for the device."""
+        for addr in self.abort_words:
+            self._write_word(addr, by + 1)
+
+    def _write_word(self, address: int, value: int) -> None:
+        """Store ``value`` into the int64 at ``address`` (host-visible memory here)."""
+        import ctypes
+
+        ctypes.c_int64.from_address(address).value = value
 
     @property
     def timeout(self) -> float:
@@ -228,7 +262,11 @@ class ShmDeviceHeap(DeviceHeap):
         self.comm = comm
         self.device = torch.device("cpu")
         heap = comm.host.heap
-        self._make_handle([heap.segment(r).ctypes.data for r in range(self.world_size)])
+        lay = heap.layout
+        at = 8 * (lay.stop + lay.DEVICE_ABORT)
+        self._make_handle([heap.segment(r).ctypes.data for r in range(self.world_size)],
+                          [heap.segment(r).ctypes.data + at for r in range(self.world_size)],
+                          comm)
 
     def alloc(self, shape, dtype=torch.float32) -> torch.Tensor:
         t = self.comm.alloc(shape, dtype)
@@ -266,8 +304,12 @@ class CudaDeviceHeap(DeviceHeap):
         self.heap = CudaHeap(comm.rank, comm.world_size, nbytes, exchange_via_comm(comm.host),
                              device=device)
         self.device = self.heap.device
-        self._make_handle([self.heap.address(r) for r in range(self.world_size)])
-        self._alloc = HeapAllocator(0, nbytes)
+        # the buffer's first ABORT_BYTES hold the abort word (NOTE [device abort])
+        self.heap.buffer(self.rank)[:ABORT_BYTES].zero_()
+        torch.cuda.synchronize(self.device)
+        self._make_handle([self.heap.address(r) for r in range(self.world_size)],
+                          [self.heap.address(r) for r in range(self.world_size)], comm)
+        self._alloc = HeapAllocator(ABORT_BYTES, nbytes - ABORT_BYTES)
 
     def alloc(self, shape, dtype=torch.float32) -> torch.Tensor:
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
@@ -283,6 +325,17 @@ class CudaDeviceHeap(DeviceHeap):
             raise CommError(f"DeviceHeap.alloc: heap diverged (offsets {offsets}); allocate and "
                             f"free in the same order on every rank")
         return raw.view(dtype).reshape(shape)
+
+    def _write_word(self, address: int, value: int) -> None:
+        """A peer's abort word is device memory mapped by CUDA IPC: written by a copy on a
+        stream of its own (torch's streams do not wait for the default stream), so it
+        lands while the kernels it must stop are still running."""
+        from ..heap.cuda import tensor_at
+
+        if not hasattr(self, "_abort_stream"):
+            self._abort_stream = torch.cuda.Stream(self.device)
+        with torch.cuda.stream(self._abort_stream):
+            tensor_at(address, 8, self.device).view(torch.int64).fill_(value)
 
     def free(self, tensor: torch.Tensor) -> None:
         """Return ``tensor`` (from :meth:`alloc`) to the heap (same order on every rank)."""

@@ -141,6 +141,7 @@ SLICE_NS = tl.constexpr(1_000_000 if INTERPRETED else 2_000)
 ERR_CODE = tl.constexpr(_e.CODE)
 WAIT_TIMEOUT = tl.constexpr(_e.WAIT_TIMEOUT)
 BARRIER_TIMEOUT = tl.constexpr(_e.BARRIER_TIMEOUT)
+ABORTED = tl.constexpr(_e.ABORTED)
 
 # words of the device handle (tilecomm.device.handle)
 H_RANK = tl.constexpr(_h.RANK)
@@ -148,6 +149,7 @@ H_WORLD = tl.constexpr(_h.WORLD)
 H_TIMEOUT_NS = tl.constexpr(_h.TIMEOUT_NS)
 H_SELF_BASE = tl.constexpr(_h.SELF_BASE)
 H_ERR = tl.constexpr(_h.ERR)
+H_ABORT = tl.constexpr(_h.ABORT)
 H_BASES = tl.constexpr(_h.BASES)
 
 #: every heap base (``DeviceHeap.bases``) is a multiple of this many bytes (CUDA allocations
@@ -331,23 +333,42 @@ def _record(heap, code, peer, epoch, slot, observed, site):
 
 
 @triton.jit
+def _given_up(heap, abort):
+    """Nonzero once a wait of this launch gave up or the communicator was aborted (NOTE
+    [device abort] in device/heap.py): the error word, or'ed with the abort word."""
+    return _load_relaxed(heap + H_ERR) | _load_relaxed(abort)
+
+
+@triton.jit
+def _record_end(heap, abort, code, peer, epoch, slot, observed, site):
+    """Record why a wait ended unsatisfied: the abort (``observed``: the abort word) or its
+    own ``code``."""
+    cut = _load_relaxed(abort)
+    if cut != 0:
+        _record(heap, ABORTED, peer, epoch, slot, cut, site)
+    else:
+        _record(heap, code, peer, epoch, slot, observed, site)
+
+
+@triton.jit
 def _wait(pad, slot, epoch, peer, heap, code, site):
     p = pad + slot
     target = tl.cast(epoch, pad.dtype.element_ty)
     v = _load_acquire(p)
     if v < target:
         slices = tl.load(heap + H_TIMEOUT_NS) // SLICE_NS + 1
+        abort = heap + tl.load(heap + H_ABORT)
         i = tl.cast(0, tl.int64)
-        failed = _load_relaxed(heap + H_ERR)
+        failed = _given_up(heap, abort)
         while (v < target) & (i < slices) & (failed == 0):
             # returns early when the slot equals target; a slot that jumped past it is caught
             # by the >= test on the acquire load below, one slice later at most
             _poll(p, target, SLICE_NS)
             v = _load_acquire(p)
-            failed = _load_relaxed(heap + H_ERR)
+            failed = _given_up(heap, abort)
             i += 1
         if v < target:
-            _record(heap, code, peer, epoch, slot, v, site)
+            _record_end(heap, abort, code, peer, epoch, slot, v, site)
     return v >= target
 
 
@@ -418,14 +439,15 @@ def barrier(pad, slot0, epoch, heap, WORLD: tl.constexpr, group=-1, site: tl.con
     n_late = tl.sum(late.to(tl.int32), 0)
     if n_late > 0:
         slices = tl.load(heap + H_TIMEOUT_NS) // SLICE_NS + 1
+        abort = heap + tl.load(heap + H_ABORT)
         i = tl.cast(0, tl.int64)
-        failed = _load_relaxed(heap + H_ERR)
+        failed = _given_up(heap, abort)
         while (n_late > 0) & (i < slices) & (failed == 0):
             first = tl.min(tl.where(late, lane, WP2), 0)
             # returns early when that slot equals target; one that jumped past it is caught by
             # the >= test on the acquire load below, one slice later at most
             _poll(pad + slot0 + first, target, SLICE_NS)
-            failed = _load_relaxed(heap + H_ERR)
+            failed = _given_up(heap, abort)
             v = _load_acquire(own, peers)
             late = peers & (v < target)
             n_late = tl.sum(late.to(tl.int32), 0)
@@ -433,6 +455,6 @@ def barrier(pad, slot0, epoch, heap, WORLD: tl.constexpr, group=-1, site: tl.con
         if n_late > 0:
             first = tl.min(tl.where(late, lane, WP2), 0)
             seen = tl.sum(tl.where(lane == first, v, 0), 0)
-            _record(heap, BARRIER_TIMEOUT, first, epoch, slot0 + first, seen, site)
+            _record_end(heap, abort, BARRIER_TIMEOUT, first, epoch, slot0 + first, seen, site)
     tl.debug_barrier()              # every thread's later loads follow the acquire
     return n_late == 0

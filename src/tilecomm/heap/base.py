@@ -81,12 +81,15 @@ class SegmentLayout:
     #: revoked), the bytes of its reason (the third message area), the sequence number of
     #: its last call then; its shrink vote ``attempt << 32 | crc32(exclude list)`` (one word,
     #: so a vote is never read with another attempt's list), its exclude list as a bit mask
-    #: (for the messages), and (lowest survivor) ``attempt << 32 | port`` of the rendezvous
-    STOP_KIND, STOP_LEN, STOP_SEQ, SHRINK_VOTE, SHRINK_EXCLUDE, SHRINK_PORT = range(6)
+    #: (for the messages), and (lowest survivor) ``attempt << 32 | port`` of the rendezvous;
+    #: then the device abort word, the one slot other ranks write (1 + the rank that aborted;
+    #: polled by this rank's device waits: NOTE [device abort] in device/heap.py)
+    (STOP_KIND, STOP_LEN, STOP_SEQ, SHRINK_VOTE, SHRINK_EXCLUDE, SHRINK_PORT,
+     DEVICE_ABORT) = range(7)
 
     @property
     def num_slots(self) -> int:
-        return self.stop + 6
+        return self.stop + 7
 
     MSG_BYTES = 512       # error text per parity (and the stop reason, a third area)
 
