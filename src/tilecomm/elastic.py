@@ -11,8 +11,10 @@ NOTE [new communicators]
 
     * **one host** (``shrink``): the survivors meet in the old communicator's control blocks,
       which stay mapped whatever happened to the excluded ranks (dead, stopped, or alive and
-      left out). Each posts the attempt it is in and its exclude list; each checks that every
-      survivor excludes the same ranks (``CommMismatch`` naming them otherwise); the lowest
+      left out). Each posts its vote, one word: the attempt it is in and a crc of its exclude
+      list (in one word, so a vote is never read with another attempt's list); each checks
+      that every survivor voted alike (``CommMismatch`` naming each one's list otherwise,
+      also when a survivor has already given up on this attempt and moved on); the lowest
       survivor starts a TCP store on 127.0.0.1 and posts its port; the others connect. No
       file, so a rank killed in the middle leaves nothing in ``/dev/shm``; every wait there
       is bounded by the timeout and ends early when a survivor dies.
@@ -69,7 +71,7 @@ def exclude_list(comm, exclude) -> list[int]:
 
 def shrink(comm, excluded: list[int], timeout: float):
     """The survivors' new communicator (see ``Communicator.shrink``)."""
-    from .launch import connect
+    from .launch import connect, dist_prefix
 
     survivors = [r for r in range(comm.world_size) if r not in excluded]
     member = comm.membership
@@ -87,7 +89,6 @@ def shrink(comm, excluded: list[int], timeout: float):
         store, keep = member.store, []
         prefix = f"tilecomm/shrink/g{member.generation}.{member.attempts}"
         _agree_in_store(store, prefix, comm.rank, survivors, excluded, timeout)
-    from .launch import dist_prefix
     new = connect(dist_prefix(store, prefix), me, len(survivors), timeout=timeout,
                   deterministic=comm.deterministic, **sizes)
     new.membership.generation = member.generation + 1
@@ -113,8 +114,8 @@ def _meet_in_segments(comm, survivors, excluded, attempt: int, timeout: float):
     votes = {r: int(ch.slots[r][base + lay.SHRINK_VOTE]) for r in survivors}
     ahead = [r for r, v in votes.items() if v >> 32 > attempt]
     if ahead or len(set(votes.values())) > 1:
-        said = "; ".join(f"rank {r} excludes {_unmask(int(ch.slots[r][base + lay.SHRINK_EXCLUDE]))}"
-                         for r in survivors)
+        lists = {r: _unmask(int(ch.slots[r][base + lay.SHRINK_EXCLUDE])) for r in survivors}
+        said = "; ".join(f"rank {r} excludes {x}" for r, x in lists.items())
         if ahead:       # it gave up on this attempt (it saw a disagreement) and called again
             said += f"; rank(s) {ahead} already gave up on this attempt"
         raise CommMismatch(f"shrink (attempt {attempt}) on rank {comm.rank}: the survivors "
@@ -185,9 +186,11 @@ class Growth:
     def join(self):
         """The grown communicator (this rank keeps its number): waits, at most the timeout,
         for the new ranks, naming any that never arrive."""
-        t = parse_ticket(self.ticket)
-        return _connect_grown(self._store, self._comm.rank, t, self._comm.membership.keep
-                              if self._comm.rank == 0 else [])
+        old = self._comm
+        new = _connect_grown(self._store, old.rank, parse_ticket(self.ticket),
+                             old.membership.keep if old.rank == 0 else [])
+        new.retired_heaps = old.retired_heaps + [old.host.heap_range]
+        return new
 
 
 def grow(comm, n: int, timeout: float, host: str) -> Growth:

@@ -388,7 +388,7 @@ def launch(fn: Callable, world_size: int, *args, timeout: float | None = None,
     given its share of the GPU, quit afterwards; without one the ranks run in time slices)
     and let them finish their kernels before they are stopped.
     ``keep_going``: when a rank raises or dies the others go on (they see the failure as
-    their Communicator reports it: a CommTimeout naming the rank, within about 0.5 s of a
+    their Communicator reports it: a CommTimeout naming the rank, within about 0.2 s of a
     death, and may ``shrink`` past it); the results hold a :class:`~tilecomm.RankError` in
     the place of each rank that failed, and nothing is raised.
     """

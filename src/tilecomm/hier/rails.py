@@ -268,8 +268,18 @@ class Rails:
             others = tuple(m for m in members if m != self.rank)
             raise CommTimeout(f"{what} #{seq}: the inter-host exchange with rank(s) "
                               f"{list(others)} failed (peer died, stopped or timed out after "
-                              f"{self.timeout:g} s): {str(e).splitlines()[0][:200]}",
+                              f"{self.timeout:g} s): {first_line(str(e))}",
                               collective=what, seq=seq, missing=others) from None
+
+
+def first_line(text: str, limit: int = 400) -> str:
+    """The first line of a transport error (Gloo's next lines are its C++ backtrace), cut at
+    a word and marked " …" when it is longer than ``limit`` characters."""
+    line = text.splitlines()[0] if text else ""
+    if len(line) <= limit:
+        return line
+    cut = line.rfind(" ", 0, limit)
+    return line[:cut if cut > 0 else limit] + " …"
 
 
 def _peer(pair) -> int:
