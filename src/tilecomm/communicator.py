@@ -81,9 +81,9 @@ class Communicator:
         self.flight = _attach_debug(self, backend)
         #: how the ranks met, for shrink and grow (tilecomm.elastic.Membership)
         self.membership = elastic.Membership()
-        #: ``(lo, hi)`` address ranges of the symmetric heaps of the communicators this one
-        #: replaced (shrink, grow): tensors there are refused, not staged
-        self.retired_heaps: list[tuple[int, int]] = []
+        #: the shared-memory heaps of the communicators this one replaced (shrink, grow): a
+        #: tensor in one of them, while it is still mapped, is refused, not staged
+        self.retired_heaps: list = []
 
     @property
     def deterministic(self) -> bool:
@@ -178,7 +178,7 @@ class Communicator:
             raise
         self.flight.done(rec, note=f"excluded {excluded}; {new.world_size} ranks, this one "
                                    f"now rank {new.rank}")
-        new.retired_heaps = self.retired_heaps + [self.host.heap_range]
+        new.retire(self)
         return new
 
     def grow(self, n: int, *, timeout: float | None = None) -> elastic.Growth:
@@ -761,9 +761,18 @@ class Communicator:
                              f"counts, got {list(counts)}")
         return vals
 
+    def retire(self, old: "Communicator") -> None:
+        """Refuse tensors of ``old``'s symmetric heap (and of those it replaced) from now on:
+        this communicator replaces it (shrink, grow)."""
+        heap = old.host.heap
+        self.retired_heaps = [h for h in old.retired_heaps + [heap]
+                              if getattr(h, "maps", None) is not None]
+
     def _check_not_retired(self, t: torch.Tensor, what: str) -> None:
         ptr = t.data_ptr()
-        if t.device.type == "cpu" and any(lo <= ptr < hi for lo, hi in self.retired_heaps):
+        # a released heap's addresses may hold other memory now (this one's heap among them):
+        # only a heap still mapped can hold its tensors
+        if t.device.type == "cpu" and any(h.maps(ptr) for h in self.retired_heaps):
             raise ValueError(f"{what}: the tensor lies in the symmetric heap of the "
                              f"communicator this one replaced (shrink / grow); it is not "
                              f"symmetric here: copy it out, or allocate with this "

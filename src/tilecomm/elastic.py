@@ -189,7 +189,7 @@ class Growth:
         old = self._comm
         new = _connect_grown(self._store, old.rank, parse_ticket(self.ticket),
                              old.membership.keep if old.rank == 0 else [])
-        new.retired_heaps = old.retired_heaps + [old.host.heap_range]
+        new.retire(old)
         return new
 
 

@@ -173,6 +173,7 @@ def _newcomer(ticket, seed, first, rounds, start_world, run_dir, calls) -> None:
     # thread did not come along) must never be collected here; its destructor would touch
     # threads and state this process does not have (a segfault, seen in the collector).
     gc.freeze()
+    _Log(run_dir).write(newcomer=os.getpid())     # the runner waits for it by this file
     code = 0
     try:
         from .elastic import join
@@ -258,6 +259,7 @@ def run(world: int, rounds: int, seed: int = 0, *, timeout: float = 1.0, calls: 
     shm = settings().shm_dir
     before = _segments(shm)
     t0 = time.monotonic()
+    _subreaper(True)
     group = RankGroup(world, timeout=timeout, heap_bytes=heap_bytes, scratch_bytes=scratch_bytes)
     got: dict = {}
     group.start(first_task=(member, (seed, rounds, world, run_dir, 0, calls)))
@@ -272,6 +274,10 @@ def run(world: int, rounds: int, seed: int = 0, *, timeout: float = 1.0, calls: 
     hangs = int(th.is_alive())
     group.stop()
     th.join(10)
+    # the newcomers go on after the last of the launcher's ranks was a victim: wait for them
+    # (they were forked by ranks, and are this process's children now: see _subreaper)
+    if not _reap_newcomers(run_dir, t0 + bound):
+        hangs = 1
     res = summarize(got.get("results", []), run_dir)
     deadline = time.monotonic() + 5         # newcomers still leaving
     while _segments(shm) - before and time.monotonic() < deadline:
@@ -279,6 +285,58 @@ def run(world: int, rounds: int, seed: int = 0, *, timeout: float = 1.0, calls: 
     res.update(requested=rounds, world=world, seed=seed, hangs=hangs,
                left_in_shm=len(_segments(shm) - before), seconds=time.monotonic() - t0)
     return res
+
+
+def _subreaper(on: bool) -> None:
+    """Make this process the parent of orphaned descendants (PR_SET_CHILD_SUBREAPER): a
+    newcomer whose forking rank died is reparented here, where ``_reap_newcomers`` waits for
+    it, instead of to init."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(36, int(on), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _reap_newcomers(run_dir: str, deadline: float) -> bool:
+    """Wait (until ``deadline``, monotonic) for the newcomers of the run (they note their pid
+    in ``run_dir`` first thing; reparented to this process, ``_subreaper``); False if some
+    outlived it (then they are killed)."""
+    try:
+        while True:
+            alive = [pid for pid in _newcomer_pids(run_dir) if not _reaped(pid)]
+            if not alive:
+                return True
+            if time.monotonic() > deadline:
+                for pid in alive:
+                    _kill(pid)
+                return False
+            time.sleep(0.05)
+    finally:
+        _subreaper(False)
+
+
+def _newcomer_pids(run_dir: str) -> list[int]:
+    out = []
+    for n in os.listdir(run_dir):
+        if n.startswith("events-"):
+            with open(os.path.join(run_dir, n)) as f:
+                first = f.readline()
+            if first.startswith('{"newcomer"'):
+                out.append(json.loads(first)["newcomer"])
+    return out
+
+
+def _reaped(pid: int) -> bool:
+    """True when ``pid`` (a newcomer, this process's child by then) has ended; reaps it. One
+    that is not a child here was reaped by someone else (its pid may be reused: not asked)."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done != 0
+    except ChildProcessError:
+        return True
+
 
 
 def across_hosts(seed: int, rounds: int, run_dir: str, timeout: float,

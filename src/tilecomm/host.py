@@ -104,18 +104,25 @@ class HostPort:
         if ch is not None:
             ch.cancelled = reason
 
-    def stop(self, revoke: bool, reason: str) -> None:
+    def stop(self, revoke: bool, reason: str, by: int | None = None) -> None:
         """Post this rank's stop word (``comm.abort`` / ``comm.revoke``; NOTE [stop word] in
-        backends/cpu/channel.py): every rank's calls end with CommAborted / CommRevoked."""
+        backends/cpu/channel.py): every rank's calls end with CommAborted / CommRevoked.
+        ``by``: the rank that stopped the communicator (default this one; another when this
+        rank relays a stop it heard of from another host). Across hosts the backend also
+        tells the other hosts (``abort_links``: NOTE [stop across hosts] in hier/rails.py)."""
         from .backends.cpu.channel import STOP_ABORTED, STOP_REVOKED
 
+        by = self.rank if by is None else by
         ch = self.channel
         if ch is not None:
-            ch.post_stop(STOP_REVOKED if revoke else STOP_ABORTED, reason)
+            ch.post_stop(STOP_REVOKED if revoke else STOP_ABORTED, reason, by)
+        links = getattr(self.backend, "abort_links", None)
+        if links is not None:
+            links(by, reason, revoke)
         for ref in list(self._on_stop):
             fn = ref()
             if fn is not None:
-                fn(self.rank)
+                fn(by)
 
     def on_stop(self, fn) -> None:
         """Call ``fn(rank)`` when this rank stops the communicator (a bound method, held

@@ -83,13 +83,15 @@ class SegmentLayout:
     #: so a vote is never read with another attempt's list), its exclude list as a bit mask
     #: (for the messages), and (lowest survivor) ``attempt << 32 | port`` of the rendezvous;
     #: then the device abort word, the one slot other ranks write (1 + the rank that aborted;
-    #: polled by this rank's device waits: NOTE [device abort] in device/heap.py)
+    #: polled by this rank's device waits: NOTE [device abort] in device/heap.py), and 1 + the
+    #: rank (of the whole communicator, across hosts) that stopped it (this one, or the one
+    #: whose stop it relays)
     (STOP_KIND, STOP_LEN, STOP_SEQ, SHRINK_VOTE, SHRINK_EXCLUDE, SHRINK_PORT,
-     DEVICE_ABORT) = range(7)
+     DEVICE_ABORT, STOP_BY) = range(8)
 
     @property
     def num_slots(self) -> int:
-        return self.stop + 7
+        return self.stop + 8
 
     MSG_BYTES = 512       # error text per parity (and the stop reason, a third area)
 

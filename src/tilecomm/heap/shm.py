@@ -11,6 +11,7 @@ from __future__ import annotations
 import mmap
 import os
 import secrets
+import weakref
 
 import numpy as np
 
@@ -74,6 +75,9 @@ class ShmHeap(SymmetricHeap):
         self._maps: list[mmap.mmap] = []
         self._segs: list[np.ndarray] = []
         self._slots: list[memoryview] = []
+        #: ``[lo, hi)`` of this rank's own segment while it is mapped (None once released)
+        self.own_range: tuple[int, int] | None = None
+        self._own_map = None            # after close, while tensors keep the mapping: its ref
         try:
             for p in paths:
                 fd = os.open(p, os.O_RDWR | os.O_NOFOLLOW)
@@ -88,10 +92,21 @@ class ShmHeap(SymmetricHeap):
                     os.close(fd)
                 self._maps.append(m)
                 self._segs.append(np.frombuffer(m, dtype=np.uint8))
+                if len(self._segs) == rank + 1:
+                    lo = self._segs[-1].ctypes.data
+                    self.own_range = (lo, lo + size)
                 self._slots.append(memoryview(m)[: layout.num_slots * 8].cast("q"))
         except BaseException:
             self.close()
             raise
+
+    def maps(self, address: int) -> bool:
+        """True when ``address`` lies in this rank's own segment and it is still mapped (open,
+        or closed while tensors still pointed into it and they are not all gone)."""
+        r = self.own_range
+        if r is None or not r[0] <= address < r[1]:
+            return False
+        return bool(self._maps) or (self._own_map is not None and self._own_map() is not None)
 
     def segment(self, rank: int) -> np.ndarray:
         return self._segs[rank]
@@ -113,11 +128,15 @@ class ShmHeap(SymmetricHeap):
             s.release()
         self._slots.clear()
         self._segs.clear()
-        for m in self._maps:
+        for i, m in enumerate(self._maps):
             try:
                 m.close()
+                if i == self.rank:
+                    self.own_range = None       # the addresses may be reused from now on
             except BufferError:
                 # A tensor returned by comm.alloc still points into the segment: leave the
-                # mapping to the OS (released at exit), never invalidate live memory.
-                pass
+                # mapping to the OS (released at exit), never invalidate live memory. It
+                # goes when the last such tensor does (the mmap object is collected then).
+                if i == self.rank:
+                    self._own_map = weakref.ref(m)
         self._maps.clear()

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..backends.base import Backend, CollectiveCall, check_split_sizes
-from ..errors import CommError, CommTimeout
+from ..errors import CommAborted, CommError, CommRevoked, CommTimeout
 from ..types import OP_ID, DType, ReduceOp, lookup_dtype
 from .layout import HostLayout
 from .plans import Copy, Exchange, HierPlan, Local, Rail, Region, hier_algorithms, hier_plan
@@ -40,6 +40,7 @@ class HierBackend(Backend):
         self.layout = layout
         self.rank, self.world_size = rank, layout.world_size
         self._rails = {"cpu": rails}
+        rails.watch(self._heard_stop)       # NOTE [stop across hosts] in rails.py
         self._rails_factory = rails_factory  # device -> Rails (NCCL groups on first use)
         self.seq = -1       # the first rendezvous (init) is #0, the first call #1, as on one host
         ch = local.host.channel
@@ -67,7 +68,11 @@ class HierBackend(Backend):
             call.info["learned_rows"] = True     # consistent by construction: not re-checked
             call.buffers["out"] = call.make_out(sum(call.recv_rows))
         plan = hier_plan(call.collective, call.algo, self.layout, call.root, self.rank)
-        _Run(self, plan, call).execute()
+        try:
+            _Run(self, plan, call).execute()
+        except CommAborted as e:
+            self.relay_stop(e)
+            raise
 
     def reject(self, collective: str, message: str) -> None:
         """This rank refused a call. Its host peers learn it from the local communicator and
@@ -113,6 +118,25 @@ class HierBackend(Backend):
             return self.local.host.probe(self.layout.local_rank(peer))
         raise CommError(f"probe: rank {peer} is on another host; probe works between ranks of "
                         f"one host only")
+
+    def abort_links(self, by: int, reason: str, revoke: bool) -> None:
+        """``comm.abort`` / ``revoke`` on this rank: tell the other hosts (NOTE [stop across
+        hosts] in rails.py)."""
+        for r in self._rails.values():
+            r.abort(by, reason, revoke)
+
+    def _heard_stop(self, by: int, reason: str, revoke: bool) -> None:
+        """The watcher's relay (its own thread): this host's stop word, then this rank's
+        groups, so the calls in flight here end now."""
+        self.local.host.stop(revoke, reason, by)
+        self.abort_links(by, reason, revoke)
+
+    def relay_stop(self, e: CommAborted) -> None:
+        """This rank learned that the communicator was stopped (from another host, or its own
+        host's stop word): pass it on to this host and through this rank's rails."""
+        revoke = isinstance(e, CommRevoked)
+        self.local.host.stop(revoke, e.reason, e.by)
+        self.abort_links(e.by, e.reason, revoke)
 
     def close(self) -> None:
         for r in self._rails.values():
@@ -270,6 +294,8 @@ class _Run:
             missing = getattr(e, "reported_missing", None) or \
                 tuple(host[m] for m in e.missing if 0 <= m < len(host))
             return CommTimeout(msg, collective=self.what, seq=self.be.seq, missing=missing)
+        if isinstance(e, CommAborted):
+            return type(e)(msg, by=e.by, reason=e.reason)
         return type(e)(msg)
 
     def _reject_next_local(self, st: Rail, err: CommError) -> None:

@@ -8,6 +8,20 @@ aborts the process on mismatched sizes, so sizes must be proven equal first). A 
 failed before a rail step still takes part in its header round with an error header, so the
 other hosts raise at once, naming the cause, instead of timing out.
 
+NOTE [stop across hosts]
+    An abort or revoke (``comm.abort``) stops the aborting rank's host through its stop word;
+    the other hosts hear of it through the rails: the rank writes who stopped the
+    communicator and why into the store (``stopped`` key, first writer wins) and aborts its
+    process groups, so a partner waiting in a Gloo exchange with it fails at once instead of
+    at the timeout; a rank whose rail exchange fails finds the key and raises CommAborted /
+    CommRevoked naming the rank that stopped it, and relays it (``HierBackend.relay_stop``):
+    its host's stop word, then its own groups. A rank blocked in an exchange with a partner
+    that is itself blocked elsewhere would not hear of it that way, so every rank also keeps
+    a watcher thread (``watch``) blocked in the store's wait on a key of its own (its own
+    connection), which the stopping rank sets for every rank (and ``close`` for this one):
+    when it is set by a stop, the watcher relays the stop at once. So the stop reaches every
+    rank of every host within a store round trip, and the normal path pays nothing.
+
 Groups are built straight from the store (``ProcessGroupGloo(store, rank, size)``), so this
 works inside ``init_process_group("tilecomm")`` too, before any default group exists; on
 CUDA tensors the same rails use ``ProcessGroupNCCL`` (created on first use).
@@ -23,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from ..agree import compare
-from ..errors import CommError, CommMismatch, CommTimeout
+from ..errors import CommAborted, CommError, CommMismatch, CommRevoked, CommTimeout
 
 MAGIC = 0x7443_6F6D_6D48   # "tComH"
 SMALL = 4096               # payload bytes carried inside the header round
@@ -55,6 +69,9 @@ class Rails:
                  host: str | None = None):
         self.layout, self.rank, self.device = layout, rank, device
         self.timeout = timeout
+        # NOTE [stop across hosts]: who stopped the communicator, for every rank to read
+        self._stop_store = dist.PrefixStore(f"tilecomm/{device}/stopped", store)
+        self._watcher = None
         self._names: dict[int, str] = {}
         prefix = f"tilecomm/{device}"
 
@@ -88,7 +105,80 @@ class Rails:
         self._extra.append(pg)
         return pg
 
+    def abort(self, by: int, reason: str, revoke: bool) -> None:
+        """Tell the other hosts that rank ``by`` stopped the communicator (NOTE [stop across
+        hosts]): record it in the store (the first stop stays), then abort this rank's groups
+        so that partners waiting on it fail now. Any thread."""
+        try:
+            self._stop_store.compare_set("who", "", f"{int(revoke)}|{by}|{reason}")
+            for r in range(self.layout.world_size):     # every rank's watcher wakes
+                self._stop_store.compare_set(f"wake/{r}", "", "stop")
+        except Exception:  # noqa: BLE001 - the store's host may be gone: the aborts still help
+            pass
+        for pg in list(self.groups.values()) + [self.world] + self._extra:
+            try:
+                pg.abort()
+            except Exception:  # noqa: BLE001 - best effort: a group already broken
+                pass
+
+    def watch(self, relay) -> None:
+        """Start the watcher of NOTE [stop across hosts]: ``relay(by, reason, revoke)`` runs
+        on its thread when a rank stops the communicator. It waits on this rank's own wake
+        key, which a stop sets for every rank and ``close`` for this one."""
+        import threading
+
+        try:
+            store = self._stop_store.clone()      # the main thread's calls never queue on it
+        except Exception:  # noqa: BLE001 - a store that cannot be cloned: no watcher
+            return
+        key = f"wake/{self.rank}"
+
+        def run():
+            while True:
+                try:
+                    store.wait([key], timedelta(hours=1))
+                    break
+                except Exception:  # noqa: BLE001 - the wait's timeout, or the store is gone
+                    try:
+                        store.check([key])
+                    except Exception:  # noqa: BLE001 - gone: nothing more to hear
+                        return
+            try:
+                if store.get(key) != b"stop":
+                    return                          # closed
+                revoke, by, reason = store.get("who").decode().split("|", 2)
+            except Exception:  # noqa: BLE001
+                return
+            relay(int(by), reason, revoke == "1")
+
+        self._watcher = threading.Thread(target=run, name=f"tilecomm-stop-watch-{self.rank}",
+                                         daemon=True)
+        self._watcher.start()
+
+    def stopped(self, what: str, seq: int) -> CommAborted | None:
+        """The CommAborted / CommRevoked for call ``what`` #``seq`` if a rank stopped the
+        communicator (the store says who), else None."""
+        try:
+            if not self._stop_store.check(["who"]):
+                return None
+            revoke, by, reason = self._stop_store.get("who").decode().split("|", 2)
+        except Exception:  # noqa: BLE001 - no store to ask: not known to be stopped
+            return None
+        verb, cls = ("revoked", CommRevoked) if revoke == "1" else ("aborted", CommAborted)
+        then = ("it takes only shrink() and close() now" if revoke == "1" else
+                "it takes no more calls: make a new one with shrink(), or close it")
+        return cls(f"{what} #{seq} on rank {self.rank}: the communicator was {verb} by rank "
+                   f"{by} (on another host): {reason}; {then}", by=int(by), reason=reason)
+
     def close(self) -> None:
+        w = self._watcher
+        if w is not None and w.is_alive():
+            try:
+                self._stop_store.compare_set(f"wake/{self.rank}", "", "closed")
+                w.join(timeout=5)       # not left in a store call when the process exits
+            except Exception:  # noqa: BLE001 - the store is gone: the watcher has ended
+                pass
+        self._watcher = None
         for pg in list(self.groups.values()) + [self.world] + self._extra:
             try:
                 pg.shutdown()
@@ -265,6 +355,9 @@ class Rails:
         try:
             work.wait()
         except RuntimeError as e:
+            stop = self.stopped(what, seq)
+            if stop is not None:
+                raise stop from None
             others = tuple(m for m in members if m != self.rank)
             raise CommTimeout(f"{what} #{seq}: the inter-host exchange with rank(s) "
                               f"{list(others)} failed (peer died, stopped or timed out after "

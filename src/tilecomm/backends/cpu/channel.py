@@ -288,15 +288,18 @@ class Channel:
                                 f"unusable, so this one is too")
 
     # ---- the stop word (NOTE [stop word]) -----------------------------------------------------
-    def post_stop(self, kind: int, reason: str) -> CommAborted:
+    def post_stop(self, kind: int, reason: str, by: int | None = None) -> CommAborted:
         """Stop the communicator on every rank: ``kind`` STOP_ABORTED or STOP_REVOKED,
-        ``reason`` said in every rank's error. Any thread. Returns this rank's error for later
-        calls. A second stop keeps the first one's word (peers may be reading it)."""
+        ``reason`` said in every rank's error, ``by`` the rank that stopped it as the
+        communicator numbers it (ranks that span hosts: the global rank; default this one).
+        Any thread. Returns this rank's error for later calls. A second stop keeps the first
+        one's word (peers may be reading it)."""
         lay, me = self.layout, self.me
         if not me[lay.stop + lay.STOP_KIND]:
             n = self._write_text(2, reason)
             me[lay.stop + lay.STOP_LEN] = n
             me[lay.stop + lay.STOP_SEQ] = self.next_seq - 1
+            me[lay.stop + lay.STOP_BY] = 1 + (self.rank if by is None else by)
             me[lay.stop + lay.STOP_KIND] = kind
             if not me[SegmentLayout.ABORT]:
                 # peers that start a call after this one see it in their arrival check (the
@@ -322,13 +325,14 @@ class Channel:
         kind = int(s[lay.stop + lay.STOP_KIND])
         reason = self._read_text(rank, 2, int(s[lay.stop + lay.STOP_LEN])) or "no reason given"
         at = int(s[lay.stop + lay.STOP_SEQ])
+        by = int(s[lay.stop + lay.STOP_BY]) - 1
         revoked = kind == STOP_REVOKED
         where = "" if what is None else f"{what[0]} #{what[1]} on rank {self.rank}: "
         then = ("it takes only shrink() and close() now" if revoked else
                 "it takes no more calls: make a new one with shrink(), or close it")
         text = (f"{where}the communicator was {'revoked' if revoked else 'aborted'} by rank "
-                f"{rank} (its last call was #{at}): {reason}; {then}")
-        return (CommRevoked if revoked else CommAborted)(text, by=rank, reason=reason)
+                f"{by} (its last call was #{at}): {reason}; {then}")
+        return (CommRevoked if revoked else CommAborted)(text, by=by, reason=reason)
 
     def check_stopped(self, what: tuple) -> None:
         """Raise the CommAborted / CommRevoked of the first stop word set, naming the call
