@@ -1,5 +1,6 @@
-"""Shrink across simulated hosts: excluded ranks spread over the hosts, and a whole host lost
-(examples/elastic_ddp.py: its torchrun and its ranks killed; the survivors train on)."""
+"""Failures across simulated hosts: an abort that reaches every host, a shrink past ranks
+spread over the hosts, and a whole host lost (examples/elastic_ddp.py: its torchrun and its
+ranks killed; the survivors train on)."""
 
 from __future__ import annotations
 
@@ -15,15 +16,11 @@ from tilecomm import simhosts
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "elastic_ddp.py"
 
 
-def test_shrink_past_ranks_spread_over_hosts_keeps_spanning_them(run_on_hosts):
-    out = run_on_hosts((3, 3), "hosts_shrink.py", "spread")
+def test_an_abort_reaches_every_host_then_shrinks_past_ranks_spread_over_them(run_on_hosts):
+    out = run_on_hosts((3, 3), "hosts_shrink.py")
+    assert len(re.findall(r"aborted after [\d.]+ s, shrank OK", out)) == 6, out[-3000:]
     assert len(re.findall(r"shrank to 4 ranks on 2 hosts OK", out)) == 4, out[-3000:]
     assert len(re.findall(r"left OK", out)) == 2, out[-3000:]
-
-
-def test_an_abort_on_one_host_ends_the_calls_of_every_host(run_on_hosts):
-    out = run_on_hosts((2, 2), "hosts_shrink.py", "abort")
-    assert len(re.findall(r"aborted after [\d.]+ s, shrank OK", out)) == 4, out[-3000:]
 
 
 @pytest.mark.timeout(300)
