@@ -130,7 +130,10 @@ class Communicator:
                     be.close()
             self._backends.clear()
             self._backend.close()
-            self.membership.keep.clear()      # a rendezvous store this rank served
+            # the rendezvous stores: a TCP store's C++ side must not outlive the communicator
+            # in a garbage cycle that a process forked later would collect without its threads
+            self.membership.keep.clear()
+            self.membership.store = None
             if pending is not None:
                 raise pending
 

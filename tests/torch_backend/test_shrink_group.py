@@ -38,7 +38,9 @@ def _shrink_default_group(comm):
     got = (dist.get_rank(), dist.get_world_size(), new.size(), x[0].item(),
            c10d._get_group_desc(new) if hasattr(c10d, "_get_group_desc") else new.group_desc,
            new is dist.group.WORLD, old.comm.closed)
-    # torch's abort path reaches the communicator: its calls end with CommAborted
+    # torch's abort path reaches the communicator: its calls end with CommAborted (both
+    # ranks abort: one that aborted alone could cut the other's all_reduce above short,
+    # which is what an abort is for)
     new.abort()
     try:
         dist.all_reduce(x)
