@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="(torchrun) the host (node rank) whose torchrun and ranks to kill")
     ap.add_argument("--at", type=int, default=5, help="the step at whose start to kill")
     ap.add_argument("--timeout", type=float, default=10.0, help="tilecomm's wait bound (s)")
+    ap.add_argument("--census", type=float, default=1.0,
+                    help="how long the survivors wait for each other to check in (s)")
     ap.add_argument("--losses", help="the first rank writes {losses, events, world_sizes} here")
     ap.add_argument("--ckpt", help="where the survivors save the state they resume from")
     ap.add_argument("--resume", help="start from this saved state (and its step)")
@@ -122,7 +124,7 @@ def train(rank: int, args, kill, store=None) -> None:
         except Exception as e:  # noqa: BLE001 - a peer failed: recover below
             t0 = time.monotonic()
             attempt += 1
-            lost = census(rank, attempt, store)
+            lost = census(rank, attempt, store, args.census)
             lost_global = sorted(dist.get_process_group_ranks(dist.group.WORLD)[r]
                                  for r in lost)
             if args.ckpt and min(set(range(dist.get_world_size())) - lost) == me:

@@ -26,9 +26,9 @@ comm.all_reduce(t)
 # 1. abort
 last = comm.world_size - 1
 if comm.rank == 0:
-    threading.Timer(0.5, comm.abort, args=("watchdog: no progress",)).start()
+    threading.Timer(0.3, comm.abort, args=("watchdog: no progress",)).start()
 if comm.rank == last:
-    time.sleep(3)                   # its own code, while the others wait for it
+    time.sleep(1.5)                 # its own code, while the others wait for it
 t0 = time.monotonic()
 try:
     comm.all_reduce(t)
