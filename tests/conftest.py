@@ -116,7 +116,8 @@ class _Pools:
 #: layout was launched twice, ~50 s of CPU)
 SHARED_SCOPES = {"tests/hosts/shared-launches": ("tests/hosts/test_hosts.py",
                                                  "tests/hosts/test_kv_hosts.py",
-                                                 "tests/hosts/test_moe_hosts.py")}
+                                                 "tests/hosts/test_moe_hosts.py",
+                                                 "tests/hosts/test_elastic_hosts.py")}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,5 +1,5 @@
-"""Run under torchrun on simulated hosts (tests/hosts/test_elastic_hosts.py), two failures in
-one launch.
+"""Part of the shared launch of 2 x 2 hosts (hosts_api.py ``elastic``; read by
+tests/hosts/test_elastic_hosts.py): two failures the ranks all survive.
 
 1. An abort across hosts: rank 0 aborts from a watchdog thread while every other rank but the
    last waits in an all_reduce for the last one (busy in its own code): every rank, on every
@@ -19,44 +19,46 @@ import torch
 import tilecomm
 from tilecomm.soak import soak_rank
 
-comm = tilecomm.init(timeout=30)
-t = torch.ones(32)
-comm.all_reduce(t)
 
-# 1. abort
-last = comm.world_size - 1
-if comm.rank == 0:
-    threading.Timer(0.3, comm.abort, args=("watchdog: no progress",)).start()
-if comm.rank == last:
-    time.sleep(1.5)                 # its own code, while the others wait for it
-t0 = time.monotonic()
-try:
+def main() -> None:
+    comm = tilecomm.init(timeout=30)
+    t = torch.ones(32)
     comm.all_reduce(t)
-    raise SystemExit(f"rank {comm.rank}: the all_reduce completed after the abort")
-except tilecomm.CommAborted as e:
-    assert e.by == 0 and "watchdog: no progress" in str(e), str(e)
-    waited = time.monotonic() - t0
-assert waited < 10, waited         # the stop, not the 30 s timeout
-whole = comm.shrink([])
-x = torch.full((100,), float(whole.rank + 1))
-whole.all_reduce(x)
-assert x[0].item() == sum(range(1, comm.world_size + 1)), x[0]
-comm.close()
-print(f"rank {whole.rank}: aborted after {waited:.1f} s, shrank OK")
 
-# 2. excluded ranks spread over the hosts
-per = whole.topology.local_size
-leaving = [h * per + per - 1 for h in range(whole.topology.num_hosts)]
-if whole.rank in leaving:
-    whole.close()
-    print(f"rank {whole.rank}: left OK")
-else:
-    new = whole.shrink(leaving)
-    res = soak_rank(new, 21, 0, 80, auto_only=True)
-    assert not res["wrong"], res["wrong"][:5]
-    ranks = new.all_gather(torch.tensor([whole.rank])).tolist()
-    assert ranks == [r for r in range(whole.world_size) if r not in leaving], ranks
-    hosts = new.topology.num_hosts
-    new.close()
-    whole.close()
-    print(f"rank {whole.rank}: shrank to {len(ranks)} ranks on {hosts} hosts OK")
+    # 1. abort
+    last = comm.world_size - 1
+    if comm.rank == 0:
+        threading.Timer(0.3, comm.abort, args=("watchdog: no progress",)).start()
+    if comm.rank == last:
+        time.sleep(1.5)                 # its own code, while the others wait for it
+    t0 = time.monotonic()
+    try:
+        comm.all_reduce(t)
+        raise SystemExit(f"rank {comm.rank}: the all_reduce completed after the abort")
+    except tilecomm.CommAborted as e:
+        assert e.by == 0 and "watchdog: no progress" in str(e), str(e)
+        waited = time.monotonic() - t0
+    assert waited < 10, waited         # the stop, not the 30 s timeout
+    whole = comm.shrink([])
+    x = torch.full((100,), float(whole.rank + 1))
+    whole.all_reduce(x)
+    assert x[0].item() == sum(range(1, comm.world_size + 1)), x[0]
+    comm.close()
+    print(f"rank {whole.rank}: aborted after {waited:.1f} s, shrank OK")
+
+    # 2. excluded ranks spread over the hosts
+    per = whole.topology.local_size
+    leaving = [h * per + per - 1 for h in range(whole.topology.num_hosts)]
+    if whole.rank in leaving:
+        whole.close()
+        print(f"rank {whole.rank}: left OK")
+    else:
+        new = whole.shrink(leaving)
+        res = soak_rank(new, 21, 0, 80, auto_only=True)
+        assert not res["wrong"], res["wrong"][:5]
+        ranks = new.all_gather(torch.tensor([whole.rank])).tolist()
+        assert ranks == [r for r in range(whole.world_size) if r not in leaving], ranks
+        hosts = new.topology.num_hosts
+        new.close()
+        whole.close()
+        print(f"rank {whole.rank}: shrank to {len(ranks)} ranks on {hosts} hosts OK")

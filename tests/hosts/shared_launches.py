@@ -2,7 +2,8 @@
 fixture): starting simulated hosts costs seconds of CPU per host and rank (torchrun, then torch
 imported by every process), so every scenario that leaves the ranks alive runs in the one
 launch of its layout, one after another, each with its own communicator or process group. The
-tests of test_hosts.py, test_kv_hosts.py and test_moe_hosts.py read their parts of its output.
+tests of test_hosts.py, test_kv_hosts.py, test_moe_hosts.py and test_elastic_hosts.py read
+their parts of its output.
 A scenario that ends a rank (a rank that dies) keeps a launch of its own."""
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ KV_NAMES = {
 #: hosts_faults.py scenarios that leave the ranks alive, per layout
 FAULTS = {(2, 2): "mismatch", (1, 2, 1): "shm", (2, 1): "splits"}
 
+#: layouts whose launch also runs hosts_shrink.py (an abort across hosts, then shrinks)
+ELASTIC = ((2, 2),)
+
 #: layouts whose launch also runs every collective and the torch backend
 API = ((2, 2), (1, 2, 1))
 
@@ -33,6 +37,8 @@ def scenarios(per_host: tuple, out_dir: str) -> list[str]:
     """hosts_api.py's arguments for the shared launch of ``per_host``."""
     args = ["collectives", "torch"] if per_host in API else []
     args.append(FAULTS[per_host])
+    if per_host in ELASTIC:
+        args.append("elastic")
     if per_host in KV_NAMES:
         args.append("kv:" + ",".join(KV_NAMES[per_host]))
     if per_host in MOE_CASES:

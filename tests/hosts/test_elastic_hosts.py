@@ -16,8 +16,8 @@ from tilecomm import simhosts
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "elastic_ddp.py"
 
 
-def test_an_abort_reaches_every_host_then_shrinks_past_ranks_spread_over_them(run_on_hosts):
-    out = run_on_hosts((2, 2), "hosts_shrink.py")
+def test_an_abort_reaches_every_host_then_shrinks_past_ranks_spread_over_them(shared_hosts):
+    out, _ = shared_hosts((2, 2))          # hosts_shrink.py, in the shared launch
     assert len(re.findall(r"aborted after [\d.]+ s, shrank OK", out)) == 4, out[-3000:]
     assert len(re.findall(r"shrank to 2 ranks on 2 hosts OK", out)) == 2, out[-3000:]
     assert len(re.findall(r"left OK", out)) == 2, out[-3000:]
