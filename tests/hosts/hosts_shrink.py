@@ -9,6 +9,7 @@ tests/hosts/test_elastic_hosts.py): two failures the ranks all survive.
    (alive; it just closes its communicator); the others shrink past them to a communicator
    that still spans the hosts, and run a random mix of calls on it, checked against the
    references.
+3. A grow across hosts (``grow_back``).
 """
 
 import threading
@@ -59,6 +60,40 @@ def main() -> None:
         ranks = new.all_gather(torch.tensor([whole.rank])).tolist()
         assert ranks == [r for r in range(whole.world_size) if r not in leaving], ranks
         hosts = new.topology.num_hosts
-        new.close()
         whole.close()
         print(f"rank {whole.rank}: shrank to {len(ranks)} ranks on {hosts} hosts OK")
+        grow_back(new)
+
+
+def grow_back(comm) -> None:
+    """3. Grow across hosts: the communicator's last rank forks a newcomer on its host (new
+    ranks come last, so the last host's ranks stay contiguous); it joins with the ticket, and
+    the grown communicator runs a checked mix of calls on every rank."""
+    import gc
+    import os
+
+    g = comm.grow(1)
+    pid = os.fork() if comm.rank == comm.world_size - 1 else None
+    if pid == 0:                    # the newcomer
+        gc.freeze()                 # what it inherited is never collected here (fault_soak.py)
+        code = 1
+        try:
+            grown = tilecomm.join(g.ticket, 0)
+            res = soak_rank(grown, 22, 0, 60, auto_only=True)
+            assert not res["wrong"], res["wrong"][:5]
+            print(f"newcomer rank {grown.rank} of {grown.world_size} on "
+                  f"{grown.topology.num_hosts} hosts: grew OK", flush=True)
+            grown.close()
+            code = 0
+        finally:
+            os._exit(code)
+    grown = g.join()
+    res = soak_rank(grown, 22, 0, 60, auto_only=True)
+    assert not res["wrong"], res["wrong"][:5]
+    print(f"rank {grown.rank} of {grown.world_size} on {grown.topology.num_hosts} hosts: "
+          f"grew OK", flush=True)
+    grown.close()
+    comm.close()
+    if pid:
+        _, status = os.waitpid(pid, 0)
+        assert status == 0, f"the newcomer exited with status {status}"

@@ -1,5 +1,5 @@
 """Failures across simulated hosts: an abort that reaches every host, a shrink past ranks
-spread over the hosts, and a whole host lost (examples/elastic_ddp.py: its torchrun and its
+spread over the hosts, a grow back across them, and a whole host lost (examples/elastic_ddp.py: its torchrun and its
 ranks killed; the survivors train on)."""
 
 from __future__ import annotations
@@ -16,11 +16,13 @@ from tilecomm import simhosts
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "elastic_ddp.py"
 
 
-def test_an_abort_reaches_every_host_then_shrinks_past_ranks_spread_over_them(shared_hosts):
+def test_an_abort_reaches_every_host_then_shrink_and_grow_across_them(shared_hosts):
     out, _ = shared_hosts((2, 2))          # hosts_shrink.py, in the shared launch
     assert len(re.findall(r"aborted after [\d.]+ s, shrank OK", out)) == 4, out[-3000:]
     assert len(re.findall(r"shrank to 2 ranks on 2 hosts OK", out)) == 2, out[-3000:]
     assert len(re.findall(r"left OK", out)) == 2, out[-3000:]
+    # then grown back across the hosts by a newcomer forked on the last host
+    assert len(re.findall(r"rank \d of 3 on 2 hosts: grew OK", out)) == 3, out[-3000:]
 
 
 @pytest.mark.timeout(300)
