@@ -74,26 +74,16 @@ def member(comm, seed: int, rounds: int, start_world: int, run_dir: str, first: 
     children: list[int] = []
     for k in range(first, rounds):
         r = plan(seed, k, comm.world_size, start_world, calls, fail_rate)
-        failed, made, wrong = False, 0, []
-        for i in range(r.calls):
-            if r.victim == comm.rank and i == r.at:
+        mine = r.victim == comm.rank
+
+        def before(i, r=r, mine=mine):
+            if mine and i == r.at:
                 _fail(r, run_dir)
-            try:
-                bad = run_call(comm, spec(r.seed, comm.world_size, i))
-            except CommError:
-                failed = True
-                break
-            made += 1
-            if bad is not None:
-                wrong.append(f"round {k}, rank {comm.rank}: {bad}")
-        if r.victim == comm.rank:           # a victim whose call came last: fail now
+        failed, made, wrong = _calls(comm, k, r.seed, r.calls, before)
+        if mine:                            # a victim whose call came last: fail now
             _fail(r, run_dir)
-        if r.victim is not None and not failed:     # its calls all went around the victim
-            try:
-                comm.barrier()
-                wrong.append(f"round {k}: a barrier completed without rank {r.victim}")
-            except CommError:
-                pass
+        if r.victim is not None and not failed:
+            _no_failure_seen(comm, k, f"rank {r.victim}", wrong)
         log.write(round=k, calls=made, wrong=wrong)
         if r.victim is None:
             continue
@@ -112,6 +102,32 @@ def member(comm, seed: int, rounds: int, start_world: int, run_dir: str, first: 
         _reap(children)
     comm.close()
     _reap(children, wait=True)
+
+
+def _calls(comm, k: int, seed: int, n: int, before, auto_only: bool = False):
+    """Round ``k``'s ``n`` calls of soak seed ``seed``, each checked; ``before(i)`` runs
+    before call ``i`` (a victim fails there). Returns (failed: a call raised CommError,
+    calls made, wrong results)."""
+    made, wrong = 0, []
+    for i in range(n):
+        before(i)
+        try:
+            bad = run_call(comm, spec(seed, comm.world_size, i, auto_only))
+        except CommError:
+            return True, made, wrong
+        made += 1
+        if bad is not None:
+            wrong.append(f"round {k}, rank {comm.rank}: {bad}")
+    return False, made, wrong
+
+
+def _no_failure_seen(comm, k: int, who: str, wrong: list) -> None:
+    """Every call of the round went around the victim: a barrier must fail without it."""
+    try:
+        comm.barrier()
+        wrong.append(f"round {k}: a barrier completed without {who}")
+    except CommError:
+        pass
 
 
 class _Log:
@@ -357,27 +373,15 @@ def across_hosts(seed: int, rounds: int, run_dir: str, timeout: float,
     lost = list(comm.layout.hosts[-1])
     log = _Log(run_dir)
     for k in range(rounds):
-        failed, made, wrong = False, 0, []
-        for i in range(calls):
+        def before(i, k=k):
             if k == lose and i == at and comm.rank in lost:
                 if comm.topology.local_rank == 0:
                     _note_failure(run_dir, k)
                 kill_this_host()
-            try:
-                bad = run_call(comm, spec(seed * 100_003 + k, comm.world_size, i,
-                                          auto_only=True))
-            except CommError:
-                failed = True
-                break
-            made += 1
-            if bad is not None:
-                wrong.append(f"round {k}, rank {comm.rank}: {bad}")
+        failed, made, wrong = _calls(comm, k, seed * 100_003 + k, calls, before,
+                                     auto_only=True)
         if k == lose and not failed:
-            try:
-                comm.barrier()
-                wrong.append(f"round {k}: a barrier completed without ranks {lost}")
-            except CommError:
-                pass
+            _no_failure_seen(comm, k, f"ranks {lost}", wrong)
         log.write(round=k, calls=made, wrong=wrong)
         if k == lose:
             new = comm.shrink(lost)

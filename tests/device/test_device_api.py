@@ -95,9 +95,10 @@ def test_device_handle_holds_rank_world_bound_and_bases(rank_pool):
     assert len(set(bases)) == 2
 
 
-def _silent_peer(comm, timeout, later=None):
+def _silent_peer(comm, timeout, later=None, abort_after=None):
     """Rank 1 waits for rank 0 in ping_pong; rank 0 never launches it. ``later``: a wait bound
-    set on the heap after it was made (the kernel must honor it: it reads the handle)."""
+    set on the heap after it was made (the kernel must honor it: it reads the handle).
+    ``abort_after``: rank 0 aborts the communicator after that many seconds."""
     from tilecomm.device import DeviceHeap
 
     mod = tutorial("01_notify_wait")
@@ -107,12 +108,18 @@ def _silent_peer(comm, timeout, later=None):
     box = heap.alloc(16, mod.torch.int64)
     pad = heap.signal_pad(2)
     if comm.rank == 0:
+        if abort_after is not None:      # rank 0 aborts instead of ever signalling
+            import threading
+            threading.Timer(abort_after, comm.abort, args=("the host saw a peer fail",)).start()
+            time.sleep(abort_after + 0.5)
         return None
     t = time.perf_counter()
     mod.ping_pong[(1,)](box, pad, heap.handle, 7, N=16)
     elapsed = time.perf_counter() - t
     try:
         heap.check("ping_pong")
+    except tilecomm.CommAborted as e:
+        return type(e).__name__, str(e), e.by, e.rank, e.peer, elapsed
     except tilecomm.CommTimeout as e:
         again = heap.errors.tolist()
         return (type(e).__name__, str(e), e.rank, e.peer, e.epoch, e.slot, e.site, e.missing,
@@ -133,33 +140,10 @@ def test_wait_on_silent_peer_raises_commtimeout(rank_pool):
     assert again == [0] * derr.ERR_WORDS      # check() cleared the record
 
 
-def _aborted_while_waiting(comm):
-    """Rank 1's kernel waits (bound 60 s) for a signal rank 0 never sends; rank 0 aborts the
-    communicator instead (NOTE [device abort] in device/heap.py)."""
-    import threading
-
-    from tilecomm.device import DeviceHeap
-
-    mod = tutorial("01_notify_wait")
-    heap = DeviceHeap.create(comm, timeout=60.0)
-    box = heap.alloc(16, mod.torch.int64)
-    pad = heap.signal_pad(2)
-    if comm.rank == 0:
-        threading.Timer(0.5, comm.abort, args=("the host saw a peer fail",)).start()
-        time.sleep(1.0)
-        return None
-    t = time.perf_counter()
-    mod.ping_pong[(1,)](box, pad, heap.handle, 7, N=16)
-    elapsed = time.perf_counter() - t
-    try:
-        heap.check("ping_pong")
-    except tilecomm.CommAborted as e:
-        return type(e).__name__, str(e), e.by, e.rank, e.peer, elapsed
-    return ("no error", elapsed)
-
-
 def test_an_abort_ends_a_device_wait_on_every_rank(rank_pool):
-    _, res = rank_pool(2, "interpreter").run_and_discard(_aborted_while_waiting)
+    # a 60 s wait bound; rank 0 aborts the communicator after 0.5 s instead of signalling
+    # (NOTE [device abort] in device/heap.py)
+    _, res = rank_pool(2, "interpreter").run_and_discard(_silent_peer, 60.0, None, 0.5)
     assert res[0] == "DeviceAborted", res
     name, msg, by, rank, peer, elapsed = res
     assert (by, rank, peer) == (0, 1, 0)

@@ -332,3 +332,23 @@ def test_ranks_told_to_stop_while_waiting_point_at_the_rank_that_failed(tmp_path
     res = analyze(d)
     assert res["culprits"] == [2] and res["faults"]["2"] == "failed", res
     assert "torchrun does that as soon as one rank fails" in res["explanation"]
+
+
+def test_under_torchrun_the_ranks_told_to_stop_leave_their_records(tmp_path):
+    """torchrun stops every rank (SIGTERM) once one fails, before the others notice: each
+    writes its flight record on the way out (flight.dump_on_sigterm)."""
+    import subprocess
+    import sys
+
+    d = tmp_path / "flight"
+    script = os.path.join(os.path.dirname(__file__), "torchrun_crash.py")
+    env = dict(os.environ, TILECOMM_DEBUG_DIR=str(d), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", "3", script], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode != 0
+    assert sorted(os.listdir(d)) == ["flight-rank0.json", "flight-rank1.json"], proc.stderr[-2000:]
+    res = analyze(str(d))
+    # "failed" when the stop came first; "exited" when a waiter saw rank 2 gone before it
+    assert res["culprits"] == [2] and res["faults"]["2"] in ("failed", "exited"), res
+    assert (res["op"], res["seq"]) == ("all_reduce", 2), res

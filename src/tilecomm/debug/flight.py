@@ -293,14 +293,20 @@ def _dump(reason: str, path: str | None) -> str:
     return path
 
 
-def _on_sigusr1(signum, frame) -> None:
-    if _dump_lock.acquire(blocking=False):   # else: this thread is writing one right now
+def _dump_from_handler(reason: str) -> None:
+    """A dump from a signal handler: skipped when this thread is writing one right now, and
+    never raising into the code the signal interrupted."""
+    if _dump_lock.acquire(blocking=False):
         try:
-            _dump("SIGUSR1", None)
+            _dump(reason, None)
         except Exception:  # noqa: BLE001 - a signal handler must not raise into user code
             pass
         finally:
             _dump_lock.release()
+
+
+def _on_sigusr1(signum, frame) -> None:
+    _dump_from_handler("SIGUSR1")
     prev = _previous[0]
     if callable(prev):
         prev(signum, frame)
@@ -315,23 +321,11 @@ def dump_on_sigterm() -> None:
     would have: torchrun stops every other rank of a job with SIGTERM (then SIGKILL) as soon
     as one fails, before they notice the dead peer, so without this a crash left no record at
     all. Main thread only; a handler the program installed runs after the dump."""
-    if _term_installed[0] or threading.current_thread() is not threading.main_thread():
-        return
-    try:
-        _previous_term[0] = signal.signal(signal.SIGTERM, _on_sigterm)
-    except (ValueError, OSError):
-        return
-    _term_installed[0] = True
+    _install(signal.SIGTERM, _on_sigterm, _previous_term, _term_installed)
 
 
 def _on_sigterm(signum, frame) -> None:
-    if _dump_lock.acquire(blocking=False):
-        try:
-            _dump("SIGTERM: told to stop (torchrun stops the ranks when one fails)", None)
-        except Exception:  # noqa: BLE001 - the stop must go on
-            pass
-        finally:
-            _dump_lock.release()
+    _dump_from_handler("SIGTERM: told to stop (torchrun stops the ranks when one fails)")
     prev = _previous_term[0]
     if callable(prev):
         prev(signum, frame)
@@ -342,13 +336,19 @@ def _on_sigterm(signum, frame) -> None:
 
 def _install_handler() -> None:
     """SIGUSR1 dumps (main thread only; chains a Python handler that was there)."""
-    if _handler_installed[0] or threading.current_thread() is not threading.main_thread():
+    _install(signal.SIGUSR1, _on_sigusr1, _previous, _handler_installed)
+
+
+def _install(sig, handler, previous: list, installed: list) -> None:
+    """Install ``handler`` for ``sig`` once (main thread only), keeping the one before in
+    ``previous[0]``; ``installed[0]`` says it is done."""
+    if installed[0] or threading.current_thread() is not threading.main_thread():
         return
     try:
-        _previous[0] = signal.signal(signal.SIGUSR1, _on_sigusr1)
+        previous[0] = signal.signal(sig, handler)
     except (ValueError, OSError):
         return
-    _handler_installed[0] = True
+    installed[0] = True
 
 
 def _after_fork() -> None:
