@@ -25,9 +25,9 @@ def _stopped_by_a_watchdog(comm, how):
     t = torch.ones(64)
     comm.all_reduce(t)
     if comm.rank == 1:
-        time.sleep(1.0)         # arrives after the stop: its call must fail too
+        time.sleep(0.6)         # arrives after the stop: its call must fail too
     if comm.rank == 0:
-        threading.Timer(0.3, getattr(comm, how), args=("the watchdog saw no progress",)).start()
+        threading.Timer(0.2, getattr(comm, how), args=("the watchdog saw no progress",)).start()
     t0 = time.monotonic()
     try:
         comm.all_reduce(t)
@@ -134,7 +134,7 @@ def _failures_in_a_row(comm, tmp: str):
 
 
 def test_survivors_shrink_past_a_killed_rank_then_a_stopped_one(tmp_path):
-    out = tilecomm.launch(_failures_in_a_row, 4, str(tmp_path), timeout=1.5,
+    out = tilecomm.launch(_failures_in_a_row, 4, str(tmp_path), timeout=0.8,
                           keep_going=True)
     assert isinstance(out[3], tilecomm.RankError) and "SIGKILL" in str(out[3])
     assert isinstance(out[1], tilecomm.RankError) and "SIGSTOP" in str(out[1])

@@ -147,9 +147,10 @@ def _sleeps(comm, seconds):
 
 @pytest.mark.slow
 def test_a_rank_sleeping_in_python_is_busy_in_its_own_code_not_hung(debug_dir):
-    # 5 s: still asleep when the launcher stops the job and asks for dumps (SIGUSR1 interrupts
-    # time.sleep and runs the handler), ~3.5 s in all
-    _launch_fails(_sleeps, 2, 5.0)
+    # 5 s: still asleep when the launcher stops the job (rank 0 gives up at 0.5 s, the
+    # launcher waits 2 s more, then kills what is left) and asks for dumps (SIGUSR1 interrupts
+    # time.sleep and runs the handler)
+    _launch_fails(_sleeps, 2, 5.0, timeout=0.5)
     assert sorted(os.listdir(debug_dir)) == ["flight-rank0.json", "flight-rank1.json"]
     res = analyze(str(debug_dir))
     assert res["culprits"] == [1] and res["faults"] == {"1": "never arrived"}, res
@@ -161,8 +162,8 @@ def test_a_rank_sleeping_in_python_is_busy_in_its_own_code_not_hung(debug_dir):
 
 @pytest.mark.slow
 def test_a_rank_back_from_its_own_code_after_the_timeout_arrived_late(debug_dir):
-    # rank 0 gives up after 1 s; rank 1 comes back at 2 s and finds it gone
-    _launch_fails(_sleeps, 2, 2.0)
+    # rank 0 gives up after 0.5 s; rank 1 comes back at 1 s and finds it gone
+    _launch_fails(_sleeps, 2, 1.0, timeout=0.5)
     res = analyze(str(debug_dir))
     assert res["culprits"] == [1] and res["faults"] == {"1": "arrived late"}, res
     assert re.search(r"rank 1 arrived at #2 \d+\.\d s after rank 0 had given up waiting for it: "
