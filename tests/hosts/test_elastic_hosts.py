@@ -1,6 +1,6 @@
 """Failures across simulated hosts: an abort that reaches every host, a shrink past ranks
-spread over the hosts, a grow back across them, and a whole host lost (examples/elastic_ddp.py: its torchrun and its
-ranks killed; the survivors train on)."""
+spread over the hosts, a grow back across them, and a whole host lost (examples/elastic_ddp.py:
+its torchrun and its ranks killed; the survivors train on)."""
 
 from __future__ import annotations
 
