@@ -11,11 +11,19 @@ import tempfile
 import pytest
 
 # Before tilecomm reads its settings: under pytest-xdist every worker keeps its segments in a
-# directory of its own (shm_files.py), removed at the end of its session.
+# directory of its own (shm_files.py), removed at the end of its session, or when the worker
+# exits without one (atexit); one whose worker died unseen (its pid is in the name) is
+# removed by the next session's workers.
 if os.environ.get("PYTEST_XDIST_WORKER") and "TILECOMM_SHM_DIR" not in os.environ:
+    import atexit
+
+    import shm_files
+
+    shm_files.remove_stale_worker_dirs()
     os.environ["TILECOMM_SHM_DIR"] = tempfile.mkdtemp(
-        prefix=f"tilecomm-tests-{os.environ['PYTEST_XDIST_WORKER']}-", dir="/dev/shm")
+        prefix=shm_files.worker_dir_prefix(os.environ["PYTEST_XDIST_WORKER"]), dir="/dev/shm")
     _OWN_SHM_DIR = os.environ["TILECOMM_SHM_DIR"]
+    atexit.register(shutil.rmtree, _OWN_SHM_DIR, ignore_errors=True)
 else:
     _OWN_SHM_DIR = None
 
