@@ -180,12 +180,12 @@ class Growth:
     pass to :func:`tilecomm.join`, and :meth:`join`, which returns the grown communicator
     once they have joined."""
 
-    def __init__(self, comm, ticket: str, store, timeout: float):
-        self._comm, self.ticket, self._store, self._timeout = comm, ticket, store, timeout
+    def __init__(self, comm, ticket: str, store):
+        self._comm, self.ticket, self._store = comm, ticket, store
 
     def join(self):
-        """The grown communicator (this rank keeps its number): waits, at most the timeout,
-        for the new ranks, naming any that never arrive."""
+        """The grown communicator (this rank keeps its number): waits, at most the grow's
+        timeout, for the new ranks, naming any that never arrive."""
         old = self._comm
         new = _connect_grown(self._store, old.rank, parse_ticket(self.ticket),
                              old.membership.keep if old.rank == 0 else [])
@@ -213,7 +213,7 @@ def grow(comm, n: int, timeout: float, host: str) -> Growth:
     ticket = (f"tilecomm://{host}:{port}/g{gen}?world={comm.world_size + n}"
               f"&first={comm.world_size}&timeout={timeout:g}&heap={lay.heap_bytes}"
               f"&scratch={lay.scratch_bytes}&deterministic={int(comm.deterministic)}")
-    g = Growth(comm, ticket, store, timeout)
+    g = Growth(comm, ticket, store)
     if comm.rank == 0:
         comm.membership.keep.append(store)
     return g
@@ -264,13 +264,10 @@ def join(ticket: str, index: int):
 def _connect_grown(store, rank: int, t: Ticket, keep: list):
     from .launch import connect, dist_prefix
 
-    prefix = f"grow/g{t.generation}"
-    store.set(f"{prefix}/arrived/{rank}", "1")
-    ranks = list(range(t.world_size))
-    wait_keys(store, [f"{prefix}/arrived/{r}" for r in ranks], ranks, t.timeout,
-              f"grow on rank {rank}", "to join the grown communicator")
-    comm = connect(dist_prefix(store, prefix), rank, t.world_size, timeout=t.timeout,
-                   heap_bytes=t.heap_bytes, scratch_bytes=t.scratch_bytes,
+    # connect waits for every rank's arrival first (bounded; it names the ranks that never
+    # joined)
+    comm = connect(dist_prefix(store, f"grow/g{t.generation}"), rank, t.world_size,
+                   timeout=t.timeout, heap_bytes=t.heap_bytes, scratch_bytes=t.scratch_bytes,
                    deterministic=t.deterministic)
     comm.membership.generation = t.generation
     comm.membership.keep.extend(keep)

@@ -40,7 +40,7 @@ class HierBackend(Backend):
         self.layout = layout
         self.rank, self.world_size = rank, layout.world_size
         self._rails = {"cpu": rails}
-        rails.watch(self._heard_stop)       # NOTE [stop across hosts] in rails.py
+        rails.watch(self.relay_stop)        # NOTE [stop across hosts] in rails.py
         self._rails_factory = rails_factory  # device -> Rails (NCCL groups on first use)
         self.seq = -1       # the first rendezvous (init) is #0, the first call #1, as on one host
         ch = local.host.channel
@@ -71,7 +71,7 @@ class HierBackend(Backend):
         try:
             _Run(self, plan, call).execute()
         except CommAborted as e:
-            self.relay_stop(e)
+            self.relay_stop(e.by, e.reason, isinstance(e, CommRevoked))
             raise
 
     def reject(self, collective: str, message: str) -> None:
@@ -125,18 +125,12 @@ class HierBackend(Backend):
         for r in self._rails.values():
             r.abort(by, reason, revoke)
 
-    def _heard_stop(self, by: int, reason: str, revoke: bool) -> None:
-        """The watcher's relay (its own thread): this host's stop word, then this rank's
-        groups, so the calls in flight here end now."""
+    def relay_stop(self, by: int, reason: str, revoke: bool) -> None:
+        """This rank learned that rank ``by`` stopped the communicator (from another host: the
+        watcher's thread, or a failed exchange; or from its own host's stop word): pass it on
+        to this host and through this rank's rails, so the calls in flight end now."""
         self.local.host.stop(revoke, reason, by)
         self.abort_links(by, reason, revoke)
-
-    def relay_stop(self, e: CommAborted) -> None:
-        """This rank learned that the communicator was stopped (from another host, or its own
-        host's stop word): pass it on to this host and through this rank's rails."""
-        revoke = isinstance(e, CommRevoked)
-        self.local.host.stop(revoke, e.reason, e.by)
-        self.abort_links(e.by, e.reason, revoke)
 
     def close(self) -> None:
         for r in self._rails.values():
