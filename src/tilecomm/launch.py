@@ -18,7 +18,7 @@ import time
 import traceback
 from typing import Any, Callable
 
-from . import orphan
+from . import orphan, procfs
 from .backends.cpu import CpuBackend
 from .communicator import Communicator
 from .debug import flight as _flight, trace as _trace
@@ -240,7 +240,8 @@ class RankGroup:
             ready = mpc.wait(objs, timeout=remaining)
             if not ready and deadline is not None:
                 break
-            if not ready and keep_going and all(_sigstopped(self.procs[r].pid)
+            stopped = procfs.STOPPED
+            if not ready and keep_going and all(procfs.state(self.procs[r].pid) in stopped
                                                 for r in pending):
                 # a rank stopped (SIGSTOP) never reports: once it is all that is left, it is
                 # a failed rank (killed; its peers have gone on without it)
@@ -338,15 +339,6 @@ class RankGroup:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def _sigstopped(pid: int) -> bool:
-    """True when process ``pid`` is stopped (SIGSTOP, a debugger)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
-    except (OSError, IndexError):
-        return False
 
 
 def _rank_error(rank: int, failure: tuple) -> RankError:

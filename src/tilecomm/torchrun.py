@@ -12,6 +12,8 @@ import signal
 import time
 from datetime import timedelta
 
+from . import procfs
+
 
 def kill_this_host() -> None:
     """From a rank under torchrun: kill this host's torchrun agent and every rank it started
@@ -23,18 +25,10 @@ def kill_this_host() -> None:
         return
     agent = os.getppid()
     for pid in os.listdir("/proc"):
-        if pid.isdigit() and int(pid) != os.getpid() and _parent_of(int(pid)) == agent:
+        if pid.isdigit() and int(pid) != os.getpid() and procfs.parent(int(pid)) == agent:
             _sigkill(int(pid))
     _sigkill(agent)
     _sigkill(os.getpid())
-
-
-def _parent_of(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read().rsplit(b")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return -1
 
 
 def _sigkill(pid: int) -> None:

@@ -39,6 +39,8 @@ import time
 import weakref
 from collections import deque
 
+from .. import procfs
+
 FORMAT = "tilecomm-flight/1"
 #: how the error of a call this rank refused (bad argument) begins
 REJECTED = "rejected by this rank: "
@@ -393,8 +395,4 @@ def request_dumps(pids: dict[int, int], directory: str, wait: float = 1.0) -> li
 
 
 def _stopped(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t", b"Z", b"X")
-    except (OSError, IndexError):
-        return False
+    return procfs.state(pid) in procfs.STOPPED + procfs.ENDED

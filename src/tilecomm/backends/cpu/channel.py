@@ -34,6 +34,7 @@ from array import array
 import zlib
 from typing import Iterable
 
+from ... import procfs
 from ...errors import CommAborted, CommError, CommRevoked, CommTimeout
 from ...settings import settings
 from ...heap.base import SegmentLayout, SymmetricHeap
@@ -265,14 +266,8 @@ class Channel:
         pid = int(self.slots[rank][SegmentLayout.PID])
         if pid <= 0:
             return True
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            return False
-        except OSError:
-            return True
-        return state not in (b"Z", b"X")
+        st = procfs.state(pid)          # b"" (unreadable): taken as alive
+        return st is not None and st not in procfs.ENDED
 
     def check_aborts(self, ranks, what) -> None:
         """Raise if one of ``ranks`` gave up on a collective (it will never arrive)."""
