@@ -67,7 +67,6 @@ def _hosts(a) -> dict:
             run = simhosts.run(per_host, argv, timeout=a.rounds * (3 * a.timeout + 5) + 60,
                                capture=True, keep_going=True)
             res = fault_soak.summarize([], d)
-            times = _recovery_times(d)
         total["hangs"] += int(run.timed_out)
         if run.codes[0] != 0:
             total["errors"].append(f"job {job}: the surviving host exited with "
@@ -77,21 +76,12 @@ def _hosts(a) -> dict:
         for k in ("left_in_shm", "calls", "hosts_lost"):
             total[k] += res[k]
         total["rounds"] += res["rounds"]
-        total["recovery"] += times
+        total["recovery"] += res["recovery_host_times"]
     rec = sorted(total.pop("recovery"))
     total.update(requested=a.rounds * a.jobs, jobs=a.jobs, per_host=per_host,
                  recovery_host_s=fault_soak.stats(rec) if rec else None,
                  seconds=time.monotonic() - t0)
     return total
-
-
-def _recovery_times(run_dir: str) -> list[float]:
-    out = []
-    for name in os.listdir(run_dir):
-        if name.startswith("events-"):
-            with open(os.path.join(run_dir, name)) as f:
-                out += [e["seconds"] for e in map(json.loads, f) if e.get("how") == "host"]
-    return out
 
 
 if __name__ == "__main__":

@@ -206,13 +206,9 @@ def _newcomer(ticket, seed, first, rounds, start_world, run_dir, calls) -> None:
 
 
 def _reap(children: list[int], wait: bool = False) -> None:
-    for pid in list(children):
-        try:
-            done, _ = os.waitpid(pid, 0 if wait else os.WNOHANG)
-        except ChildProcessError:
-            done = pid
-        if done:
-            children.remove(pid)
+    """Drop the forked newcomers that have ended (``wait``: wait for them all) from
+    ``children``."""
+    children[:] = [pid for pid in children if not _reaped(pid, wait)]
 
 
 def summarize(results: list, run_dir: str) -> dict:
@@ -243,6 +239,7 @@ def summarize(results: list, run_dir: str) -> dict:
         "grows": len(grows), "recovery_kill_s": stats(kills),
         "recovery_stop_s": stats(stops), "grow_s": stats(grows),
         "hosts_lost": len(hosts), "recovery_host_s": stats(hosts),
+        "recovery_host_times": hosts,     # for a total over several runs
         "left_in_shm": sum(e["left_in_shm"] for e in events if "left_in_shm" in e),
     }
 
@@ -344,15 +341,15 @@ def _newcomer_pids(run_dir: str) -> list[int]:
     return out
 
 
-def _reaped(pid: int) -> bool:
-    """True when ``pid`` (a newcomer, this process's child by then) has ended; reaps it. One
-    that is not a child here was reaped by someone else (its pid may be reused: not asked)."""
+def _reaped(pid: int, wait: bool = False) -> bool:
+    """True when ``pid`` (a newcomer, this process's child) has ended; reaps it (``wait``:
+    waits for it). One that is not a child here was reaped by someone else (its pid may be
+    reused: not asked)."""
     try:
-        done, _ = os.waitpid(pid, os.WNOHANG)
+        done, _ = os.waitpid(pid, 0 if wait else os.WNOHANG)
         return done != 0
     except ChildProcessError:
         return True
-
 
 
 def across_hosts(seed: int, rounds: int, run_dir: str, timeout: float,
