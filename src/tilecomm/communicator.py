@@ -767,9 +767,10 @@ class Communicator:
     def retire(self, old: "Communicator") -> None:
         """Refuse tensors of ``old``'s symmetric heap (and of those it replaced) from now on:
         this communicator replaces it (shrink, grow)."""
-        heap = old.host.heap
-        self.retired_heaps = [h for h in old.retired_heaps + [heap]
-                              if getattr(h, "maps", None) is not None]
+        # only heaps still mapped can hold tensors: the list stays short over many shrinks
+        # (every call checks it)
+        self.retired_heaps = [h for h in old.retired_heaps + [old.host.heap]
+                              if getattr(h, "mapped", False)]
 
     def _check_not_retired(self, t: torch.Tensor, what: str) -> None:
         ptr = t.data_ptr()

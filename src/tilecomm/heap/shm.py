@@ -100,13 +100,18 @@ class ShmHeap(SymmetricHeap):
             self.close()
             raise
 
-    def maps(self, address: int) -> bool:
-        """True when ``address`` lies in this rank's own segment and it is still mapped (open,
-        or closed while tensors still pointed into it and they are not all gone)."""
-        r = self.own_range
-        if r is None or not r[0] <= address < r[1]:
+    @property
+    def mapped(self) -> bool:
+        """True while this rank's own segment is mapped (open, or closed while tensors still
+        pointed into it and they are not all gone)."""
+        if self.own_range is None:
             return False
         return bool(self._maps) or (self._own_map is not None and self._own_map() is not None)
+
+    def maps(self, address: int) -> bool:
+        """True when ``address`` lies in this rank's own segment and it is still mapped."""
+        r = self.own_range
+        return r is not None and r[0] <= address < r[1] and self.mapped
 
     def segment(self, rank: int) -> np.ndarray:
         return self._segs[rank]
