@@ -30,6 +30,19 @@ class CommRevoked(CommAborted):
     this, and it then takes only ``shrink`` and ``close``."""
 
 
+def stopped_error(revoked: bool, by: int, reason: str, where: str = "",
+                  detail: str = "") -> CommAborted:
+    """The CommRevoked (``revoked``) or CommAborted of a communicator that rank ``by`` stopped
+    because of ``reason``; ``where`` begins the message (the call it cut short), ``detail``
+    follows the rank ("(its last call was #7)"). One wording wherever a stop is seen: the
+    channel's stop word, the store across hosts."""
+    then = ("it takes only shrink() and close() now" if revoked else
+            "it takes no more calls: make a new one with shrink(), or close it")
+    text = (f"{where}the communicator was {'revoked' if revoked else 'aborted'} by rank {by}"
+            f"{detail}: {reason}; {then}")
+    return (CommRevoked if revoked else CommAborted)(text, by=by, reason=reason)
+
+
 class NoDeviceError(CommError):
     """A call needs a CUDA GPU and this machine has none usable (a CPU-only torch build, or
     no driver or visible GPU). Raised before any communication, with the call's name and the

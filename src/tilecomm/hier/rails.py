@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from ..agree import compare
-from ..errors import CommAborted, CommError, CommMismatch, CommRevoked, CommTimeout
+from ..errors import CommAborted, CommError, CommMismatch, CommTimeout, stopped_error
 
 MAGIC = 0x7443_6F6D_6D48   # "tComH"
 SMALL = 4096               # payload bytes carried inside the header round
@@ -146,10 +146,11 @@ class Rails:
             try:
                 if store.get(key) != b"stop":
                     return                          # closed
-                revoke, by, reason = store.get("who").decode().split("|", 2)
-            except Exception:  # noqa: BLE001
+            except Exception:  # noqa: BLE001 - the store is gone
                 return
-            relay(int(by), reason, revoke == "1")
+            who = _who(store)
+            if who is not None:
+                relay(*who)
 
         self._watcher = threading.Thread(target=run, name=f"tilecomm-stop-watch-{self.rank}",
                                          daemon=True)
@@ -158,17 +159,12 @@ class Rails:
     def stopped(self, what: str, seq: int) -> CommAborted | None:
         """The CommAborted / CommRevoked for call ``what`` #``seq`` if a rank stopped the
         communicator (the store says who), else None."""
-        try:
-            if not self._stop_store.check(["who"]):
-                return None
-            revoke, by, reason = self._stop_store.get("who").decode().split("|", 2)
-        except Exception:  # noqa: BLE001 - no store to ask: not known to be stopped
+        who = _who(self._stop_store)
+        if who is None:
             return None
-        verb, cls = ("revoked", CommRevoked) if revoke == "1" else ("aborted", CommAborted)
-        then = ("it takes only shrink() and close() now" if revoke == "1" else
-                "it takes no more calls: make a new one with shrink(), or close it")
-        return cls(f"{what} #{seq} on rank {self.rank}: the communicator was {verb} by rank "
-                   f"{by} (on another host): {reason}; {then}", by=int(by), reason=reason)
+        by, reason, revoke = who
+        return stopped_error(revoke, by, reason, f"{what} #{seq} on rank {self.rank}: ",
+                             " (on another host)")
 
     def close(self) -> None:
         w = self._watcher
@@ -373,6 +369,18 @@ def first_line(text: str, limit: int = 400) -> str:
         return line
     cut = line.rfind(" ", 0, limit)
     return line[:cut if cut > 0 else limit] + " …"
+
+
+def _who(store) -> tuple[int, str, bool] | None:
+    """``(by, reason, revoke)`` of the stop recorded in ``store`` (Rails.abort), or None: none
+    recorded, or no store to ask."""
+    try:
+        if not store.check(["who"]):
+            return None
+        revoke, by, reason = store.get("who").decode().split("|", 2)
+    except Exception:  # noqa: BLE001 - the store is gone: not known to be stopped
+        return None
+    return int(by), reason, revoke == "1"
 
 
 def _peer(pair) -> int:

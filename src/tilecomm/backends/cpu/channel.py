@@ -35,7 +35,7 @@ import zlib
 from typing import Iterable
 
 from ... import procfs
-from ...errors import CommAborted, CommError, CommRevoked, CommTimeout
+from ...errors import CommAborted, CommError, CommTimeout, stopped_error
 from ...settings import settings
 from ...heap.base import SegmentLayout, SymmetricHeap
 
@@ -321,13 +321,9 @@ class Channel:
         reason = self._read_text(rank, 2, int(s[lay.stop + lay.STOP_LEN])) or "no reason given"
         at = int(s[lay.stop + lay.STOP_SEQ])
         by = int(s[lay.stop + lay.STOP_BY]) - 1
-        revoked = kind == STOP_REVOKED
         where = "" if what is None else f"{what[0]} #{what[1]} on rank {self.rank}: "
-        then = ("it takes only shrink() and close() now" if revoked else
-                "it takes no more calls: make a new one with shrink(), or close it")
-        text = (f"{where}the communicator was {'revoked' if revoked else 'aborted'} by rank "
-                f"{by} (its last call was #{at}): {reason}; {then}")
-        return (CommRevoked if revoked else CommAborted)(text, by=by, reason=reason)
+        return stopped_error(kind == STOP_REVOKED, by, reason, where,
+                             f" (its last call was #{at})")
 
     def check_stopped(self, what: tuple) -> None:
         """Raise the CommAborted / CommRevoked of the first stop word set, naming the call
