@@ -266,14 +266,15 @@ class Communicator:
         collectives do: ``hier/``)."""
         return self._backend.host_communicator() or self
 
-    def process_group(self, name: str, timeout: float | None = None):
-        """A torch.distributed (Gloo) group over all ranks, in rank order, for a layer above
-        the communicator that sends its own messages between hosts (``tilecomm.kv``): its tags
-        and connections are its own. Collective; closed with the communicator. None when all
-        ranks share a host (they talk through the symmetric heap instead). ``timeout``: the
-        group's Gloo timeout in seconds (default: the communicator's)."""
+    def process_group(self, name: str, timeout: float | None = None, device: str = "cpu"):
+        """A torch.distributed group over all ranks, in rank order, for a layer above the
+        communicator that sends its own messages between hosts (``tilecomm.kv``): its tags
+        and connections are its own. ``device``: ``"cpu"`` (Gloo) or ``"cuda"`` (NCCL, as
+        the inter-host rails of CUDA collectives). Collective; closed with the communicator.
+        None when all ranks share a host (they talk through the symmetric heap instead).
+        ``timeout``: the group's timeout in seconds (default: the communicator's)."""
         self._check_open()
-        return self._backend.process_group(name, timeout)
+        return self._backend.process_group(name, timeout, device)
 
     # ---- symmetric memory -----------------------------------------------------------------
     def heap_blocks(self) -> list[tuple[int, int]]:

@@ -25,7 +25,7 @@ def fill(cache: torch.Tensor, seed: int) -> torch.Tensor:
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
+    return t.view({1: torch.int8, 2: torch.int16, 4: torch.int32}[t.element_size()])
 
 
 def assert_same(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
@@ -50,10 +50,11 @@ def ids_for(seed: int, n: int, blocks: int, fragmented: bool) -> list[int]:
     return ids
 
 
-def many_requests(comm, dtype=torch.bfloat16) -> dict:
+def many_requests(comm, dtype=torch.bfloat16, path="auto") -> dict:
     """Every prefill rank sends two requests to every decode rank (one contiguous, one
     fragmented), layer by layer in two pushes, in an order that differs from the order the
-    receivers expect them and wait for them."""
+    receivers expect them and wait for them. ``path``: the pushes' path inside a host (every
+    push checks it took it)."""
     pre, dec = roles(comm.world_size)
     kv = KVTransfer(comm, timeout=30)
     cache = kv.paged_cache(kv_heads=2, dtype=dtype, **GEO)
@@ -88,7 +89,9 @@ def many_requests(comm, dtype=torch.bfloat16) -> dict:
         handles = []
         for layers in (range(0, 1), range(1, GEO["num_layers"])):
             for rid, (p, d, src, dst) in reversed(mine):
-                handles.append(kv.push(rid, dst=d, block_ids=src, layers=layers))
+                handles.append(kv.push(rid, dst=d, block_ids=src, layers=layers, path=path))
+                assert handles[-1].path in ("message", "copy_engine" if path == "auto"
+                                            else path), handles[-1].path
         for h in handles:
             h.wait()
         out = {h.rid: h.transfers for h in handles}
@@ -122,7 +125,7 @@ def layer_by_layer(comm) -> list:
     return seen
 
 
-def head_split_gather(comm) -> None:
+def head_split_gather(comm, path="auto") -> None:
     """Prefill with 2 KV heads per rank (ranks 0, 1), decode with 4 (rank 2): each prefill
     rank sends its heads into its slice of the decode rank's heads."""
     heads = 4 if comm.rank == 2 else 2
@@ -139,11 +142,12 @@ def head_split_gather(comm) -> None:
         assert_same(cache, want, "head gather")
     elif comm.rank in (0, 1):
         fill(cache, 50 + comm.rank)
-        kv.push("g", dst=2, block_ids=[1, 2, 3], head_split=(0, 2 * comm.rank, 2)).wait()
+        kv.push("g", dst=2, block_ids=[1, 2, 3], head_split=(0, 2 * comm.rank, 2),
+                path=path).wait()
     kv.close()
 
 
-def head_split_scatter(comm) -> None:
+def head_split_scatter(comm, path="auto") -> None:
     """Prefill with 4 KV heads (rank 0), decode with 2 per rank (ranks 1, 2)."""
     heads = 4 if comm.rank == 0 else 2
     kv = KVTransfer(comm, timeout=30)
@@ -151,7 +155,8 @@ def head_split_scatter(comm) -> None:
     if comm.rank == 0:
         fill(cache, 60)
         for d in (1, 2):
-            kv.push(f"s{d}", dst=d, block_ids=[4, 0], head_split=(2 * (d - 1), 0, 2)).wait()
+            kv.push(f"s{d}", dst=d, block_ids=[4, 0], head_split=(2 * (d - 1), 0, 2),
+                    path=path).wait()
     elif comm.rank in (1, 2):
         kv.expect(f"s{comm.rank}", src=0, block_ids=[7, 8]).wait()
         srcc = fill(torch.zeros(cache.shape[:4] + (4, cache.shape[5]), dtype=cache.dtype), 60)
@@ -405,3 +410,77 @@ def heap_after_close(comm) -> int:
         probe = comm.alloc(1024, torch.uint8)       # raises if the heaps diverged
         del probe
     return k
+
+
+def deadlines(comm) -> dict:
+    """Requests end at their deadline on both sides, and blocks in flight are never handed
+    out twice. Rank ``p`` prefills, rank ``d`` decodes:
+
+    1. "slow" (deadline 0.6 s): only layer 0 is pushed; the receiver's handle ends STALLED
+       naming the sender and layers 1..2, its blocks are free again at once, and the
+       sender's push of the rest raises KVStalled;
+    2. "h2" asks for a block "h1" holds: refused on the receiver (naming the block and
+       "h1") and on its sender; once "h1" landed the same expect succeeds;
+    3. "late" (deadline 0.3 s) is pushed after its deadline: the push raises, and so does
+       the receiver's wait.
+    """
+    from tilecomm.kv import KVStalled
+
+    pre, dec = roles(comm.world_size)
+    p, d = pre[0], dec[0]
+    kv = KVTransfer(comm, timeout=20)
+    cache = kv.paged_cache(kv_heads=2, **GEO)
+    seen = {}
+    if comm.rank == d:
+        h = kv.expect("slow", src=p, block_ids=[0, 1], deadline=0.6)
+        comm.barrier()                                               # A
+        while h.state == "pending":
+            time.sleep(0.01)
+        seen["state"] = h.state
+        seen["slow"] = _raises(KVStalled, h.wait, "'slow'", f"rank {p}: layers 1..2",
+                               "deadline of 0.6 s", "free again")
+        again = kv.expect("again", src=p, block_ids=[0, 1])         # the blocks are free
+        comm.barrier()                                               # B
+        again.wait()
+        # 2. blocks held by a request in flight
+        h1 = kv.expect("h1", src=p, block_ids=[4, 5])
+        seen["held"] = _raises(ValueError, lambda: kv.expect("h2", src=p, block_ids=[5, 6]),
+                               "block(s) [5] by request 'h1'")
+        comm.barrier()                                               # C
+        h1.wait()
+        h2 = kv.expect("h2", src=p, block_ids=[5, 6])
+        comm.barrier()                                               # D
+        h2.wait()
+        # 3. pushed too late
+        late = kv.expect("late", src=p, block_ids=[8], deadline=0.3)
+        comm.barrier()                                               # E
+        seen["late"] = _raises(KVStalled, late.wait, "'late'")
+        comm.barrier()                                               # F
+        want = reference_transfer(fill(torch.zeros_like(cache), 90), torch.zeros_like(cache),
+                                  [2, 3, 10, 11, 12], [0, 1, 4, 5, 6])
+        assert_same(cache[:, :, :8], want[:, :, :8], "requests after a stall")
+    elif comm.rank == p:
+        fill(cache, 90)
+        comm.barrier()                                               # A
+        kv.push("slow", dst=d, block_ids=[2, 3], layers=range(0, 1)).wait()
+        time.sleep(0.8)                                              # past the deadline
+        seen["slow"] = _raises(KVStalled, lambda: kv.push("slow", dst=d, block_ids=[2, 3],
+                                                          layers=range(1, 3)), "'slow'")
+        comm.barrier()                                               # B
+        kv.push("again", dst=d, block_ids=[2, 3]).wait()
+        comm.barrier()                                               # C
+        seen["held"] = _raises(CommMismatch, lambda: kv.push("h2", dst=d, block_ids=[11, 12]),
+                               "rejected request 'h2'", "'h1'")
+        kv.push("h1", dst=d, block_ids=[10, 11]).wait()
+        comm.barrier()                                               # D
+        kv.push("h2", dst=d, block_ids=[11, 12]).wait()
+        comm.barrier()                                               # E
+        time.sleep(0.5)
+        seen["late"] = _raises(KVStalled, lambda: kv.push("late", dst=d, block_ids=[0]),
+                               "'late'")
+        comm.barrier()                                               # F
+    else:
+        for _ in range(6):
+            comm.barrier()
+    kv.close()
+    return seen

@@ -86,7 +86,7 @@ def test_calls_before_the_cache_and_after_close_are_refused():
         kv.paged_cache(kv_heads=1, **S.GEO)
         with pytest.raises(ValueError, match="already has its cache"):
             kv.paged_cache(kv_heads=1, **S.GEO)
-        with pytest.raises(ValueError, match="not supported yet"):
+        with pytest.raises(ValueError, match="device .meta. is not supported"):
             tilecomm.kv.KVTransfer(comm).paged_cache(kv_heads=1, device="meta", **S.GEO)
         with pytest.raises(ValueError, match="request_id"):
             kv.push(3.5, dst=1 - comm.rank, block_ids=[0])

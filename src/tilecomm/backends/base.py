@@ -138,10 +138,10 @@ class Backend(abc.ABC):
         communicator is the host's own)."""
         return None
 
-    def process_group(self, name: str, timeout: float | None = None):
+    def process_group(self, name: str, timeout: float | None = None, device: str = "cpu"):
         """A torch.distributed group over all ranks for a layer that sends its own messages
-        between hosts (collective; ``timeout``: its own, default the communicator's); None
-        when the ranks share one host."""
+        between hosts (collective; ``timeout``: its own, default the communicator's;
+        ``device``: the kind of tensors it carries); None when the ranks share one host."""
         return None
 
     def attach_debug(self, flight, tracer) -> None:

@@ -158,8 +158,8 @@ class HierBackend(Backend):
     def host_communicator(self):
         return self.local
 
-    def process_group(self, name: str, timeout: float | None = None):
-        return self.rails_for("cpu").new_world_group(name, timeout)
+    def process_group(self, name: str, timeout: float | None = None, device: str = "cpu"):
+        return self.rails_for(device).new_world_group(name, timeout)
 
     # ---- helpers -----------------------------------------------------------------------------
     def rails_for(self, device: str) -> Rails:

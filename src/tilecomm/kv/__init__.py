@@ -6,13 +6,21 @@
 >>> kv.push("req-7", dst=1, block_ids=[10, 11, 12], layers=range(0, 4))   # prefill rank
 >>> h.layer_ready(0); h.wait()
 
+Caches on CPU (shared memory) or CUDA (``device="cuda"``: a CUDA IPC heap); inside a host a
+push moves by the Triton copy kernel or by copies (``path=``, :mod:`tilecomm.kv.paths`),
+across hosts by messages (Gloo, NCCL for CUDA caches). Every request has a deadline
+(``expect(..., deadline=)``), after which it ends on both sides (:class:`KVStalled`).
+
 See :mod:`tilecomm.kv.transfer` for the protocol and :mod:`tilecomm.kv.schedule` for what a
 request moves (the same list the performance model times).
 """
 
-from .schedule import CacheGeometry, HeadSplit, Run, Transfer, coalesce, transfers
+from .handles import KVStalled
+from .paths import PathChooser
+from .schedule import CACHE_DTYPES, CacheGeometry, HeadSplit, Run, Transfer, coalesce, transfers
 from .transfer import ExpectHandle, KVTransfer, PushHandle
 from .reference import reference_transfer
 
-__all__ = ["KVTransfer", "ExpectHandle", "PushHandle", "CacheGeometry", "HeadSplit", "Run",
-           "Transfer", "coalesce", "transfers", "reference_transfer"]
+__all__ = ["KVTransfer", "ExpectHandle", "PushHandle", "KVStalled", "PathChooser",
+           "CacheGeometry", "HeadSplit", "Run", "Transfer", "CACHE_DTYPES", "coalesce",
+           "transfers", "reference_transfer"]

@@ -19,7 +19,16 @@ if TYPE_CHECKING:
 SLOT_HDR = 1              # per slot: the generation of the request it holds (0: free)
 SRC_HDR = 4               # per sender of a slot: head src, head dst, head count, transfers
 # notice codes
-REJECTED, FAILED, UNKNOWN = 1, 2, 3
+REJECTED, FAILED, UNKNOWN, STALLED = 1, 2, 3, 4
+#: what ``ExpectHandle.state`` / ``PushHandle.state`` say
+PENDING, COMPLETE, FAILED_STATE, STALLED_STATE = "pending", "complete", "failed", "stalled"
+
+
+class KVStalled(CommTimeout):
+    """A KV request passed its deadline (``expect(..., deadline=)``) with layers missing. It
+    has ended on both sides: the receiver's handle, and the sender's push or handle, raise
+    it (the side that did not see it pass hears of it by notice); the destination blocks are
+    free again on the receiver. ``missing``: the senders whose layers had not landed."""
 DATA_TAG0, TAG_SPAN = 16, 1 << 30
 _BLOCK = 0.01              # seconds a wait on other hosts sleeps per poll (woken by news)
 
@@ -28,9 +37,12 @@ class ExpectHandle:
     """The decode side of one request: which layers have landed."""
 
     def __init__(self, kv: KVTransfer, rid: str, srcs: list[int], ids: list[int], slot: int,
-                 gen: int):
+                 gen: int, deadline: float):
         self.kv, self.rid, self.srcs, self.ids = kv, rid, srcs, ids
         self.slot, self.gen = slot, gen
+        #: seconds the request may take from its expect; it ends STALLED when they pass
+        self.deadline = float(deadline)
+        self.expires = time.monotonic() + self.deadline
         self.layers = kv.geometry.layers
         self.error: Exception | None = None
         self.complete = False
@@ -49,15 +61,48 @@ class ExpectHandle:
                     if j not in self._remote_done) if not self._released else self._local_moves
         return self._remote_transfers + local
 
+    @property
+    def state(self) -> str:
+        """``"pending"``, ``"complete"``, ``"failed"`` (an error, cancel included) or
+        ``"stalled"`` (the deadline passed); reading it makes progress, never raises."""
+        if not self.complete and self.error is None:
+            self.kv.progress()
+            if not self.complete and self.error is None:
+                return PENDING
+        if self.complete:
+            return COMPLETE
+        return STALLED_STATE if isinstance(self.error, KVStalled) else FAILED_STATE
+
     def _flag(self, j: int) -> np.ndarray:
         return self.kv.board.sender(self.slot, j, self.layers)
 
     def _has(self, j: int, layer: int) -> bool:
         if j in self._remote_done:
             return layer in self._remote_done[j]
-        return int(self._flag(j)[SRC_HDR + layer]) == self.gen
+        return self.kv.flags.landed(self.slot, j, layer, self.gen)
 
-    def fail(self, e: Exception) -> None:
+    def missing(self) -> dict[int, list[int]]:
+        """``{sender rank: layers not landed yet}``, senders with none left out."""
+        out = {s: [i for i in range(self.layers) if not self._has(j, i)]
+               for j, s in enumerate(self.srcs)}
+        return {s: v for s, v in out.items() if v}
+
+    def describe_missing(self) -> str:
+        return "; ".join(f"rank {s}: layers {_span(v)}" for s, v in self.missing().items())
+
+    def stall(self) -> None:
+        """The deadline passed: end the request with :class:`KVStalled` here and at its
+        senders (engine's progress calls this)."""
+        if self.error is None and not self.complete:
+            missing = tuple(self.missing())
+            self.fail(KVStalled(
+                f"kv: request {self.rid!r} (expect #{self.gen} on rank {self.kv.rank}) "
+                f"stalled: its deadline of {self.deadline:g} s passed with {self.describe_missing()} "
+                f"still missing; its blocks {_span(self.ids)} are free again",
+                collective="kv.expect", seq=self.gen, missing=missing or tuple(self.srcs)),
+                code=STALLED)
+
+    def fail(self, e: Exception, code: int = REJECTED) -> None:
         """The request failed here: free its slot and tell its senders (the one at fault
         too), so a push of it that comes later raises there instead of writing into blocks
         this rank may give to another request."""
@@ -65,7 +110,7 @@ class ExpectHandle:
             self.error = e
             self._release()
             for s in self.srcs:
-                self.kv.send_control(s, Message(NOTICE, self.rid, (REJECTED, self.gen),
+                self.kv.send_control(s, Message(NOTICE, self.rid, (code, self.gen),
                                                 text=f"rank {self.kv.rank} gave up request "
                                                      f"{self.rid!r}: {e}"))
 
@@ -89,6 +134,8 @@ class ExpectHandle:
         self._pending[key] -= 1
         if not self._pending[key]:
             self._remote_done[j].add(layer)
+            # this rank's own flag too, for waits on the device (ExpectHandle.wait_on_device)
+            self.kv.flags.set_own(self.slot, j, layer, self.gen)
 
     def _raise(self) -> None:
         if self.error is not None:
@@ -114,13 +161,49 @@ class ExpectHandle:
         self._raise()
         return all(self._has(j, i) for j in range(len(self.srcs)))
 
+    def device_wait_args(self, i: int) -> tuple:
+        """What :func:`tilecomm.kv.kernel.wait_layer` takes to wait for layer ``i`` inside a
+        kernel (an attention kernel, before it reads the layer): ``(flags, first, stride,
+        nsrc, gen, srcs, heap)``. Senders on other hosts count only once this rank's engine
+        has seen their data (any kv call, or ``poll``, makes progress)."""
+        if not 0 <= i < self.layers:
+            raise ValueError(f"request {self.rid!r}: layer {i} out of range [0, {self.layers})")
+        kv = self.kv
+        srcs = torch.tensor(self.srcs, dtype=torch.int64, device=kv.cache.device)
+        return (kv.flags.tensor, kv.flags.index(self.slot, 0, i), kv.board.sender_words,
+                len(self.srcs), self.gen, srcs, kv.heap.handle)
+
+    def wait_on_device(self, i: int) -> None:
+        """Queue a wait for layer ``i`` on the current stream (CUDA caches): the work queued
+        after it starts once the layer has landed, with no host synchronization. A wait that
+        gives up (the heap's wait bound) is recorded; ``kv.check_device()`` raises it. On CPU
+        caches the wait runs in the Triton interpreter and returns when the layer is there
+        (senders on this host only: the engine makes no progress while it waits)."""
+        from .kernel import kv_wait_layer_kernel
+
+        if not self.kv.cache.is_cuda:
+            from ..device.heap import require_interpreter
+            require_interpreter("kv wait_on_device on CPU caches")
+        if self.complete:
+            return
+        self._raise()
+        kv_wait_layer_kernel[(1,)](*self.device_wait_args(i))
+        if not self.kv.cache.is_cuda:
+            self.kv.check_device()
+
     def done(self, _block: float = 0.0) -> bool:
         """True once every layer has landed (raises what went wrong, if anything did)."""
         if self.complete:
             return True
         self.kv.progress(_block)
         self._raise()
-        if all(self._has(j, i) for j in range(len(self.srcs)) for i in range(self.layers)):
+        return self.settle()
+
+    def settle(self) -> bool:
+        """Finish the request if every layer has landed, without making progress; True once
+        it is complete (raises what went wrong in finishing it)."""
+        if not self.complete and self.error is None and \
+                all(self._has(j, i) for j in range(len(self.srcs)) for i in range(self.layers)):
             self._finish()
         return self.complete
 
@@ -128,7 +211,7 @@ class ExpectHandle:
         """Block until every layer has landed; CommTimeout (naming the request, the senders
         still missing and their layers) after ``timeout`` seconds (default: the engine's).
         After a timeout the request stays expected (wait again, or :meth:`cancel` it before
-        reusing its blocks)."""
+        reusing its blocks) until its deadline, when it ends :class:`KVStalled`."""
         limit = self.kv.timeout if timeout is None else float(timeout)
         deadline = time.monotonic() + limit
         wait = Backoff()
@@ -136,14 +219,11 @@ class ExpectHandle:
         block = _BLOCK if all(self.kv.is_remote(s) for s in self.srcs) else 0.0
         while not self.done(block):
             if time.monotonic() > deadline:
-                missing = {s: [i for i in range(self.layers) if not self._has(j, i)]
-                           for j, s in enumerate(self.srcs)}
-                missing = {s: v for s, v in missing.items() if v}
-                shown = "; ".join(f"rank {s}: layers {_span(v)}" for s, v in missing.items())
+                missing = tuple(self.missing())
                 raise CommTimeout(f"kv: request {self.rid!r} (expect #{self.gen} on rank "
                                   f"{self.kv.rank}) incomplete after {limit:g} s, missing "
-                                  f"{shown}", collective="kv.expect", seq=self.gen,
-                                  missing=tuple(missing))
+                                  f"{self.describe_missing()}", collective="kv.expect",
+                                  seq=self.gen, missing=missing)
             if not block:
                 wait()
 
@@ -175,7 +255,12 @@ class ExpectHandle:
 
 @dataclass
 class PushHandle:
-    """The prefill side of one push: ``transfers`` contiguous moves of ``nbytes`` bytes."""
+    """The prefill side of one push: ``transfers`` contiguous moves of ``nbytes`` bytes.
+
+    ``path``: how the data moved: ``"kernel"`` (the Triton copy kernel), ``"copy_engine"``
+    (device-to-device copies on CUDA, memcpy on CPU caches) or ``"message"`` (to another
+    host). ``layers``: the range it pushed. ``expires``: the request's deadline (monotonic
+    seconds), which bounds every wait of the push."""
 
     rid: str
     dst: int
@@ -183,30 +268,65 @@ class PushHandle:
     nbytes: int
     kv: "KVTransfer | None" = None
     pending: int = 0            # inter-host sends not yet complete
-    error: Exception | None = None   # the receiver's host went away
+    error: Exception | None = None   # the receiver's host went away, or the request ended
+    path: str = "copy_engine"
+    layers: range = range(0)
+    expires: float = float("inf")
+    event: object = None        # CUDA: recorded after the copies (``query()``: they are done)
+
+    @property
+    def state(self) -> str:
+        """``"pending"`` (data still leaving this rank), ``"complete"``, ``"failed"`` or
+        ``"stalled"`` (the request passed its deadline); never raises."""
+        try:
+            if not self.done():
+                return PENDING
+        except KVStalled:
+            return STALLED_STATE
+        except Exception:  # noqa: BLE001 - the state of a failed push is what is asked
+            return FAILED_STATE
+        return COMPLETE
 
     def done(self, _block: float = 0.0) -> bool:
-        """True once the data has left this rank's cache (at once inside a host)."""
+        """True once the data has left this rank's cache (inside a host: at once on CPU
+        caches, once the copies finished on the device for CUDA caches)."""
         if self.pending and self.kv is not None:
             self.kv.progress(_block)
         if self.error is not None:
             raise self.error.with_traceback(None)
+        if self.event is not None:
+            if not self.event.query():
+                return False
+            self.event = None
         return not self.pending
 
     def wait(self, timeout: float | None = None) -> None:
         """Block until the data has left this rank's cache; CommTimeout after ``timeout``
-        seconds (default: the engine's). Across hosts the receiver must be making progress
-        (any of its kv calls) for the data to move."""
-        if not self.pending:
+        seconds (default: the engine's), KVStalled at the request's deadline if that comes
+        first. Across hosts the receiver must be making progress (any of its kv calls) for
+        the data to move."""
+        if self.done():
             return
         limit = self.kv.timeout if timeout is None else float(timeout)
-        deadline = time.monotonic() + limit
-        while not self.done(_BLOCK):
-            if time.monotonic() > deadline:
+        start = time.monotonic()
+        deadline = min(start + limit, self.expires)
+        pause = Backoff()
+        while not self.done(_BLOCK if self.pending else 0.0):
+            now = time.monotonic()
+            if now > deadline:
+                left = (f"{self.pending} of {self.transfers} transfers not received"
+                        if self.pending else "the copies have not finished on the device")
+                if deadline == self.expires:
+                    self.error = KVStalled(
+                        f"kv: push of request {self.rid!r} (layers {_span(list(self.layers))}) "
+                        f"to rank {self.dst} stalled: the request's deadline passed with "
+                        f"{left}", collective="kv.push", missing=(self.dst,))
+                    raise self.error
                 raise CommTimeout(f"kv: push of request {self.rid!r} to rank {self.dst}: "
-                                  f"{self.pending} of {self.transfers} transfers not received "
-                                  f"after {limit:g} s", collective="kv.push",
+                                  f"{left} after {limit:g} s", collective="kv.push",
                                   missing=(self.dst,))
+            if not self.pending:
+                pause()
 
 
 class Board:
@@ -250,6 +370,7 @@ class Expectation:
     nsrc: int
     ids: list
     nblocks: int
+    expires: float = float("inf")       # the request's deadline, monotonic on this rank
     pushed: set = field(default_factory=set)
 
 

@@ -173,7 +173,8 @@ class GlooMailbox:
     saw, never blocking; ``token`` is the caller's name for a work.
     """
 
-    def __init__(self, codec: Codec, pg, data_pg, peers: list[int]):
+    def __init__(self, codec: Codec, pg, data_pg, peers: list[int],
+                 device: torch.device | None = None):
         import queue
         import threading
 
@@ -181,6 +182,9 @@ class GlooMailbox:
         # its pair's lock, which the I/O thread holds while it writes a large message, so a
         # control message behind 2 MiB of data cost ~0.7 ms to post (measured)
         self.codec, self.pg, self.data_pg = codec, pg, data_pg
+        # CUDA data (NCCL): a work's wait() only orders the waiting thread's stream after it;
+        # the fifo thread then synchronizes that stream, so "done" means the bytes are there
+        self.device = device if device is not None and device.type == "cuda" else None
         self.nbytes = codec.words * 8
         self.done: queue.SimpleQueue = queue.SimpleQueue()
         self.seq = {p: 0 for p in peers}
@@ -208,6 +212,8 @@ class GlooMailbox:
 
     def _fifo(self, p: int) -> None:
         q = self.fifos[p]
+        if self.device is not None:
+            torch.cuda.set_device(self.device)
         while True:
             item = q.get()
             if item is None:
@@ -215,6 +221,8 @@ class GlooMailbox:
             work, token, _keep = item
             try:
                 work.wait()
+                if self.device is not None:
+                    torch.cuda.current_stream(self.device).synchronize()
             except RuntimeError as e:
                 self.done.put(("error", p, f"{token[0]}: {e}"))
             else:

@@ -19,11 +19,27 @@ from typing import Sequence
 import torch
 
 from ..agree import Descriptor
-from ..types import lookup_dtype
 
 
 #: a cache geometry as the ranks exchange it (``CacheGeometry.words``)
 GEOMETRY = Descriptor("layers", "blocks", "block_size", "kv_heads", "head_dim", "dtype")
+
+#: dtypes a cache may hold, by the id the ranks exchange. The engine only moves bytes, so
+#: 8-bit float caches (fp8 e4m3 / e5m2, as vLLM's ``kv_cache_dtype="fp8"``) are as good as
+#: any; the collectives' dtype table (tilecomm.types) lists only what they can reduce or
+#: stage, which is why these ids are kept here.
+CACHE_DTYPES = {1: torch.float32, 3: torch.float16, 4: torch.bfloat16, 7: torch.uint8,
+                8: torch.int8, 20: torch.float8_e4m3fn, 21: torch.float8_e5m2}
+_DTYPE_ID = {d: i for i, d in CACHE_DTYPES.items()}
+
+
+def cache_dtype_id(dtype: torch.dtype) -> int:
+    """The exchanged id of a cache dtype; TypeError naming the supported ones."""
+    i = _DTYPE_ID.get(dtype)
+    if i is None:
+        names = ", ".join(str(d).removeprefix("torch.") for d in CACHE_DTYPES.values())
+        raise TypeError(f"paged_cache: dtype {dtype} is not supported; use one of {names}")
+    return i
 
 
 @dataclass(frozen=True)
@@ -42,7 +58,7 @@ class CacheGeometry:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"paged_cache: {name} must be a positive int, got {v!r}")
-        lookup_dtype(self.dtype, what="paged_cache")
+        cache_dtype_id(self.dtype)
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -50,7 +66,7 @@ class CacheGeometry:
 
     @property
     def itemsize(self) -> int:
-        return lookup_dtype(self.dtype).itemsize
+        return torch.empty((), dtype=self.dtype).element_size()
 
     @property
     def nbytes(self) -> int:
@@ -65,18 +81,18 @@ class CacheGeometry:
         """The geometry as ints, for exchanging between ranks (:data:`GEOMETRY`)."""
         return GEOMETRY.pack(layers=self.layers, blocks=self.blocks, block_size=self.block_size,
                              kv_heads=self.kv_heads, head_dim=self.head_dim,
-                             dtype=lookup_dtype(self.dtype).id)
+                             dtype=cache_dtype_id(self.dtype))
 
     @classmethod
     def from_words(cls, w: Sequence[int]) -> "CacheGeometry":
-        from ..types import DTYPE_BY_ID
         g = lambda name: GEOMETRY.get(w, name)  # noqa: E731
         return cls(g("layers"), g("blocks"), g("block_size"), g("kv_heads"), g("head_dim"),
-                   DTYPE_BY_ID[g("dtype")].torch)
+                   CACHE_DTYPES[g("dtype")])
 
     def describe(self) -> str:
         return (f"{self.layers} layers x {self.blocks} blocks x {self.block_size} slots x "
-                f"{self.kv_heads} heads x {self.head_dim} dims, {str(self.dtype)[6:]}")
+                f"{self.kv_heads} heads x {self.head_dim} dims, "
+                f"{str(self.dtype).removeprefix('torch.')}")
 
 
 @dataclass(frozen=True)

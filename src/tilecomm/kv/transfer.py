@@ -22,22 +22,26 @@ and a timeout names the request and the peer.
 
 from __future__ import annotations
 
+import math
 import operator
 import time
 
 import numpy as np
 import torch
 
-from ..errors import CommMismatch, CommTimeout
+from ..errors import CommError, CommMismatch, CommTimeout
 from . import mailbox as mb
 from .mailbox import CLOSE, EXPECT, NOTICE, PUSH, Codec, Message, request_key
-from .handles import (SRC_HDR, DATA_TAG0, FAILED, REJECTED, TAG_SPAN, UNKNOWN, Backoff, Board,
-                      ExpectHandle, Expectation, PushHandle, Recv)
+from .flags import DeviceFlags, HostFlags
+from .handles import (DATA_TAG0, FAILED, REJECTED, STALLED, TAG_SPAN, UNKNOWN, Backoff, Board,
+                      ExpectHandle, Expectation, KVStalled, PushHandle, Recv)
+from .paths import PATHS, PathChooser, copy_tiles
 from .schedule import (GEOMETRY, CacheGeometry, HeadSplit, check_block_ids, coalesce,
                        transfers)
 
 MAX_SOURCES = 8            # senders one request may gather heads from
 _IDLE_OK = 7 * 24 * 3600.0  # Gloo timeout of the engine's group (see paged_cache)
+_DEVICE_KINDS = {"cpu": 1, "cuda": 2}    # exchanged, so every rank sees a mismatch
 
 
 class KVTransfer:
@@ -59,11 +63,20 @@ class KVTransfer:
         self.cache: torch.Tensor | None = None
         #: the request slots of the board (made with the cache)
         self.board: Board | None = None
+        #: the layer flags (tilecomm.kv.flags), made with the cache
+        self.flags: HostFlags | None = None
+        #: the device heap the cache lives in (tilecomm.device.DeviceHeap: the shared-memory
+        #: heap for CPU caches, the CUDA IPC heap for CUDA ones)
+        self.heap = None
+        #: path="auto"'s cost per path (tilecomm.kv.paths.PathChooser), made when first used
+        self.chooser: PathChooser | None = None
         self.geometries: list[CacheGeometry] = []
         self._closed = False
         # receiver side
         self._handles: dict[str, ExpectHandle] = {}       # open requests by id
         self._by_slot: dict[int, ExpectHandle] = {}
+        self._held: dict[int, ExpectHandle] = {}          # destination block -> its request
+        self._next_expiry = float("inf")                  # earliest deadline of _handles
         self._gen = 0
         self._early: dict[tuple[int, str], str] = {}      # notices before the expect
         self._errors: list[Exception] = []                 # raised at the next call
@@ -72,7 +85,7 @@ class KVTransfer:
         self._outbox: dict[int, list] = {}                 # messages waiting for ring room
         # sender side
         self._expects: dict[tuple[int, str], Expectation] = {}
-        self._rejected: dict[tuple[int, str], str] = {}
+        self._rejected: dict[tuple[int, str], tuple[type, str]] = {}   # (error, text)
         self._pushes: list[PushHandle] = []
         self._tags: dict[int, int] = {}
         self._peer_caches: dict[int, torch.Tensor] = {}
@@ -81,22 +94,40 @@ class KVTransfer:
     # ---- setup ------------------------------------------------------------------------------
     def paged_cache(self, *, num_layers: int, num_blocks: int, block_size: int, kv_heads: int,
                     head_dim: int, dtype: torch.dtype = torch.bfloat16,
-                    device: str = "cpu") -> torch.Tensor:
+                    device: str | torch.device = "cpu") -> torch.Tensor:
         """This rank's cache, zero-filled: ``[num_layers, 2, num_blocks, block_size, kv_heads,
         head_dim]`` (K and V per layer, vLLM's per-layer layout), in symmetric memory.
+
+        ``device``: ``"cpu"`` (the shared-memory heap) or ``"cuda"`` / ``"cuda:N"`` (a CUDA
+        IPC heap of its own, sized for the cache; default device ``cuda:rank %
+        device_count``); every rank must name the same kind. ``dtype``: any of
+        :data:`tilecomm.kv.schedule.CACHE_DTYPES` (fp8 included: the engine moves bytes).
 
         Collective: every rank calls it once; geometries may differ between ranks (prefill and
         decode may use different tensor-parallel layouts: ``kv_heads`` is this rank's share).
         """
+        from ..device.heap import DeviceHeap, interpreted
+
         self._check_open()
         if self.cache is not None:
             raise ValueError("paged_cache: this KVTransfer already has its cache")
-        if torch.device(device).type != "cpu":
-            raise ValueError(f"paged_cache: device {device!r} is not supported yet: the engine "
-                             f"moves CPU tensors (shared memory in a host, Gloo across hosts)")
+        dev = torch.device(device)
+        if dev.type not in _DEVICE_KINDS:
+            raise ValueError(f"paged_cache: device {str(device)!r} is not supported; use 'cpu' "
+                             f"or 'cuda' (the KV engine's caches live in symmetric memory)")
+        if dev.type == "cuda" and interpreted():
+            raise ValueError("paged_cache: device='cuda' under TRITON_INTERPRET=1, which runs "
+                             "kernels on CPU tensors; use device='cpu' caches there")
         g = CacheGeometry(num_layers, num_blocks, block_size, kv_heads, head_dim, dtype)
-        rows = self.comm.exchange(g.words() + [self.max_requests, self.ring_slots])
+        rows = self.comm.exchange(g.words() + [self.max_requests, self.ring_slots,
+                                               _DEVICE_KINDS[dev.type]])
         n = len(GEOMETRY)
+        kinds = {r[n + 2] for r in rows}
+        if len(kinds) > 1:
+            names = {v: k for k, v in _DEVICE_KINDS.items()}
+            where = ", ".join(f"rank {i}: {names[r[n + 2]]}" for i, r in enumerate(rows))
+            raise ValueError(f"paged_cache: every rank's cache must be on the same kind of "
+                             f"device ({where})")
         self.geometries = [CacheGeometry.from_words(r[:n]) for r in rows]
         self.max_requests = max(r[n] for r in rows)          # the largest any rank asked for
         self.ring_slots = max(r[n + 1] for r in rows)
@@ -104,30 +135,42 @@ class KVTransfer:
         max_bytes = max(x.nbytes for x in self.geometries)
         self._l_max = max(x.layers for x in self.geometries)
         self._codec = Codec(max(x.blocks for x in self.geometries))
-        self._raw = self.comm.alloc(max_bytes, torch.uint8)
+        flag_words = Board.words_for(self.max_requests, self._l_max, MAX_SOURCES)
+        # the device heap spans this host's ranks (kernels and copies reach no other host);
+        # CPU caches come from the communicator's own allocator, which the heap shares
+        self.heap = DeviceHeap.create(
+            self.comm.host_comm, device=dev,
+            nbytes=_round_up(max_bytes, 1 << 20) + _round_up(8 * flag_words, 1 << 20) + (4 << 20))
+        self._raw = self.heap.alloc(max_bytes, torch.uint8) if dev.type == "cuda" else \
+            self.comm.alloc(max_bytes, torch.uint8)
         self.cache = self._raw[:g.nbytes].view(dtype).view(g.shape)
         host = lay.hosts[lay.host_of(self.rank)]
         self._local = [r for r in host if r != self.rank]
         self._remote = [r for r in range(self.comm.world_size) if r not in host]
         ring_words = mb.ShmMailbox.board_words(self._codec, lay.max_local, self.ring_slots)
-        self._board = self.comm.alloc(
-            ring_words + Board.words_for(self.max_requests, self._l_max, MAX_SOURCES),
-            torch.int64)
+        self._board = self.comm.alloc(ring_words + flag_words, torch.int64)
         self._board_np = self._board.numpy()
         #: the request slots of the board (the same layout on every rank of the host)
         self.board = Board(self._board_np, ring_words, self._l_max, MAX_SOURCES)
         self._peer_boards = {r: self.comm.peer(self._board, r).numpy() for r in self._local}
+        if dev.type == "cuda":
+            self.flags = DeviceFlags(self.board, self.heap.signal_pad(flag_words), self.heap)
+        else:
+            self.flags = HostFlags(self.board, self._board[ring_words:], self._peer_boards)
+            self.chooser = PathChooser()
         self._shm = mb.ShmMailbox(
             self._codec, self._board, {r: self.comm.peer(self._board, r) for r in self._local},
             lay.local_rank(self.rank), {r: lay.local_rank(r) for r in self._local},
             self.ring_slots, 0)
         self._free = list(range(self.max_requests))[::-1]
-        # the engine bounds every wait itself; Gloo's own timeout would fire on an idle peer
+        # the engine bounds every wait itself; Gloo's own timeout would fire on an idle peer.
+        # Control messages always go through Gloo; the data of CUDA caches through NCCL.
         self._gloo = None
         if lay.num_hosts > 1:
             self._gloo = mb.GlooMailbox(
                 self._codec, self.comm.process_group("kv-control", timeout=_IDLE_OK),
-                self.comm.process_group("kv-data", timeout=_IDLE_OK), self._remote)
+                self.comm.process_group("kv-data", timeout=_IDLE_OK, device=dev.type),
+                self._remote, device=self.cache.device)
         self._tags = {r: 0 for r in self._remote}
         return self.cache
 
@@ -144,6 +187,9 @@ class KVTransfer:
             del self._handles[h.rid]
             del self._by_slot[h.slot]
             self._free.append(h.slot)
+            for b in h.ids:
+                if self._held.get(b) is h:
+                    del self._held[b]
 
     @property
     def geometry(self) -> CacheGeometry:
@@ -151,12 +197,18 @@ class KVTransfer:
         return self.geometries[self.rank]
 
     # ---- decode side ------------------------------------------------------------------------
-    def expect(self, request_id, src, block_ids) -> "ExpectHandle":
+    def expect(self, request_id, src, block_ids, *, deadline: float | None = None
+               ) -> "ExpectHandle":
         """Announce where request ``request_id``'s blocks must land in this rank's cache.
 
         ``src``: the prefill rank that pushes it, or a list of ranks when this rank's heads
         come from several (each pushes its heads with ``head_split``). ``block_ids``: this
-        rank's blocks, in token order. Returns at once; the handle tells when layers land.
+        rank's blocks, in token order; a block that a request still in flight holds is
+        refused (``ValueError`` naming it and the request). ``deadline``: seconds the whole
+        request may take from now (default: the engine's timeout); once it passes with
+        layers missing the request ends on both sides (:class:`~tilecomm.kv.KVStalled`,
+        ``state == "stalled"``) and its blocks are free again. Returns at once; the handle
+        tells when layers land.
         """
         self._check_cache()
         self.poll()
@@ -170,8 +222,13 @@ class KVTransfer:
             if s in self._dead:
                 raise self._dead_error(s, f"expect of request {rid!r}")
         try:
+            limit = self.timeout if deadline is None else float(deadline)
+            if not limit > 0 or math.isinf(limit):
+                raise ValueError(f"expect of request {rid!r}: deadline must be a finite number "
+                                 f"of seconds > 0, got {deadline!r}")
             self._check_sources(srcs, rid)
             ids = check_block_ids(block_ids, self.geometry, f"expect of request {rid!r}")
+            self._check_free(ids, rid)
             if not self._free:
                 raise ValueError(f"expect: {self.max_requests} requests are already in flight "
                                  f"on rank {self.rank}; wait for some, or make the KVTransfer "
@@ -185,18 +242,35 @@ class KVTransfer:
             raise
         slot = self._free.pop()
         self._gen += 1
-        h = ExpectHandle(self, rid, srcs, ids, slot, self._gen)
+        h = ExpectHandle(self, rid, srcs, ids, slot, self._gen, limit)
         at = self.board.slot_at(slot)
         self._board_np[at:at + self.board.slot_words] = 0
         self._board_np[at] = h.gen          # live: senders check it before each layer
         self._handles[rid] = self._by_slot[slot] = h
+        self._held.update(dict.fromkeys(ids, h))
+        self._next_expiry = min(self._next_expiry, h.expires)
+        ms = max(1, int(limit * 1000))
         for j, s in enumerate(srcs):
-            self.send_control(s, Message(EXPECT, rid, (len(ids), slot, h.gen, j, len(srcs)), ids=ids))
+            self.send_control(s, Message(EXPECT, rid, (len(ids), slot, h.gen, j, len(srcs), ms),
+                                         ids=ids))
         for j, s in enumerate(srcs):
             text = self._early.pop((s, rid), None)
             if text is not None:
                 h.fail(CommMismatch(text))
         return h
+
+    def _check_free(self, ids: list[int], rid: str) -> None:
+        """ValueError if a request in flight holds any of ``ids`` (a block manager that hands
+        a block to two requests would have the second one's data land in the first's)."""
+        taken = [b for b in ids if b in self._held]
+        if taken:
+            by: dict[str, list[int]] = {}
+            for b in taken:
+                by.setdefault(self._held[b].rid, []).append(b)
+            shown = "; ".join(f"block(s) {v} by request {r!r}" for r, v in by.items())
+            raise ValueError(f"expect of request {rid!r}: destination blocks are held by "
+                             f"requests still in flight on rank {self.rank} ({shown}); wait "
+                             f"for or cancel those first")
 
     def _check_sources(self, srcs, rid: str) -> None:
         if not srcs or len(srcs) > MAX_SOURCES:
@@ -215,7 +289,8 @@ class KVTransfer:
 
     # ---- prefill side -----------------------------------------------------------------------
     def push(self, request_id, dst: int, block_ids, layers=None,
-             head_split: HeadSplit | tuple | None = None) -> "PushHandle":
+             head_split: HeadSplit | tuple | None = None, *, path: str = "auto"
+             ) -> "PushHandle":
         """Move request ``request_id``'s blocks ``block_ids`` (this rank's, in token order)
         into the blocks ``dst`` expects, for ``layers`` (a range; default all).
 
@@ -223,7 +298,14 @@ class KVTransfer:
         this rank's cache go to heads ``[dst_head, ...)`` of ``dst``'s (different TP layouts);
         default: all heads, which needs equal ``kv_heads`` on both sides.
 
-        Inside a host the data has landed when this returns. Across hosts it is on its way:
+        ``path`` (inside a host; :mod:`tilecomm.kv.paths`): ``"kernel"`` (one Triton launch;
+        on CPU caches the interpreter), ``"copy_engine"`` (a copy per transfer: device to
+        device on CUDA, memcpy on CPU) or ``"auto"`` (the one predicted faster on this
+        device). ``handle.path`` says which ran (``"message"`` across hosts).
+
+        Inside a host, CPU caches: the data has landed when this returns; CUDA caches: the
+        copies are queued on the current stream (after the work that wrote the blocks), and
+        the receiver sees each layer once it landed. Across hosts it is on its way.
         ``handle.wait()`` before overwriting the source blocks (``close`` waits for all).
         """
         self._check_cache()
@@ -242,6 +324,9 @@ class KVTransfer:
             ids = check_block_ids(block_ids, mine, f"push of request {rid!r}")
             lo, hi = _layer_range(layers, mine.layers, rid)
             hs = _head_split(head_split, mine, theirs, rid, dst)
+            if path not in PATHS + ("auto",):
+                raise ValueError(f"push of request {rid!r}: path must be one of "
+                                 f"{', '.join(PATHS + ('auto',))}, got {path!r}")
         except ValueError as e:
             if isinstance(dst, int) and 0 <= dst < self.comm.world_size and dst != self.rank:
                 self._expects.pop((dst, rid), None)     # the receiver's handle fails too
@@ -261,16 +346,35 @@ class KVTransfer:
         elif ex.pushed & set(range(lo, hi)):
             problem = ValueError(f"push of request {rid!r}: layers "
                                  f"{sorted(ex.pushed & set(range(lo, hi)))} were already pushed")
+        elif time.monotonic() > ex.expires:
+            problem = KVStalled(f"kv: push of request {rid!r} (layers {lo}..{hi - 1}) to rank "
+                                f"{dst}: the request's deadline passed before the push; it "
+                                f"has ended on both sides", collective="kv.push",
+                                missing=(dst,))
         if problem is not None:
             del self._expects[(dst, rid)]
-            self.send_control(dst, Message(NOTICE, rid, (FAILED, ex.gen), text=str(problem)))
+            code = STALLED if isinstance(problem, KVStalled) else FAILED
+            self.send_control(dst, Message(NOTICE, rid, (code, ex.gen), text=str(problem)))
             raise problem
         runs = coalesce(ids, ex.ids)
         moves = transfers(runs, range(lo, hi))
-        ph = PushHandle(rid, dst, len(moves), 0, self)
+        ph = PushHandle(rid, dst, len(moves), 0, self, layers=range(lo, hi), expires=ex.expires)
         if dst in self._local:
-            ph.nbytes = self._copy_local(dst, ex, moves, hs)
+            whole = hs.is_whole(mine.kv_heads, theirs.kv_heads)
+            if path == "auto":
+                path = self._choose(moves, whole, mine, hs)
+            ph.path = path
+            if path == "kernel":
+                ph.nbytes = self._kernel_local(dst, ex, moves, hs, whole, lo, hi)
+            else:
+                ph.nbytes = self._copy_local(dst, ex, moves, hs)
+            if self.cache.is_cuda:
+                ph.event = torch.cuda.Event()
+                ph.event.record()
+                self._pushes = [p for p in self._pushes if p.event is not None or p.pending] \
+                    + [ph]
         else:
+            ph.path = "message"
             self._send_remote(dst, rid, ex, ids, lo, hi, hs, moves, ph)
             self._pushes = [p for p in self._pushes if p.pending] + [ph]
         ex.pushed |= set(range(lo, hi))
@@ -287,7 +391,10 @@ class KVTransfer:
             if ex is not None:
                 return ex
             if key in self._rejected:
-                raise CommMismatch(self._rejected.pop(key))
+                err, text = self._rejected.pop(key)
+                if err is KVStalled:
+                    raise KVStalled(text, collective="kv.push", missing=(dst,))
+                raise CommMismatch(text)
             if dst in self._dead:
                 raise self._dead_error(dst, f"push of request {rid!r}")
             if time.monotonic() > deadline:
@@ -302,54 +409,143 @@ class KVTransfer:
             wait()
             self.progress()
 
+    def _peer_raw(self, r: int) -> torch.Tensor:
+        """Rank ``r``'s (this host) symmetric cache buffer as this process maps it."""
+        if r == self.rank:
+            return self._raw
+        return self.heap.peer_view(self._raw, self.comm.layout.local_rank(r))
+
     def _peer_cache(self, r: int) -> torch.Tensor:
         t = self._peer_caches.get(r)
         if t is None:
             g = self.geometries[r]
-            t = self.comm.peer(self._raw, r)[:g.nbytes].view(g.dtype).view(g.shape)
+            t = self._peer_raw(r)[:g.nbytes].view(g.dtype).view(g.shape)
             self._peer_caches[r] = t
         return t
 
-    def _copy_local(self, dst: int, ex: "Expectation", moves, hs: HeadSplit) -> int:
-        """Copy ``moves`` into ``dst``'s cache, storing each layer's flag after its data.
-
-        Whole blocks move through numpy views of the two caches as bytes: a numpy slice
-        assignment costs ~1 us of Python against ~6 us for torch's ``copy_`` (128 blocks of
-        32 KB, fragmented: 0.16 ms against 0.84 ms, tests/kv measures neither -- bench kv
-        does), and both are memcpy for the bytes."""
+    def _start_local(self, dst: int, ex: "Expectation", hs: HeadSplit) -> None:
+        """Before a local push writes: raise if the receiver gave the request up, and record
+        the sender's heads in its slot (the receiver reads them once every layer landed)."""
         board = self._peer_boards[dst]          # laid out as this rank's (self.board)
-        slot_at = self.board.slot_at(ex.slot)
+        if int(board[self.board.slot_at(ex.slot)]) != ex.gen:
+            self._expects.pop((dst, ex.rid), None)
+            raise CommMismatch(f"push of request {ex.rid!r}: rank {dst} gave up the request "
+                               f"(cancelled, failed or stalled there)")
         at = self.board.sender_at(ex.slot, ex.j)
         board[at:at + 3] = (hs.src, hs.dst, hs.count)
+
+    def _copy_local(self, dst: int, ex: "Expectation", moves, hs: HeadSplit) -> int:
+        """Copy ``moves`` into ``dst``'s cache, storing each layer's flag after its data (the
+        ``copy_engine`` path; on CUDA caches the copies and flags are queued on the current
+        stream).
+
+        Whole blocks of CPU caches move through numpy views of the two caches as bytes: a
+        numpy slice assignment costs ~1 us of Python against ~6 us for torch's ``copy_``
+        (128 blocks of 32 KB, fragmented: 0.16 ms against 0.84 ms, tests/kv measures neither
+        -- bench kv does), and both are memcpy for the bytes."""
+        self._start_local(dst, ex, hs)
+        board = self._peer_boards[dst]
+        slot_at = self.board.slot_at(ex.slot)
         whole = hs.is_whole(self.cache.shape[4], self.geometries[dst].kv_heads)
-        if whole:
+        if whole and not self.cache.is_cuda:
             src, out = self._blocks_np(self.rank), self._blocks_np(dst)
         else:
             src, out = self.cache, self._peer_cache(dst)
         nbytes, layer = 0, None
         for t in moves:
             if t.layer != layer:
-                if layer is not None:
-                    board[at + SRC_HDR + layer] = ex.gen    # layer done: after its data
-                if int(board[slot_at]) != ex.gen:            # the receiver gave it up
-                    self._expects.pop((dst, ex.rid), None)
-                    raise CommMismatch(f"push of request {ex.rid!r}: rank {dst} gave up "
-                                       f"the request (cancelled or failed there)")
+                if layer is not None:            # layer done: its flag after its data
+                    self.flags.set_peer(dst, ex.slot, ex.j, layer, ex.gen)
+                    if int(board[slot_at]) != ex.gen:    # the receiver gave it up
+                        self._expects.pop((dst, ex.rid), None)
+                        raise CommMismatch(f"push of request {ex.rid!r}: rank {dst} gave up "
+                                           f"the request (cancelled, failed or stalled there)")
             layer = t.layer
             r = t.run
             a = src[t.layer, t.kv, r.src:r.src + r.n]
             b = out[t.layer, t.kv, r.dst:r.dst + r.n]
             if whole:
                 b[...] = a
-                nbytes += a.nbytes
+                nbytes += a.nbytes if isinstance(a, np.ndarray) else a.numel() * a.element_size()
             else:
                 a = a[:, :, hs.src:hs.src + hs.count]
                 b[:, :, hs.dst:hs.dst + hs.count].copy_(a)
                 nbytes += a.numel() * a.element_size()
         if layer is not None:
-            board[at + SRC_HDR + layer] = ex.gen
-        board[at + 3] += len(moves)
+            self.flags.set_peer(dst, ex.slot, ex.j, layer, ex.gen)
+        board[self.board.sender_at(ex.slot, ex.j) + 3] += len(moves)
         return nbytes
+
+    def _kernel_local(self, dst: int, ex: "Expectation", moves, hs: HeadSplit, whole: bool,
+                      lo: int, hi: int) -> int:
+        """The ``kernel`` path: one launch of the copy kernel for the whole push (it sets each
+        layer's flag after the layer's data; NOTE [layer flag] in kv/kernel.py)."""
+        if not self.cache.is_cuda:
+            from ..device.heap import require_interpreter
+            require_interpreter("kv push(path='kernel') on CPU caches")
+        from .kernel import launch_copy
+
+        self._start_local(dst, ex, hs)
+        mine, theirs = self.geometry, self.geometries[dst]
+        flag_at = [self.flags.index(ex.slot, ex.j, layer) for layer in range(lo, hi)]
+        ct = copy_tiles(moves, mine, theirs, hs, lo, flag_at, whole, self._raw.numel())
+        dev = self.cache.device
+        table = torch.from_numpy(ct.table)
+        if dev.type == "cuda":
+            table = table.pin_memory().to(dev, non_blocking=True)
+        counts = torch.zeros(ct.nlayers, dtype=torch.int32, device=dev)
+        words = self._raw.view({4: torch.int32, 2: torch.int16, 1: torch.int8}[ct.word_bytes])
+        launch_copy(ct, words, self.flags.tensor, table, counts, ex.gen,
+                    self.comm.layout.local_rank(dst), self.heap.handle)
+        board = self._peer_boards[dst]
+        board[self.board.sender_at(ex.slot, ex.j) + 3] += len(moves)
+        per = (mine.block_bytes if whole else
+               hs.count * mine.head_dim * mine.itemsize * mine.block_size)
+        return sum(t.run.n for t in moves) * per
+
+    def _choose(self, moves, whole: bool, mine: CacheGeometry, hs: HeadSplit) -> str:
+        """``path="auto"``: the path :class:`PathChooser` predicts faster for this push."""
+        if self.chooser is None:
+            from .paths import measure_cuda
+            self.chooser = measure_cuda(self._calibration_push, self.cache.device)
+        per = mine.block_bytes if whole else hs.count * mine.head_dim * mine.itemsize * \
+            mine.block_size
+        return self.chooser.choose(len(moves), sum(t.run.n for t in moves) * per)
+
+    def _calibration_push(self, path: str, pieces: int, nbytes: int) -> None:
+        """One push-like copy of ``nbytes`` in ``pieces`` transfers between two scratch
+        buffers of this rank's device (for :func:`tilecomm.kv.paths.measure_cuda`)."""
+        from .kernel import kv_copy_kernel
+
+        scratch = getattr(self, "_scratch", None)
+        if scratch is None:
+            scratch = self._scratch = (torch.empty(16 << 20, dtype=torch.uint8,
+                                                   device=self.cache.device),
+                                       torch.empty(16 << 20, dtype=torch.uint8,
+                                                   device=self.cache.device),
+                                       torch.zeros(1, dtype=torch.int64,
+                                                   device=self.cache.device))
+        a, b, flag = scratch
+        piece = nbytes // pieces
+        if path == "copy_engine":
+            for k in range(pieces):
+                b[k * piece:(k + 1) * piece].copy_(a[k * piece:(k + 1) * piece])
+            flag.fill_(1)
+            return
+        # one row per piece, the same table shape a push of `pieces` runs builds
+        words = piece // 4
+        table = np.zeros(pieces * 4 + 2, dtype=np.int64)
+        tiles = table[:pieces * 4].reshape(pieces, 4)
+        tiles[:, 0] = tiles[:, 1] = np.arange(pieces) * words
+        tiles[:, 2] = 1
+        table[pieces * 4] = pieces
+        t = torch.from_numpy(table).to(self.cache.device)
+        counts = torch.zeros(1, dtype=torch.int32, device=self.cache.device)
+        # peer = this rank: the rebasing delta is 0, so the scratch needs no heap
+        kv_copy_kernel[(pieces,)](a.view(torch.int32), b.view(torch.int32), flag, t, counts,
+                                  pieces, 1, 1, self.comm.layout.local_rank(self.rank),
+                                  self.heap.handle, words, words, words, ROWS=1,
+                                  COLS=min(2048, 1 << max(0, (words - 1).bit_length())), VEC=4)
 
     def _blocks_np(self, r: int) -> np.ndarray:
         """Rank ``r``'s cache (this rank's or a host peer's) as uint8 ``[L, 2, B, block]``."""
@@ -357,12 +553,15 @@ class KVTransfer:
         v = self._peer_caches.get(key)
         if v is None:
             g = self.geometries[r]
-            raw = self._raw if r == self.rank else self.comm.peer(self._raw, r)
-            v = raw.numpy()[:g.nbytes].reshape(g.layers, 2, g.blocks, g.block_bytes)
+            v = self._peer_raw(r).numpy()[:g.nbytes].reshape(g.layers, 2, g.blocks,
+                                                             g.block_bytes)
             self._peer_caches[key] = v
         return v
 
     def _send_remote(self, dst, rid, ex, ids, lo, hi, hs: HeadSplit, moves, ph) -> None:
+        """PUSH, then one message per transfer on the data group (Gloo for CPU caches, NCCL
+        for CUDA ones: posted on this thread, so the send waits for the work queued on the
+        current stream before it, as every NCCL call does)."""
         base = self._tags[dst]
         self._tags[dst] = (base + len(moves)) % TAG_SPAN
         self.send_control(dst, Message(PUSH, rid, (len(ids), ex.slot, ex.gen, ex.j, lo, hi, hs.src,
@@ -393,6 +592,9 @@ class KVTransfer:
         self._check_open()
         if self.cache is None:
             return
+        self.flags.refresh()
+        if time.monotonic() >= self._next_expiry:
+            self._expire()
         self._flush_outbox()
         for src, m in self._shm.poll():
             self._on_message(src, m)
@@ -404,6 +606,21 @@ class KVTransfer:
                     self._on_done(what[1])
                 else:
                     self._peer_died(peer, what)
+
+    def _expire(self) -> None:
+        """End the requests whose deadline passed (:meth:`ExpectHandle.stall`: here and, by
+        notice, at their senders)."""
+        now = time.monotonic()
+        self._next_expiry = float("inf")
+        for h in [h for h in self._handles.values() if h.expires <= now]:
+            try:
+                if h.settle():       # one that has just completed is not stalled
+                    continue
+            except CommError:        # it failed now; its owner hears of it from the handle
+                continue
+            h.stall()
+        self._next_expiry = min((h.expires for h in self._handles.values()),
+                                default=float("inf"))
 
     def _peer_died(self, peer: int, text: str) -> None:
         """A link to another host failed: everything that involves ``peer`` fails, naming it
@@ -428,18 +645,25 @@ class KVTransfer:
 
     def _on_message(self, src: int, m: Message) -> None:
         if m.kind == EXPECT:
-            nb, slot, gen, j, nsrc = m.args[:5]
-            self._expects[(src, m.rid)] = Expectation(m.rid, slot, gen, j, nsrc, m.ids, nb)
+            nb, slot, gen, j, nsrc, ms = m.args[:6]
+            self._expects[(src, m.rid)] = Expectation(m.rid, slot, gen, j, nsrc, m.ids, nb,
+                                                      time.monotonic() + ms / 1000)
             self._rejected.pop((src, m.rid), None)      # a new expectation: old news is void
         elif m.kind == PUSH:
             self._on_push(src, m)
         elif m.kind == NOTICE:
             code, gen = m.args[:2]
-            if code == REJECTED:        # the receiver refused or gave up (gen 0: no slot)
+            if code in (REJECTED, STALLED):   # the receiver refused or gave up (gen 0: no slot)
                 ex = self._expects.get((src, m.rid))
                 if ex is not None and (gen == 0 or ex.gen == gen):
                     del self._expects[(src, m.rid)]
-                self._rejected[(src, m.rid)] = m.text
+                err = KVStalled if code == STALLED else CommMismatch
+                self._rejected[(src, m.rid)] = (err, m.text)
+                for ph in self._pushes:      # a push still on its way ends too
+                    if ph.dst == src and ph.rid == m.rid and ph.error is None and \
+                            (ph.pending or ph.event is not None):
+                        ph.error = err(m.text) if err is CommMismatch else \
+                            KVStalled(m.text, collective="kv.push", missing=(src,))
                 return
             h = self._handles.get(m.rid)
             if h is not None and src in h.srcs and gen in (0, h.gen):
@@ -470,7 +694,7 @@ class KVTransfer:
                 buf = self.cache[t.layer, t.kv, t.run.dst:t.run.dst + t.run.n]
             else:
                 buf = torch.empty((t.run.n, g_src.block_size, h_count, g_src.head_dim),
-                                  dtype=g_src.dtype)
+                                  dtype=g_src.dtype, device=self.cache.device)
                 if h is not None:
                     into = self.cache[t.layer, t.kv, t.run.dst:t.run.dst + t.run.n,
                                       :, h_dst:h_dst + h_count]
@@ -495,9 +719,10 @@ class KVTransfer:
         h = r.handle
         if h is None or h.error is not None:
             return
-        if r.into is not None:
-            r.into.copy_(r.buf)
-        h.remote_transfer_arrived(r.j, r.layer)
+        with self.flags.stream():     # the layer's flag (remote_transfer_arrived) after it
+            if r.into is not None:
+                r.into.copy_(r.buf)
+            h.remote_transfer_arrived(r.j, r.layer)
 
     def send_control(self, dst: int, m: Message) -> None:
         """Send a control message; never blocks. Inside a host a full ring (the peer has not
@@ -514,6 +739,13 @@ class KVTransfer:
         for dst, box in self._outbox.items():
             while box and self._shm.room(dst):
                 self._shm.send(dst, box.pop(0))
+
+    def check_device(self) -> None:
+        """Raise :class:`~tilecomm.device.errors.DeviceTimeout` if a device wait for a layer
+        (``ExpectHandle.wait_on_device``) gave up since the last check (synchronizes on
+        CUDA)."""
+        self._check_cache()
+        self.heap.check("kv.wait_layer")
 
     # ---- teardown ---------------------------------------------------------------------------
     def close(self) -> None:
@@ -564,6 +796,7 @@ class KVTransfer:
             if self._gloo is not None:
                 self._gloo.stop()            # its threads drop their views of the cache
             self.cache = self._raw = self._board = self._board_np = self.board = None
+            self.flags = self._scratch = None
             self._peer_caches.clear()
             self._peer_boards = {}
             self._shm = None
@@ -582,6 +815,10 @@ class KVTransfer:
         self._check_open()
         if self.cache is None:
             raise ValueError("call kv.paged_cache(...) on every rank first")
+
+
+def _round_up(n: int, to: int) -> int:
+    return -(-n // to) * to
 
 
 def _rank(r) -> int | None:
