@@ -132,6 +132,48 @@ def barrier_syncs(world: int = 8) -> dict:
     return {**cc.sync_counts(ptx), "ordering": cc.ordering_problems(ptx)}
 
 
+def kv_copy() -> dict:
+    """What the KV copy kernel and the layer wait compile to (sm_90), launched by the engine's
+    own launcher (``tilecomm.kv.kernel.launch_copy``) on tile tables of real pushes: 64 blocks
+    of 16 slots x 8 heads x 128 dims (bf16), whole blocks and a head split (4 of 8 heads);
+    per case the global access widths of the data and the ordering problems."""
+    from tilecomm.kv import HeadSplit, coalesce, transfers
+    from tilecomm.kv.kernel import kv_wait_layer_kernel, launch_copy
+    from tilecomm.kv.paths import copy_tiles
+    from tilecomm.kv.schedule import CacheGeometry
+
+    out = {}
+    src = CacheGeometry(2, 128, 16, 8, 128, torch.bfloat16)
+    for name, dst, hs in [("whole", src, HeadSplit.whole(8)),
+                          ("heads", CacheGeometry(2, 128, 16, 4, 128, torch.bfloat16),
+                           HeadSplit(4, 0, 4))]:
+        moves = transfers(coalesce(list(range(64)), list(range(64, 128))), range(0, 2))
+        ct = copy_tiles(moves, src, dst, hs, 0, [7, 8], name == "whole", src.nbytes)
+        words = offline.aligned(src.nbytes // ct.word_bytes, torch.int32)
+        flags = offline.aligned(64, torch.int64)
+        table = offline.aligned(len(ct.table), torch.int64)
+        counts = offline.aligned(ct.nlayers, torch.int32)
+        with cc.record_launches() as seen:      # peers 1 and 0, one layer and two
+            launch_copy(ct, words, flags, table, counts, 3, 1, offline.FakeHeap(0, 2).handle)
+            one = copy_tiles(moves[:1], src, dst, hs, 0, [7], name == "whole", src.nbytes)
+            launch_copy(one, words, flags, table, counts, 1, 0, offline.FakeHeap(1, 2).handle)
+        ptx = cc.compile_launch(seen[0]).asm["ptx"]
+        acc = cc.global_accesses(ptx)
+        out[name] = {"ld": {str(b): c for (o, b), c in acc.items() if o == "ld"},
+                     "st": {str(b): c for (o, b), c in acc.items() if o == "st"},
+                     "vec": ct.vec, "ordering": cc.ordering_problems(ptx),
+                     "release_sys": [x.split()[1] for x in ptx.splitlines()
+                                     if "atom." in x and ".sys" in x and
+                                     (".release" in x or ".acq_rel" in x)],
+                     "keys": len({ln.key for ln in seen})}
+    k = cc.compile_for(kv_wait_layer_kernel, {"flags": "*i64", "first": "i64", "stride": "i64",
+                                              "nsrc": "i32", "gen": "i64", "srcs": "*i64",
+                                              "heap": "*i64"})
+    out["wait"] = {**cc.sync_counts(k.asm["ptx"]), "ordering": cc.ordering_problems(
+        k.asm["ptx"])}
+    return out
+
+
 def main(argv) -> int:
     why = cc.cuda_backend_available()
     if why is not None:

@@ -32,7 +32,11 @@ from ..device import lang
 TILE_FIELDS = 4
 
 
-@triton.jit
+# The counts, the generation and the peer change from push to push: unspecialized, so a push
+# of one layer (ntiles == 1 ...) or to local rank 1 compiles no variant of its own. The row
+# length and strides stay specialized: their divisibility by 16 is what makes the accesses
+# 128-bit, and they are fixed per pair of cache geometries.
+@triton.jit(do_not_specialize=["ntiles", "nlayers", "gen", "peer"])
 def kv_copy_kernel(src, dst, flags, table, counts, ntiles, nlayers, gen, peer, heap,
                    row_words, src_stride, dst_stride,
                    ROWS: tl.constexpr, COLS: tl.constexpr, VEC: tl.constexpr):
