@@ -17,7 +17,7 @@ MOE_CASES = {
 #: KV transfer scenarios per layout (kv_hosts.py, tests/kv/kv_scenarios.py)
 KV_NAMES = {
     (2, 2): ("many_requests", "all_pairs", "layer_by_layer", "errors", "geometry_mismatch",
-             "heap_after_close"),
+             "heap_after_close", "deadlines"),
     (2, 1): ("head_split_gather", "head_split_scatter", "retries_and_failures"),
 }
 

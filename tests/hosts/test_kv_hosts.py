@@ -26,6 +26,9 @@ def test_requests_errors_and_layers_across_two_hosts(shared_hosts):
     # both sides of a bad call raised, each naming what was wrong
     assert re.search(r"rank 2 errors ok .*'unknown': \"rank 0 pushed request 'nope'", out)
     assert re.search(r"rank 0 errors ok .*'mine': \"rank 2 rejected request 'mine'", out)
+    # a request past its deadline ended on both hosts; held blocks were refused on both
+    assert re.search(r"rank 2 deadlines ok \{'state': 'stalled'", out), out[-3000:]
+    assert re.search(r"rank 0 deadlines ok .*'held': \"rank 2 rejected request 'h2'", out)
 
 
 @pytest.mark.timeout(400)
