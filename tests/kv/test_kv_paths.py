@@ -137,3 +137,19 @@ def test_requests_end_at_their_deadline_on_both_sides(rank_pool):
     assert "stalled" in d["slow"] and "'slow'" in p["slow"]
     assert "held by requests still in flight" in d["held"] and "'h2'" in p["held"]
     assert "'late'" in d["late"] and "deadline" in p["late"]
+
+
+@pytest.mark.parametrize("path", ["kernel", "copy_engine"])
+@pytest.mark.parametrize("pieces,nbytes", [(4, 1 << 16), (2, 1 << 14), (1, 1 << 15)])
+def test_what_auto_times_copies_every_byte(path, pieces, nbytes):
+    # paths.measure_cuda fits its costs on copy_pieces: it must move what a push would
+    from tilecomm.device.handle import make_handle
+    from tilecomm.kv.kernel import copy_pieces
+
+    g = torch.Generator().manual_seed(pieces)
+    a = torch.randint(0, 256, (nbytes + 64,), dtype=torch.uint8, generator=g)
+    b = torch.zeros(nbytes + 64, dtype=torch.uint8)
+    flag = torch.zeros(1, dtype=torch.int64)
+    copy_pieces(path, a, b, flag, pieces, nbytes, 0, make_handle(0, [0], 10**9))
+    assert torch.equal(a[:nbytes], b[:nbytes]) and not b[nbytes:].any()
+    assert int(flag) == 1

@@ -60,11 +60,12 @@ class HostFlags:
 
 
 class DeviceFlags(HostFlags):
-    """Layer flags in a CUDA signal pad (``tensor``, int64, from ``heap.signal_pad``)."""
+    """Layer flags in a CUDA signal pad (``tensor``, int64, from ``heap.signal_pad``; ``heap``
+    spans this host's ranks, ``local_rank_of`` maps a rank of the communicator to its own)."""
 
-    def __init__(self, board: Board, tensor: torch.Tensor, heap):
+    def __init__(self, board: Board, tensor: torch.Tensor, heap, local_rank_of: dict[int, int]):
         super().__init__(board, tensor, {})
-        self.heap = heap
+        self.heap, self.local_rank_of = heap, local_rank_of
         self._stream = torch.cuda.Stream(tensor.device)
         self._rows: dict[tuple[int, int], np.ndarray] = {}
         self._peers: dict[int, torch.Tensor] = {}
@@ -98,5 +99,5 @@ class DeviceFlags(HostFlags):
         # on the caller's current stream, behind the copies into dst's cache
         peer = self._peers.get(dst)
         if peer is None:
-            peer = self._peers[dst] = self.heap.peer_view(self.tensor, dst)
+            peer = self._peers[dst] = self.heap.peer_view(self.tensor, self.local_rank_of[dst])
         peer[self.index(slot, j, layer)].fill_(gen)

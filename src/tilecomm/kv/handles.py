@@ -189,6 +189,7 @@ class ExpectHandle:
         self._raise()
         kv_wait_layer_kernel[(1,)](*self.device_wait_args(i))
         if not self.kv.cache.is_cuda:
+            self.kv.interpreted_launches += 1
             self.kv.check_device()
 
     def done(self, _block: float = 0.0) -> bool:

@@ -76,6 +76,41 @@ def launch_copy(ct, words, flags, table, counts, gen: int, peer: int, heap) -> N
         ct.row_words, ct.src_stride, ct.dst_stride, ROWS=ct.rows, COLS=ct.cols, VEC=ct.vec)
 
 
+def copy_pieces(path: str, a, b, flag, pieces: int, nbytes: int, me: int, heap) -> None:
+    """``b[:nbytes] = a[:nbytes]`` (uint8 tensors of one device) in ``pieces`` equal pieces, as
+    a push of ``pieces`` transfers would move them: one copy per piece (``"copy_engine"``)
+    or one launch of :func:`kv_copy_kernel` over tiles cut as ``copy_tiles`` cuts them
+    (``"kernel"``); then ``flag[0] = 1``. ``me``: this rank's local rank (the kernel's peer,
+    so nothing is rebased). What ``path="auto"`` times to fit its costs (paths.measure_cuda).
+    """
+    import numpy as np
+    import torch
+
+    from .paths import MAX_COLS, TILE_WORDS
+
+    piece = nbytes // pieces
+    if path == "copy_engine":
+        for k in range(pieces):
+            b[k * piece:(k + 1) * piece].copy_(a[k * piece:(k + 1) * piece])
+        flag[:1].fill_(1)
+        return
+    words = piece // 4
+    cols = min(MAX_COLS, words)
+    rows_per_piece = words // cols
+    rows = min(1 << max(0, (rows_per_piece - 1).bit_length()), max(1, TILE_WORDS // cols))
+    per = -(-rows_per_piece // rows)
+    k = np.arange(pieces * per)
+    tiles = np.empty((len(k), 4), dtype=np.int64)
+    tiles[:, 0] = tiles[:, 1] = (k // per) * words + (k % per) * rows * cols
+    tiles[:, 2] = np.minimum(rows, rows_per_piece - (k % per) * rows)
+    tiles[:, 3] = 0
+    table = torch.from_numpy(np.concatenate([tiles.reshape(-1), [len(k), 0]]).astype(np.int64))
+    counts = torch.zeros(1, dtype=torch.int32, device=a.device)
+    kv_copy_kernel[(len(k),)](a.view(torch.int32), b.view(torch.int32), flag,
+                              table.to(a.device), counts, len(k), 1, 1, me, heap, cols, cols,
+                              cols, ROWS=rows, COLS=cols, VEC=4)
+
+
 @triton.jit
 def wait_layer(flags, first, stride, nsrc, gen, srcs, heap):
     """Inside any kernel: wait until each of ``nsrc`` senders' flag of a layer (``flags

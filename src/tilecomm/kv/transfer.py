@@ -22,6 +22,7 @@ and a timeout names the request and the peer.
 
 from __future__ import annotations
 
+import gc
 import math
 import operator
 import time
@@ -90,6 +91,9 @@ class KVTransfer:
         self._tags: dict[int, int] = {}
         self._peer_caches: dict[int, torch.Tensor] = {}
         self._closed_by: set[int] = set()
+        self._scratch = None                # what path="auto" times on (CUDA)
+        #: kernels this engine ran in the Triton interpreter (CPU caches; see close)
+        self.interpreted_launches = 0
 
     # ---- setup ------------------------------------------------------------------------------
     def paged_cache(self, *, num_layers: int, num_blocks: int, block_size: int, kv_heads: int,
@@ -154,7 +158,8 @@ class KVTransfer:
         self.board = Board(self._board_np, ring_words, self._l_max, MAX_SOURCES)
         self._peer_boards = {r: self.comm.peer(self._board, r).numpy() for r in self._local}
         if dev.type == "cuda":
-            self.flags = DeviceFlags(self.board, self.heap.signal_pad(flag_words), self.heap)
+            self.flags = DeviceFlags(self.board, self.heap.signal_pad(flag_words), self.heap,
+                                     {r: lay.local_rank(r) for r in self._local})
         else:
             self.flags = HostFlags(self.board, self._board[ring_words:], self._peer_boards)
             self.chooser = PathChooser()
@@ -497,6 +502,7 @@ class KVTransfer:
         words = self._raw.view({4: torch.int32, 2: torch.int16, 1: torch.int8}[ct.word_bytes])
         launch_copy(ct, words, self.flags.tensor, table, counts, ex.gen,
                     self.comm.layout.local_rank(dst), self.heap.handle)
+        self.interpreted_launches += not self.cache.is_cuda
         board = self._peer_boards[dst]
         board[self.board.sender_at(ex.slot, ex.j) + 3] += len(moves)
         per = (mine.block_bytes if whole else
@@ -515,9 +521,9 @@ class KVTransfer:
     def _calibration_push(self, path: str, pieces: int, nbytes: int) -> None:
         """One push-like copy of ``nbytes`` in ``pieces`` transfers between two scratch
         buffers of this rank's device (for :func:`tilecomm.kv.paths.measure_cuda`)."""
-        from .kernel import kv_copy_kernel
+        from .kernel import copy_pieces
 
-        scratch = getattr(self, "_scratch", None)
+        scratch = self._scratch
         if scratch is None:
             scratch = self._scratch = (torch.empty(16 << 20, dtype=torch.uint8,
                                                    device=self.cache.device),
@@ -526,26 +532,8 @@ class KVTransfer:
                                        torch.zeros(1, dtype=torch.int64,
                                                    device=self.cache.device))
         a, b, flag = scratch
-        piece = nbytes // pieces
-        if path == "copy_engine":
-            for k in range(pieces):
-                b[k * piece:(k + 1) * piece].copy_(a[k * piece:(k + 1) * piece])
-            flag.fill_(1)
-            return
-        # one row per piece, the same table shape a push of `pieces` runs builds
-        words = piece // 4
-        table = np.zeros(pieces * 4 + 2, dtype=np.int64)
-        tiles = table[:pieces * 4].reshape(pieces, 4)
-        tiles[:, 0] = tiles[:, 1] = np.arange(pieces) * words
-        tiles[:, 2] = 1
-        table[pieces * 4] = pieces
-        t = torch.from_numpy(table).to(self.cache.device)
-        counts = torch.zeros(1, dtype=torch.int32, device=self.cache.device)
-        # peer = this rank: the rebasing delta is 0, so the scratch needs no heap
-        kv_copy_kernel[(pieces,)](a.view(torch.int32), b.view(torch.int32), flag, t, counts,
-                                  pieces, 1, 1, self.comm.layout.local_rank(self.rank),
-                                  self.heap.handle, words, words, words, ROWS=1,
-                                  COLS=min(2048, 1 << max(0, (words - 1).bit_length())), VEC=4)
+        copy_pieces(path, a, b, flag, pieces, nbytes, self.comm.layout.local_rank(self.rank),
+                    self.heap.handle)
 
     def _blocks_np(self, r: int) -> np.ndarray:
         """Rank ``r``'s cache (this rank's or a host peer's) as uint8 ``[L, 2, B, block]``."""
@@ -750,15 +738,19 @@ class KVTransfer:
     # ---- teardown ---------------------------------------------------------------------------
     def close(self) -> None:
         """Wait for this rank's pushes to finish and end the engine (every rank calls it when
-        ranks span hosts: each tells the others it sends no more). The cache stays valid
-        until the communicator closes; the engine drops its references to it and to its
-        board, so both return to the heap once the caller drops ``cache``."""
+        ranks span hosts, each telling the others it sends no more, and with CUDA caches).
+        CPU caches stay valid until the communicator closes; the engine drops its references
+        to the cache and its board, so both return to the heap once the caller drops
+        ``cache``. CUDA caches: close frees the cache's device heap once every rank of the
+        host got here (stop using the cache first)."""
         if self._closed:
             return
         try:
             for h in list(self._handles.values()):       # its senders must stop writing
                 h.cancel(f"rank {self.rank} closed its KVTransfer")
             for ph in self._pushes:
+                if ph.error is not None:      # its caller heard; its data drains by itself
+                    continue
                 try:
                     ph.wait()
                 except CommTimeout:
@@ -786,6 +778,13 @@ class KVTransfer:
                                           missing=missing)
                     wait()
                     self.progress()
+            if self.heap is not None and self.cache.is_cuda:
+                self.heap.barrier()     # no peer copies into this cache any more
+                self._gloo_stop()
+                self.cache = self._raw = None
+                self.flags = self._scratch = None
+                self._peer_caches.clear()
+                self.heap.close()
         finally:
             self._closed = True
             # drop the symmetric tensors now (handles refer back to this object, so the
@@ -793,13 +792,22 @@ class KVTransfer:
             # the next comm.alloc would find the heaps diverged)
             self._handles.clear()
             self._by_slot.clear()
-            if self._gloo is not None:
-                self._gloo.stop()            # its threads drop their views of the cache
+            self._gloo_stop()
             self.cache = self._raw = self._board = self._board_np = self.board = None
             self.flags = self._scratch = None
             self._peer_caches.clear()
             self._peer_boards = {}
             self._shm = None
+            if self.interpreted_launches:
+                # the Triton interpreter keeps a launch's arguments (views of the cache and
+                # the board) in a reference cycle: collect it now, or the heap blocks would
+                # come back at a different moment on each rank
+                gc.collect()
+
+    def _gloo_stop(self) -> None:
+        if self._gloo is not None:
+            self._gloo.stop()            # its threads drop their views of the cache
+            self._gloo = None
 
     def __enter__(self) -> "KVTransfer":
         return self

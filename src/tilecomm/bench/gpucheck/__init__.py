@@ -14,11 +14,12 @@ correctness    0.26    the case table, rows never passed on a GPU first (plan ke
 bits           0.07    random floats: fused vs plan kernel vs rank-order reference, bit for bit
 determinism    0.02    deterministic mode's bits
 sequence       0.03    back-to-back calls of different kernels, then every result verified
-timing         0.30    every collective 8 B - 256 MB, eager and CUDA graph, vs NCCL, symm_mem
+timing         0.27    every collective 8 B - 256 MB, eager and CUDA graph, vs NCCL, symm_mem
 latency        0.03    8 KB all_reduce per call vs a copy + host barrier
 graph          0.02    an all_reduce captured in a CUDA graph, replays checked
-moe            0.15    dispatch/combine vs the reference; timed vs permute + NCCL all_to_all
-overlap        0.12    fused all_gather_matmul / matmul_reduce_scatter vs unfused, both copies
+moe            0.14    dispatch/combine vs the reference; timed vs permute + NCCL all_to_all
+overlap        0.10    fused all_gather_matmul / matmul_reduce_scatter vs unfused, both copies
+kv             0.06    KV transfer, both copy paths and fp8, exact; a 64-block request vs a copy
 profile        parent  Nsight Compute on the hottest kernels (after MPS stops)
 =============  ======  ==========================================================================
 
@@ -41,8 +42,8 @@ from .records import EXIT, summarize, text_report
 
 #: the rank phases in order, with their shares of a world's budget
 PHASES = [("correctness", 0.26), ("bits", 0.07), ("determinism", 0.02), ("sequence", 0.03),
-          ("timing", 0.30), ("latency", 0.03), ("graph", 0.02), ("moe", 0.15),
-          ("overlap", 0.12)]
+          ("timing", 0.27), ("latency", 0.03), ("graph", 0.02), ("moe", 0.14),
+          ("overlap", 0.10), ("kv", 0.06)]
 #: phases that only time (skipped where ranks sharing a GPU could not get MPS)
 TIMING_PHASES = ("timing", "latency")
 #: share of the whole budget the profile phase keeps (after the worlds)

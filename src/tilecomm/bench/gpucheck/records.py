@@ -120,6 +120,8 @@ def text_report(res: dict) -> str:
     from .overlap import text_lines
     lines += text_lines([r for r in res["records"] if r["phase"] == "overlap"])
     lines += _moe_lines(res)
+    from .kv import text_lines as kv_lines
+    lines += kv_lines([r for r in res["records"] if r["phase"] == "kv"])
     lines += _latency_lines(res)
     prof = res.get("profile")
     if prof:
