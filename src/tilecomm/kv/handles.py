@@ -29,7 +29,7 @@ class KVStalled(CommTimeout):
     has ended on both sides: the receiver's handle, and the sender's push or handle, raise
     it (the side that did not see it pass hears of it by notice); the destination blocks are
     free again on the receiver. ``missing``: the senders whose layers had not landed."""
-DATA_TAG0, TAG_SPAN = 16, 1 << 30
+DATA_TAG0, TAG_SPAN = 16, 1 << 29     # data tags a sender picks (kv.prepost: the ones above)
 _BLOCK = 0.01              # seconds a wait on other hosts sleeps per poll (woken by news)
 
 
@@ -52,6 +52,8 @@ class ExpectHandle:
         self._heads: dict[int, tuple[int, int]] = {}
         self._released = False          # the slot went back: its words belong to others now
         self._local_moves = 0
+        #: receives posted at expect not landed yet (NOTE [receives posted at expect])
+        self.inflight = 0
 
     @property
     def transfers(self) -> int:
@@ -95,10 +97,13 @@ class ExpectHandle:
         senders (engine's progress calls this)."""
         if self.error is None and not self.complete:
             missing = tuple(self.missing())
+            blocks = (f"its blocks {_span(self.ids)} are free again" if not self.inflight else
+                      f"its blocks {_span(self.ids)} stay held until the messages already "
+                      f"posted for them have landed (the sender sends the rest as zeros)")
             self.fail(KVStalled(
                 f"kv: request {self.rid!r} (expect #{self.gen} on rank {self.kv.rank}) "
-                f"stalled: its deadline of {self.deadline:g} s passed with {self.describe_missing()} "
-                f"still missing; its blocks {_span(self.ids)} are free again",
+                f"stalled: its deadline of {self.deadline:g} s passed with "
+                f"{self.describe_missing()} still missing; {blocks}",
                 collective="kv.expect", seq=self.gen, missing=missing or tuple(self.srcs)),
                 code=STALLED)
 
@@ -372,6 +377,7 @@ class Expectation:
     ids: list
     nblocks: int
     expires: float = float("inf")       # the request's deadline, monotonic on this rank
+    pre: int = -1                       # tag base of receives posted at expect (-1: none)
     pushed: set = field(default_factory=set)
 
 

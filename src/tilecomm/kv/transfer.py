@@ -36,6 +36,7 @@ from .mailbox import CLOSE, EXPECT, NOTICE, PUSH, Codec, Message, request_key
 from .flags import DeviceFlags, HostFlags
 from .handles import (DATA_TAG0, FAILED, REJECTED, STALLED, TAG_SPAN, UNKNOWN, Backoff, Board,
                       ExpectHandle, Expectation, KVStalled, PushHandle, Recv)
+from . import prepost
 from .paths import PATHS, PathChooser, copy_tiles
 from .schedule import (GEOMETRY, CacheGeometry, HeadSplit, check_block_ids, coalesce,
                        transfers)
@@ -77,6 +78,8 @@ class KVTransfer:
         self._handles: dict[str, ExpectHandle] = {}       # open requests by id
         self._by_slot: dict[int, ExpectHandle] = {}
         self._held: dict[int, ExpectHandle] = {}          # destination block -> its request
+        self._inflight: set[ExpectHandle] = set()         # ended, receives still posted
+        self._pre_tags: dict[int, int] = {}               # next posted-receive tag per sender
         self._next_expiry = float("inf")                  # earliest deadline of _handles
         self._gen = 0
         self._early: dict[tuple[int, str], str] = {}      # notices before the expect
@@ -91,6 +94,7 @@ class KVTransfer:
         self._tags: dict[int, int] = {}
         self._peer_caches: dict[int, torch.Tensor] = {}
         self._closed_by: set[int] = set()
+        self._zeros: torch.Tensor | None = None     # what drains send (_drop_expectation)
         self._scratch = None                # what path="auto" times on (CUDA)
         #: kernels this engine ran in the Triton interpreter (CPU caches; see close)
         self.interpreted_launches = 0
@@ -192,9 +196,16 @@ class KVTransfer:
             del self._handles[h.rid]
             del self._by_slot[h.slot]
             self._free.append(h.slot)
-            for b in h.ids:
-                if self._held.get(b) is h:
-                    del self._held[b]
+            if h.inflight:              # its posted receives may still write its blocks
+                self._inflight.add(h)
+            else:
+                self._unhold(h)
+
+    def _unhold(self, h: ExpectHandle) -> None:
+        self._inflight.discard(h)
+        for b in h.ids:
+            if self._held.get(b) is h:
+                del self._held[b]
 
     @property
     def geometry(self) -> CacheGeometry:
@@ -255,14 +266,38 @@ class KVTransfer:
         self._held.update(dict.fromkeys(ids, h))
         self._next_expiry = min(self._next_expiry, h.expires)
         ms = max(1, int(limit * 1000))
+        pre = self._prepost(h) if len(srcs) == 1 and self.is_remote(srcs[0]) and \
+            not self.cache.is_cuda else -1
         for j, s in enumerate(srcs):
-            self.send_control(s, Message(EXPECT, rid, (len(ids), slot, h.gen, j, len(srcs), ms),
-                                         ids=ids))
+            self.send_control(s, Message(EXPECT, rid, (len(ids), slot, h.gen, j, len(srcs), ms,
+                                                       pre), ids=ids))
         for j, s in enumerate(srcs):
             text = self._early.pop((s, rid), None)
             if text is not None:
                 h.fail(CommMismatch(text))
         return h
+
+    def _prepost(self, h: ExpectHandle) -> int:
+        """Post every receive of ``h`` (one sender, on another host) now; returns the tag
+        base the sender must use (NOTE [receives posted at expect], kv/prepost.py)."""
+        src, geo = h.srcs[0], self.geometry
+        runs = prepost.dst_runs(h.ids)
+        n = prepost.messages(geo.layers, len(runs))
+        base = self._pre_tags.get(src, 0)
+        self._pre_tags[src] = (base + n) % prepost.PREPOST_SPAN
+        h.remote_push(0, 0, geo.kv_heads, n)
+        h.inflight = n
+        for layer in range(geo.layers):
+            for kv in (0, 1):
+                for k, r in enumerate(runs):
+                    buf = self.cache[layer, kv, r.dst:r.dst + r.n]
+                    h.remote_transfer_expected(0, layer)
+                    self._gloo.post_recv(src, _bytes(buf),
+                                         prepost.tag(base, layer, kv, len(runs), k),
+                                         (f"data of request {h.rid!r}",
+                                          Recv(buf, None, src, h, 0, layer)))
+        self._recvs[src] = self._recvs.get(src, 0) + n
+        return base
 
     def _check_free(self, ids: list[int], rid: str) -> None:
         """ValueError if a request in flight holds any of ``ids`` (a block manager that hands
@@ -272,7 +307,10 @@ class KVTransfer:
             by: dict[str, list[int]] = {}
             for b in taken:
                 by.setdefault(self._held[b].rid, []).append(b)
-            shown = "; ".join(f"block(s) {v} by request {r!r}" for r, v in by.items())
+            ended = {h.rid for h in self._inflight}
+            shown = "; ".join(f"block(s) {v} by request {r!r}" +
+                              (" (ended, its data still on its way)" if r in ended else "")
+                              for r, v in by.items())
             raise ValueError(f"expect of request {rid!r}: destination blocks are held by "
                              f"requests still in flight on rank {self.rank} ({shown}); wait "
                              f"for or cancel those first")
@@ -334,7 +372,7 @@ class KVTransfer:
                                  f"{', '.join(PATHS + ('auto',))}, got {path!r}")
         except ValueError as e:
             if isinstance(dst, int) and 0 <= dst < self.comm.world_size and dst != self.rank:
-                self._expects.pop((dst, rid), None)     # the receiver's handle fails too
+                self._drop_expectation(dst, rid)        # the receiver's handle fails too
                 self.send_control(dst, Message(NOTICE, rid, (FAILED, 0),
                                         text=f"rank {self.rank}'s push of request {rid!r} "
                                              f"failed there: {e}"))
@@ -357,7 +395,7 @@ class KVTransfer:
                                 f"has ended on both sides", collective="kv.push",
                                 missing=(dst,))
         if problem is not None:
-            del self._expects[(dst, rid)]
+            self._drop_expectation(dst, rid)
             code = STALLED if isinstance(problem, KVStalled) else FAILED
             self.send_control(dst, Message(NOTICE, rid, (code, ex.gen), text=str(problem)))
             raise problem
@@ -380,7 +418,10 @@ class KVTransfer:
                     + [ph]
         else:
             ph.path = "message"
-            self._send_remote(dst, rid, ex, ids, lo, hi, hs, moves, ph)
+            if ex.pre >= 0:
+                self._send_preposted(dst, rid, ex, ids, lo, hi, hs, ph)
+            else:
+                self._send_remote(dst, rid, ex, ids, lo, hi, hs, moves, ph)
             self._pushes = [p for p in self._pushes if p.pending] + [ph]
         ex.pushed |= set(range(lo, hi))
         if len(ex.pushed) == mine.layers:
@@ -546,6 +587,43 @@ class KVTransfer:
             self._peer_caches[key] = v
         return v
 
+    def _send_preposted(self, dst, rid, ex, ids, lo, hi, hs: HeadSplit, ph) -> None:
+        """The messages of ``layers lo..hi-1`` of a request whose receives were posted at
+        its expect, in the receiver's layout and tags (NOTE [receives posted at expect])."""
+        whole = hs.is_whole(self.cache.shape[4], self.geometries[dst].kv_heads)
+        nruns = len(prepost.dst_runs(ex.ids))
+        ph.transfers = 0
+        for layer, kv, k, a in prepost.pieces(self.cache, ids, ex.ids, range(lo, hi), hs,
+                                              whole):
+            ph.pending += 1
+            ph.transfers += 1
+            self._gloo.post_send(dst, _bytes(a), prepost.tag(ex.pre, layer, kv, nruns, k),
+                                 (f"data of request {rid!r}", ph))
+            ph.nbytes += a.numel() * a.element_size()
+
+    def _drop_expectation(self, dst: int, rid: str) -> None:
+        """Forget what ``dst`` expects of request ``rid``; for a request whose receives were
+        posted at expect, send the layers not pushed yet as zeros, so every posted receive
+        completes and ``dst`` can free the blocks (NOTE [receives posted at expect])."""
+        ex = self._expects.pop((dst, rid), None)
+        if ex is None or ex.pre < 0 or dst in self._dead:
+            return
+        dst_geo = self.geometries[dst]
+        sizes = prepost.run_bytes(dst_geo, ex.ids)
+        if self._zeros is None or self._zeros.numel() < max(sizes):
+            self._zeros = torch.zeros(max(sizes), dtype=torch.uint8)
+        ph = PushHandle(rid, dst, 0, 0, self, path="message")
+        for layer in range(dst_geo.layers):
+            if layer in ex.pushed:
+                continue
+            for kv in (0, 1):
+                for k, n in enumerate(sizes):
+                    ph.pending += 1
+                    self._gloo.post_send(dst, self._zeros[:n],
+                                         prepost.tag(ex.pre, layer, kv, len(sizes), k),
+                                         (f"the rest of request {rid!r}", ph))
+        self._pushes = [p for p in self._pushes if p.pending] + [ph]
+
     def _send_remote(self, dst, rid, ex, ids, lo, hi, hs: HeadSplit, moves, ph) -> None:
         """PUSH, then one message per transfer on the data group (Gloo for CPU caches, NCCL
         for CUDA ones: posted on this thread, so the send waits for the work queued on the
@@ -625,6 +703,9 @@ class KVTransfer:
                 ph.pending = 0
         self._recvs.pop(peer, None)
         self._expects = {k: v for k, v in self._expects.items() if k[0] != peer}
+        for h in [h for h in self._inflight if h.srcs[0] == peer]:
+            h.inflight = 0              # its receives failed with the link: nothing lands
+            self._unhold(h)
 
     def _dead_error(self, peer: int, what: str) -> CommTimeout:
         return CommTimeout(f"kv: {what}: rank {peer} (another host) died or stopped: its link "
@@ -633,9 +714,9 @@ class KVTransfer:
 
     def _on_message(self, src: int, m: Message) -> None:
         if m.kind == EXPECT:
-            nb, slot, gen, j, nsrc, ms = m.args[:6]
+            nb, slot, gen, j, nsrc, ms, pre = m.args[:7]
             self._expects[(src, m.rid)] = Expectation(m.rid, slot, gen, j, nsrc, m.ids, nb,
-                                                      time.monotonic() + ms / 1000)
+                                                      time.monotonic() + ms / 1000, pre)
             self._rejected.pop((src, m.rid), None)      # a new expectation: old news is void
         elif m.kind == PUSH:
             self._on_push(src, m)
@@ -644,7 +725,7 @@ class KVTransfer:
             if code in (REJECTED, STALLED):   # the receiver refused or gave up (gen 0: no slot)
                 ex = self._expects.get((src, m.rid))
                 if ex is not None and (gen == 0 or ex.gen == gen):
-                    del self._expects[(src, m.rid)]
+                    self._drop_expectation(src, m.rid)
                 err = KVStalled if code == STALLED else CommMismatch
                 self._rejected[(src, m.rid)] = (err, m.text)
                 for ph in self._pushes:      # a push still on its way ends too
@@ -705,7 +786,13 @@ class KVTransfer:
             return
         self._recvs[r.src] -= 1
         h = r.handle
-        if h is None or h.error is not None:
+        if h is None:
+            return
+        if h.inflight:
+            h.inflight -= 1
+            if not h.inflight and h in self._inflight:     # ended: its blocks are free now
+                self._unhold(h)
+        if h.error is not None:
             return
         with self.flags.stream():     # the layer's flag (remote_transfer_arrived) after it
             if r.into is not None:
@@ -748,6 +835,13 @@ class KVTransfer:
         try:
             for h in list(self._handles.values()):       # its senders must stop writing
                 h.cancel(f"rank {self.rank} closed its KVTransfer")
+            for dst, rid in list(self._expects):       # requests it will never push
+                ex = self._expects[(dst, rid)]
+                self.send_control(dst, Message(NOTICE, rid, (FAILED, ex.gen), text=(
+                    f"rank {self.rank} closed its KVTransfer before pushing request "
+                    f"{rid!r} (layers {sorted(set(range(self.geometry.layers)) - ex.pushed)} "
+                    f"were never sent)")))
+                self._drop_expectation(dst, rid)
             for ph in self._pushes:
                 if ph.error is not None:      # its caller heard; its data drains by itself
                     continue
@@ -769,7 +863,7 @@ class KVTransfer:
                 for p in live:
                     self._gloo.send(p, Message(CLOSE, "close"))
                 while {p for p in live if p not in self._dead} - self._closed_by or \
-                        any(self._recvs.values()):
+                        any(self._recvs.values()) or any(p.pending for p in self._pushes):
                     if time.monotonic() > deadline:
                         missing = tuple(sorted(set(live) - self._closed_by))
                         raise CommTimeout(f"kv close on rank {self.rank}: rank(s) "

@@ -1,0 +1,76 @@
+"""Receives posted at expect time, for a request whose one sender is on another host.
+
+NOTE [receives posted at expect]
+    Gloo moves a message only once its receive is posted (the receiver's "ready" travels to
+    the sender first), and posting takes the connection's lock, which its I/O thread holds
+    while it reads. Receives posted as each PUSH arrived therefore trickled out one at a
+    time while earlier data flowed, and the link idled between messages: 0.51-0.71 of a bare
+    Gloo stream of the same bytes. A request with one sender on another host knows where
+    all its bytes land at ``expect``: its blocks, every layer, K and V. So the receiver posts
+    every receive then, one message per (layer, K/V, run of consecutive destination blocks),
+    with tags it chose (``base`` in the EXPECT), and the sender sends exactly those
+    messages, in the receiver's block layout (straight from its cache where its own blocks
+    are consecutive too and all heads move, else gathered), with no PUSH message.
+
+    The price is an obligation: a posted receive cannot be withdrawn, so the sender sends
+    every message of such a request even when it ends early (failed, cancelled, stalled,
+    closed): the layers it did not push go as zeros (:meth:`KVTransfer._drain`), and the
+    receiver keeps the request's blocks held (``expect`` refuses them) until the last of its
+    messages landed or the sender's host is gone. A sender that never makes another kv call
+    leaves those blocks held.
+
+Only CPU caches: an NCCL receive posted early would hold the pair's stream, and the sends
+queued behind it on that stream, until its data came.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .handles import DATA_TAG0, TAG_SPAN
+from .schedule import CacheGeometry, HeadSplit, Run, coalesce
+
+#: tags of posted receives: above the senders' own (handles.DATA_TAG0 .. + TAG_SPAN)
+PREPOST_TAG0 = DATA_TAG0 + TAG_SPAN
+PREPOST_SPAN = TAG_SPAN
+
+
+def dst_runs(dst_ids: list[int]) -> list[Run]:
+    """Runs of consecutive destination blocks: one message per (layer, K/V, run)."""
+    return coalesce(dst_ids, dst_ids)
+
+
+def tag(base: int, layer: int, kv: int, nruns: int, k: int) -> int:
+    """The tag of run ``k`` of (``layer``, ``kv``) of a request whose tags start at ``base``."""
+    return PREPOST_TAG0 + (base + (layer * 2 + kv) * nruns + k) % PREPOST_SPAN
+
+
+def messages(layers: int, nruns: int) -> int:
+    return layers * 2 * nruns
+
+
+def pieces(cache: torch.Tensor, src_ids: list[int], dst_ids: list[int], layers: range,
+           hs: HeadSplit, whole: bool):
+    """The sender's messages for ``layers``: ``(layer, kv, k, tensor)`` in the receiver's
+    block layout, ``src_ids[i]`` going to ``dst_ids[i]`` (a view of ``cache`` where the
+    source blocks are consecutive and all heads move, else a gathered copy)."""
+    runs = dst_runs(dst_ids)
+    at = 0
+    spans = []
+    for r in runs:
+        s = src_ids[at:at + r.n]
+        spans.append((s[0], s[0] + r.n) if s == list(range(s[0], s[0] + r.n)) else s)
+        at += r.n
+    for layer in layers:
+        for kv in (0, 1):
+            for k, sp in enumerate(spans):
+                a = cache[layer, kv, sp[0]:sp[1]] if isinstance(sp, tuple) else \
+                    cache[layer, kv, sp]
+                if not whole:
+                    a = a[:, :, hs.src:hs.src + hs.count]
+                yield layer, kv, k, a.contiguous()
+
+
+def run_bytes(dst: CacheGeometry, dst_ids: list[int]) -> list[int]:
+    """Bytes of each run's message (the receiver's blocks, all its heads)."""
+    return [r.n * dst.block_bytes for r in dst_runs(dst_ids)]
