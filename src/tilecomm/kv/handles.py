@@ -24,13 +24,16 @@ REJECTED, FAILED, UNKNOWN, STALLED = 1, 2, 3, 4
 PENDING, COMPLETE, FAILED_STATE, STALLED_STATE = "pending", "complete", "failed", "stalled"
 
 
+DATA_TAG0, TAG_SPAN = 16, 1 << 29     # data tags a sender picks (kv.prepost: the ones above)
+_BLOCK = 0.01              # seconds a wait on other hosts sleeps per poll (woken by news)
+
+
 class KVStalled(CommTimeout):
     """A KV request passed its deadline (``expect(..., deadline=)``) with layers missing. It
     has ended on both sides: the receiver's handle, and the sender's push or handle, raise
     it (the side that did not see it pass hears of it by notice); the destination blocks are
-    free again on the receiver. ``missing``: the senders whose layers had not landed."""
-DATA_TAG0, TAG_SPAN = 16, 1 << 29     # data tags a sender picks (kv.prepost: the ones above)
-_BLOCK = 0.01              # seconds a wait on other hosts sleeps per poll (woken by news)
+    free again on the receiver (for receives posted at expect, once the sender's remaining
+    messages landed). ``missing``: the senders whose layers had not landed."""
 
 
 class ExpectHandle:
