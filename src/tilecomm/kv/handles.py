@@ -57,6 +57,9 @@ class ExpectHandle:
         self._local_moves = 0
         #: receives posted at expect not landed yet (NOTE [receives posted at expect])
         self.inflight = 0
+        #: with receives posted at expect: the layers the sender said it pushed (data that
+        #: lands without that word is what a failed sender owes, not the request's)
+        self.committed: set | None = None
 
     @property
     def transfers(self) -> int:
@@ -83,7 +86,8 @@ class ExpectHandle:
 
     def _has(self, j: int, layer: int) -> bool:
         if j in self._remote_done:
-            return layer in self._remote_done[j]
+            return layer in self._remote_done[j] and (self.committed is None or
+                                                      layer in self.committed)
         return self.kv.flags.landed(self.slot, j, layer, self.gen)
 
     def missing(self) -> dict[int, list[int]]:
@@ -142,7 +146,18 @@ class ExpectHandle:
         self._pending[key] -= 1
         if not self._pending[key]:
             self._remote_done[j].add(layer)
-            # this rank's own flag too, for waits on the device (ExpectHandle.wait_on_device)
+            self._landed(j, layer)
+
+    def commit(self, j: int, layers: range) -> None:
+        """Sender ``j`` pushed ``layers`` (receives posted at expect): their data counts once
+        it has landed."""
+        for layer in layers:
+            self.committed.add(layer)
+            self._landed(j, layer)
+
+    def _landed(self, j: int, layer: int) -> None:
+        # this rank's own flag too, for waits on the device (ExpectHandle.wait_on_device)
+        if self._has(j, layer):
             self.kv.flags.set_own(self.slot, j, layer, self.gen)
 
     def _raise(self) -> None:

@@ -10,14 +10,17 @@ NOTE [receives posted at expect]
     every receive then, one message per (layer, K/V, run of consecutive destination blocks),
     with tags it chose (``base`` in the EXPECT), and the sender sends exactly those
     messages, in the receiver's block layout (straight from its cache where its own blocks
-    are consecutive too and all heads move, else gathered), with no PUSH message.
+    are consecutive too and all heads move, else gathered), and a PUSH with no tags that
+    names the layers: a layer counts as landed only with both its data and that word.
 
     The price is an obligation: a posted receive cannot be withdrawn, so the sender sends
     every message of such a request even when it ends early (failed, cancelled, stalled,
-    closed): the layers it did not push go as zeros (:meth:`KVTransfer._drain`), and the
-    receiver keeps the request's blocks held (``expect`` refuses them) until the last of its
-    messages landed or the sender's host is gone. A sender that never makes another kv call
-    leaves those blocks held.
+    closed): the layers it did not push go as zeros (``KVTransfer._drop_expectation``), with
+    no PUSH word, so they never complete the request (the data may land before the notice
+    that ends it: they travel on different connections), and the receiver keeps the
+    request's blocks held (``expect`` refuses them) until the last of its messages landed or
+    the sender's host is gone. A sender that never makes another kv call leaves those blocks
+    held.
 
 Only CPU caches: an NCCL receive posted early would hold the pair's stream, and the sends
 queued behind it on that stream, until its data came.

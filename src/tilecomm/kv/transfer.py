@@ -287,6 +287,7 @@ class KVTransfer:
         self._pre_tags[src] = (base + n) % prepost.PREPOST_SPAN
         h.remote_push(0, 0, geo.kv_heads, n)
         h.inflight = n
+        h.committed = set()
         for layer in range(geo.layers):
             for kv in (0, 1):
                 for k, r in enumerate(runs):
@@ -590,6 +591,10 @@ class KVTransfer:
     def _send_preposted(self, dst, rid, ex, ids, lo, hi, hs: HeadSplit, ph) -> None:
         """The messages of ``layers lo..hi-1`` of a request whose receives were posted at
         its expect, in the receiver's layout and tags (NOTE [receives posted at expect])."""
+        # the layers' data counts on the receiver only with this word (a PUSH with no tag
+        # base): what a sender that failed still sends lands without it
+        self.send_control(dst, Message(PUSH, rid, (0, ex.slot, ex.gen, ex.j, lo, hi, hs.src,
+                                                   hs.dst, hs.count, -1, 0)))
         whole = hs.is_whole(self.cache.shape[4], self.geometries[dst].kv_heads)
         nruns = len(prepost.dst_runs(ex.ids))
         ph.transfers = 0
@@ -746,6 +751,11 @@ class KVTransfer:
 
     def _on_push(self, src: int, m: Message) -> None:
         nb, slot, gen, j, lo, hi, h_src, h_dst, h_count, base, n = m.args[:11]
+        if base < 0:                    # layers of a request whose receives are posted
+            h = self._by_slot.get(slot)
+            if h is not None and h.gen == gen and h.error is None and h.committed is not None:
+                h.commit(j, range(lo, hi))
+            return
         src_ids, dst_ids = m.ids[:nb], m.ids[nb:]
         moves = transfers(coalesce(src_ids, dst_ids), range(lo, hi))
         g_src = self.geometries[src]
