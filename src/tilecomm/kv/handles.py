@@ -26,6 +26,7 @@ PENDING, COMPLETE, FAILED_STATE, STALLED_STATE = "pending", "complete", "failed"
 
 DATA_TAG0, TAG_SPAN = 16, 1 << 29     # data tags a sender picks (kv.prepost: the ones above)
 _BLOCK = 0.01              # seconds a wait on other hosts sleeps per poll (woken by news)
+LANDING_S = 5.0            # how long a failed request's error waits for data still owed
 
 
 class KVStalled(CommTimeout):
@@ -162,6 +163,10 @@ class ExpectHandle:
 
     def _raise(self) -> None:
         if self.error is not None:
+            if self.inflight and not isinstance(self.error, KVStalled):
+                # the sender sends what it owes at once (it ended the request, or heard so):
+                # let it land, so the blocks are free when the caller hears of the failure
+                self.kv.await_landing(self, min(self.kv.timeout, LANDING_S))
             raise self.error.with_traceback(None)
 
     def cancel(self, reason: str = "cancelled") -> None:

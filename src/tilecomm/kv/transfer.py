@@ -201,6 +201,13 @@ class KVTransfer:
             else:
                 self._unhold(h)
 
+    def await_landing(self, h: ExpectHandle, limit: float) -> None:
+        """Make progress until the receives posted for ``h`` at its expect have landed, for
+        at most ``limit`` seconds (then its blocks stay held until they do)."""
+        end = time.monotonic() + limit
+        while h.inflight and not self._closed and time.monotonic() < end:
+            self.progress(0.01)
+
     def _unhold(self, h: ExpectHandle) -> None:
         self._inflight.discard(h)
         for b in h.ids:
