@@ -482,11 +482,22 @@ class KVTransfer:
         the sender's heads in its slot (the receiver reads them once every layer landed)."""
         board = self._peer_boards[dst]          # laid out as this rank's (self.board)
         if int(board[self.board.slot_at(ex.slot)]) != ex.gen:
-            self._expects.pop((dst, ex.rid), None)
-            raise CommMismatch(f"push of request {ex.rid!r}: rank {dst} gave up the request "
-                               f"(cancelled, failed or stalled there)")
+            raise self._given_up(dst, ex.rid)
         at = self.board.sender_at(ex.slot, ex.j)
         board[at:at + 3] = (hs.src, hs.dst, hs.count)
+
+    def _given_up(self, dst: int, rid: str) -> CommError:
+        """The error of a local push that found its request given up on ``dst``: what
+        ``dst`` said of it (its notice is in this rank's ring by then), KVStalled for a
+        deadline."""
+        self._expects.pop((dst, rid), None)
+        self.progress()
+        err, text = self._rejected.pop((dst, rid), (CommMismatch, (
+            f"push of request {rid!r}: rank {dst} gave up the request (cancelled, failed or "
+            f"stalled there)")))
+        if err is KVStalled:
+            return KVStalled(text, collective="kv.push", missing=(dst,))
+        return err(text)
 
     def _copy_local(self, dst: int, ex: "Expectation", moves, hs: HeadSplit) -> int:
         """Copy ``moves`` into ``dst``'s cache, storing each layer's flag after its data (the
@@ -511,9 +522,7 @@ class KVTransfer:
                 if layer is not None:            # layer done: its flag after its data
                     self.flags.set_peer(dst, ex.slot, ex.j, layer, ex.gen)
                     if int(board[slot_at]) != ex.gen:    # the receiver gave it up
-                        self._expects.pop((dst, ex.rid), None)
-                        raise CommMismatch(f"push of request {ex.rid!r}: rank {dst} gave up "
-                                           f"the request (cancelled, failed or stalled there)")
+                        raise self._given_up(dst, ex.rid)
             layer = t.layer
             r = t.run
             a = src[t.layer, t.kv, r.src:r.src + r.n]
