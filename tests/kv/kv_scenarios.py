@@ -428,7 +428,7 @@ def deadlines(comm) -> dict:
     """Requests end at their deadline on both sides, and blocks in flight are never handed
     out twice. Rank ``p`` prefills, rank ``d`` decodes:
 
-    1. "slow" (deadline 0.6 s): only layer 0 is pushed; the receiver's handle ends STALLED
+    1. "slow" (deadline 1.5 s): only layer 0 is pushed; the receiver's handle ends STALLED
        naming the sender and layers 1..2, its blocks are free again at once, and the
        sender's push of the rest raises KVStalled;
     2. "h2" asks for a block "h1" holds: refused on the receiver (naming the block and
@@ -444,13 +444,14 @@ def deadlines(comm) -> dict:
     cache = kv.paged_cache(kv_heads=2, **GEO)
     seen = {}
     if comm.rank == d:
-        h = kv.expect("slow", src=p, block_ids=[0, 1], deadline=0.6)
+        # long enough for layer 0 to land first on a loaded machine
+        h = kv.expect("slow", src=p, block_ids=[0, 1], deadline=1.5)
         comm.barrier()                                               # A
         while h.state == "pending":
             time.sleep(0.01)
         seen["state"] = h.state
         seen["slow"] = _raises(KVStalled, h.wait, "'slow'", f"rank {p}: layers 1..2",
-                               "deadline of 0.6 s", "blocks 0..1")
+                               "deadline of 1.5 s", "blocks 0..1")
         # the blocks are free again: at once inside a host; across hosts once the sender
         # has sent the layers it owes as zeros (its next kv call: the push below)
         again = _expect_when_free(kv, "again", p, [0, 1])
@@ -477,7 +478,7 @@ def deadlines(comm) -> dict:
         fill(cache, 90)
         comm.barrier()                                               # A
         kv.push("slow", dst=d, block_ids=[2, 3], layers=range(0, 1)).wait()
-        time.sleep(0.8)                                              # past the deadline
+        time.sleep(1.7)                                              # past the deadline
         seen["slow"] = _raises(KVStalled, lambda: kv.push("slow", dst=d, block_ids=[2, 3],
                                                           layers=range(1, 3)), "'slow'")
         comm.barrier()                                               # B

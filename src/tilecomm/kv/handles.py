@@ -401,6 +401,7 @@ class Expectation:
     nblocks: int
     expires: float = float("inf")       # the request's deadline, monotonic on this rank
     pre: int = -1                       # tag base of receives posted at expect (-1: none)
+    plan: tuple | None = None           # (sender's ids, kv.prepost.Plan) of the last push
     pushed: set = field(default_factory=set)
 
 

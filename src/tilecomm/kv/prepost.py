@@ -52,26 +52,31 @@ def messages(layers: int, nruns: int) -> int:
     return layers * 2 * nruns
 
 
-def pieces(cache: torch.Tensor, src_ids: list[int], dst_ids: list[int], layers: range,
-           hs: HeadSplit, whole: bool):
-    """The sender's messages for ``layers``: ``(layer, kv, k, tensor)`` in the receiver's
-    block layout, ``src_ids[i]`` going to ``dst_ids[i]`` (a view of ``cache`` where the
-    source blocks are consecutive and all heads move, else a gathered copy)."""
-    runs = dst_runs(dst_ids)
-    at = 0
-    spans = []
-    for r in runs:
-        s = src_ids[at:at + r.n]
-        spans.append((s[0], s[0] + r.n) if s == list(range(s[0], s[0] + r.n)) else s)
-        at += r.n
-    for layer in layers:
-        for kv in (0, 1):
-            for k, sp in enumerate(spans):
-                a = cache[layer, kv, sp[0]:sp[1]] if isinstance(sp, tuple) else \
-                    cache[layer, kv, sp]
-                if not whole:
-                    a = a[:, :, hs.src:hs.src + hs.count]
-                yield layer, kv, k, a.contiguous()
+class Plan:
+    """How the sender cuts a request's messages: per run of consecutive destination blocks,
+    its source blocks as a range (consecutive) or a list (gathered). Made once per request
+    and reused by every layer's push."""
+
+    def __init__(self, src_ids: list[int], dst_ids: list[int]):
+        self.spans: list = []
+        at = 0
+        for r in dst_runs(dst_ids):
+            s = src_ids[at:at + r.n]
+            self.spans.append((s[0], s[0] + r.n) if s == list(range(s[0], s[0] + r.n)) else s)
+            at += r.n
+
+    def pieces(self, cache: torch.Tensor, layers: range, hs: HeadSplit, whole: bool):
+        """The messages of ``layers``: ``(layer, kv, k, tensor)`` in the receiver's block
+        layout (a view of ``cache`` where the source blocks are consecutive and all heads
+        move, else a gathered copy)."""
+        for layer in layers:
+            for kv in (0, 1):
+                for k, sp in enumerate(self.spans):
+                    a = cache[layer, kv, sp[0]:sp[1]] if isinstance(sp, tuple) else \
+                        cache[layer, kv, sp]
+                    if not whole:
+                        a = a[:, :, hs.src:hs.src + hs.count]
+                    yield layer, kv, k, a.contiguous()
 
 
 def run_bytes(dst: CacheGeometry, dst_ids: list[int]) -> list[int]:

@@ -407,9 +407,10 @@ class KVTransfer:
             code = STALLED if isinstance(problem, KVStalled) else FAILED
             self.send_control(dst, Message(NOTICE, rid, (code, ex.gen), text=str(problem)))
             raise problem
-        runs = coalesce(ids, ex.ids)
-        moves = transfers(runs, range(lo, hi))
-        ph = PushHandle(rid, dst, len(moves), 0, self, layers=range(lo, hi), expires=ex.expires)
+        ph = PushHandle(rid, dst, 0, 0, self, layers=range(lo, hi), expires=ex.expires)
+        if dst in self._local or ex.pre < 0:
+            moves = transfers(coalesce(ids, ex.ids), range(lo, hi))
+            ph.transfers = len(moves)
         if dst in self._local:
             whole = hs.is_whole(mine.kv_heads, theirs.kv_heads)
             if path == "auto":
@@ -612,10 +613,13 @@ class KVTransfer:
         self.send_control(dst, Message(PUSH, rid, (0, ex.slot, ex.gen, ex.j, lo, hi, hs.src,
                                                    hs.dst, hs.count, -1, 0)))
         whole = hs.is_whole(self.cache.shape[4], self.geometries[dst].kv_heads)
-        nruns = len(prepost.dst_runs(ex.ids))
+        key = tuple(ids)
+        if ex.plan is None or ex.plan[0] != key:     # the same ids for every layer's push
+            ex.plan = (key, prepost.Plan(ids, ex.ids))
+        plan = ex.plan[1]
+        nruns = len(plan.spans)
         ph.transfers = 0
-        for layer, kv, k, a in prepost.pieces(self.cache, ids, ex.ids, range(lo, hi), hs,
-                                              whole):
+        for layer, kv, k, a in plan.pieces(self.cache, range(lo, hi), hs, whole):
             ph.pending += 1
             ph.transfers += 1
             self._gloo.post_send(dst, _bytes(a), prepost.tag(ex.pre, layer, kv, nruns, k),
