@@ -230,7 +230,8 @@ class KVTransfer:
         refused (``ValueError`` naming it and the request). ``deadline``: seconds the whole
         request may take from now (default: the engine's timeout); once it passes with
         layers missing the request ends on both sides (:class:`~tilecomm.kv.KVStalled`,
-        ``state == "stalled"``) and its blocks are free again. Returns at once; the handle
+        ``state == "stalled"``) and its blocks are free again (with receives posted at expect,
+        once the data still owed has landed: kv/prepost.py). Returns at once; the handle
         tells when layers land.
         """
         self._check_cache()
@@ -244,6 +245,9 @@ class KVTransfer:
         for s in srcs:
             if s in self._dead:
                 raise self._dead_error(s, f"expect of request {rid!r}")
+            if s in self._closed_by:
+                raise mb.KVClosed(f"expect of request {rid!r}: rank {s} has closed its "
+                                  f"KVTransfer; it sends no more")
         try:
             limit = self.timeout if deadline is None else float(deadline)
             if not limit > 0 or math.isinf(limit):
