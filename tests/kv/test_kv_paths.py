@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import tilecomm
 import pytest
 import torch
 
@@ -153,3 +154,40 @@ def test_what_auto_times_copies_every_byte(path, pieces, nbytes):
     copy_pieces(path, a, b, flag, pieces, nbytes, 0, make_handle(0, [0], 10**9))
     assert torch.equal(a[:nbytes], b[:nbytes]) and not b[nbytes:].any()
     assert int(flag) == 1
+
+
+def _sender_dies(comm):
+    """Rank 0 pushes layer 0 of a request and dies (SIGKILL); rank 1's request ends at its
+    deadline, naming rank 0 and the layers that never came, and its blocks are free."""
+    import os
+    import signal
+    import time
+
+    from tilecomm.kv import KVStalled, KVTransfer
+
+    kv = KVTransfer(comm, timeout=20)
+    cache = kv.paged_cache(kv_heads=2, **S.GEO)
+    if comm.rank == 0:
+        S.fill(cache, 3)
+        kv.push("doomed", dst=1, block_ids=[0, 1], layers=range(0, 1))
+        comm.barrier()
+        os.kill(os.getpid(), signal.SIGKILL)
+    h = kv.expect("doomed", src=0, block_ids=[4, 5], deadline=1.0)
+    comm.barrier()
+    t0 = time.monotonic()
+    try:
+        h.wait()
+    except KVStalled as e:
+        took = time.monotonic() - t0
+        reused = kv.expect("next", src=0, block_ids=[4, 5]).state    # the blocks are free
+        return str(e), h.state, took, reused
+    raise AssertionError("the wait returned")
+
+
+def test_a_sender_that_dies_ends_its_requests_at_their_deadline():
+    out = tilecomm.launch(_sender_dies, 2, timeout=10, keep_going=True)
+    assert isinstance(out[0], tilecomm.RankError)
+    text, state, took, reused = out[1]
+    assert state == "stalled" and reused == "pending"
+    assert "'doomed'" in text and "rank 0: layers 1..2" in text, text
+    assert took < 5, took            # the deadline (1 s), not the engine's timeout (20 s)
