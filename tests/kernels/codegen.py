@@ -154,9 +154,11 @@ def kv_copy() -> dict:
         table = offline.aligned(len(ct.table), torch.int64)
         counts = offline.aligned(ct.nlayers, torch.int32)
         with cc.record_launches() as seen:      # peers 1 and 0, one layer and two
-            launch_copy(ct, words, flags, table, counts, 3, 1, offline.FakeHeap(0, 2).handle)
+            launch_copy(ct, words, words, flags, table, counts, 3, 1,
+                        offline.FakeHeap(0, 2).handle)
             one = copy_tiles(moves[:1], src, dst, hs, 0, [7], name == "whole", src.nbytes)
-            launch_copy(one, words, flags, table, counts, 1, 0, offline.FakeHeap(1, 2).handle)
+            launch_copy(one, words, words, flags, table, counts, 1, 0,
+                        offline.FakeHeap(1, 2).handle)
         ptx = cc.compile_launch(seen[0]).asm["ptx"]
         acc = cc.global_accesses(ptx)
         out[name] = {"ld": {str(b): c for (o, b), c in acc.items() if o == "ld"},

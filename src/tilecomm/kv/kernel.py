@@ -66,27 +66,28 @@ def kv_copy_kernel(src, dst, flags, table, counts, ntiles, nlayers, gen, peer, h
         lang.signal_set(flags, tl.load(table + ntiles * 4 + nlayers + li), gen, peer, heap)
 
 
-def launch_copy(ct, words, flags, table, counts, gen: int, peer: int, heap) -> None:
+def launch_copy(ct, src, dst, flags, table, counts, gen: int, peer: int, heap) -> None:
     """Launch :func:`kv_copy_kernel` for the tile table ``ct`` (``tilecomm.kv.paths.
     CopyTiles``; ``table`` its ``table`` on the device, ``counts`` int32 zeros, one per
-    layer): ``words`` is the symmetric cache buffer viewed as ``ct.word_bytes`` words, the
-    source and (rebased to local rank ``peer``) the destination."""
+    layer): ``src`` and ``dst`` viewed as ``ct.word_bytes`` words, ``dst`` (and ``flags``)
+    this rank's copy of a symmetric buffer, rebased to local rank ``peer``. A push passes
+    the symmetric cache as both."""
     kv_copy_kernel[(ct.ntiles,)](
-        words, words, flags, table, counts, ct.ntiles, ct.nlayers, gen, peer, heap,
+        src, dst, flags, table, counts, ct.ntiles, ct.nlayers, gen, peer, heap,
         ct.row_words, ct.src_stride, ct.dst_stride, ROWS=ct.rows, COLS=ct.cols, VEC=ct.vec)
 
 
 def copy_pieces(path: str, a, b, flag, pieces: int, nbytes: int, me: int, heap) -> None:
     """``b[:nbytes] = a[:nbytes]`` (uint8 tensors of one device) in ``pieces`` equal pieces, as
     a push of ``pieces`` transfers would move them: one copy per piece (``"copy_engine"``)
-    or one launch of :func:`kv_copy_kernel` over tiles cut as ``copy_tiles`` cuts them
-    (``"kernel"``); then ``flag[0] = 1``. ``me``: this rank's local rank (the kernel's peer,
-    so nothing is rebased). What ``path="auto"`` times to fit its costs (paths.measure_cuda).
+    or one launch of :func:`kv_copy_kernel` over tiles cut as a push's are
+    (``paths.piece_tiles``, ``"kernel"``); then ``flag[0] = 1``. ``me``: this rank's local
+    rank (the kernel's peer, so nothing is rebased). What ``path="auto"`` times to fit its
+    costs (paths.measure_cuda).
     """
-    import numpy as np
     import torch
 
-    from .paths import MAX_COLS, TILE_WORDS
+    from .paths import piece_tiles
 
     piece = nbytes // pieces
     if path == "copy_engine":
@@ -94,21 +95,10 @@ def copy_pieces(path: str, a, b, flag, pieces: int, nbytes: int, me: int, heap) 
             b[k * piece:(k + 1) * piece].copy_(a[k * piece:(k + 1) * piece])
         flag[:1].fill_(1)
         return
-    words = piece // 4
-    cols = min(MAX_COLS, words)
-    rows_per_piece = words // cols
-    rows = min(1 << max(0, (rows_per_piece - 1).bit_length()), max(1, TILE_WORDS // cols))
-    per = -(-rows_per_piece // rows)
-    k = np.arange(pieces * per)
-    tiles = np.empty((len(k), 4), dtype=np.int64)
-    tiles[:, 0] = tiles[:, 1] = (k // per) * words + (k % per) * rows * cols
-    tiles[:, 2] = np.minimum(rows, rows_per_piece - (k % per) * rows)
-    tiles[:, 3] = 0
-    table = torch.from_numpy(np.concatenate([tiles.reshape(-1), [len(k), 0]]).astype(np.int64))
+    ct = piece_tiles(pieces, piece)
     counts = torch.zeros(1, dtype=torch.int32, device=a.device)
-    kv_copy_kernel[(len(k),)](a.view(torch.int32), b.view(torch.int32), flag,
-                              table.to(a.device), counts, len(k), 1, 1, me, heap, cols, cols,
-                              cols, ROWS=rows, COLS=cols, VEC=4)
+    launch_copy(ct, a.view(torch.int32), b.view(torch.int32), flag,
+                torch.from_numpy(ct.table).to(a.device), counts, 1, me, heap)
 
 
 @triton.jit

@@ -76,23 +76,43 @@ def copy_tiles(moves: list[Transfer], src: CacheGeometry, dst: CacheGeometry, hs
                  dtype=np.int64).reshape(-1, 5)
     s_off = ((m[:, 0] * 2 + m[:, 1]) * src.blocks + m[:, 2]) * src.block_bytes + head_s
     d_off = ((m[:, 0] * 2 + m[:, 1]) * dst.blocks + m[:, 3]) * dst.block_bytes + head_d
-    nrows = m[:, 4] * rows_per_block
+    return cut_tiles(s_off, d_off, m[:, 4] * rows_per_block, m[:, 0] - lo, flag_at,
+                     row_bytes, src_stride, dst_stride, word, vec)
+
+
+def cut_tiles(s_off: np.ndarray, d_off: np.ndarray, nrows: np.ndarray, layer: np.ndarray,
+              flag_at: list[int], row_bytes: int, src_stride: int, dst_stride: int, word: int,
+              vec: int) -> CopyTiles:
+    """Cut transfers (byte offsets ``s_off`` / ``d_off``, ``nrows`` rows of ``row_bytes``,
+    layer index ``layer``) into tiles of at most ``TILE_WORDS`` words: the one way every
+    launch of the copy kernel is cut, a push's (:func:`copy_tiles`) and what ``auto`` times
+    (:func:`piece_tiles`)."""
     row_words = row_bytes // word
     cols = min(MAX_COLS, 1 << max(0, (row_words - 1).bit_length()))
     rows = max(1, min(1 << max(0, (int(nrows.max()) - 1).bit_length()), TILE_WORDS // cols))
     per = -(-nrows // rows)                                  # tiles of each transfer
-    first = np.repeat(np.arange(len(m)), per)
+    first = np.repeat(np.arange(len(nrows)), per)
     k = np.arange(len(first)) - np.repeat(np.cumsum(per) - per, per)
     tiles = np.empty((len(first), 4), dtype=np.int64)
     tiles[:, 0] = (s_off[first] + k * rows * src_stride) // word
     tiles[:, 1] = (d_off[first] + k * rows * dst_stride) // word
     tiles[:, 2] = np.minimum(rows, nrows[first] - k * rows)
-    tiles[:, 3] = m[first, 0] - lo
+    tiles[:, 3] = layer[first]
     nlayers = len(flag_at)
     need = np.bincount(tiles[:, 3], minlength=nlayers).astype(np.int64)
     table = np.concatenate([tiles.reshape(-1), need, np.asarray(flag_at, dtype=np.int64)])
     return CopyTiles(table, len(tiles), nlayers, word, row_words, src_stride // word,
                      dst_stride // word, rows, cols, vec)
+
+
+def piece_tiles(pieces: int, piece_bytes: int) -> CopyTiles:
+    """The tiles of ``pieces`` transfers of one whole-block row of ``piece_bytes`` each (a
+    multiple of 16), back to back, one layer whose flag is word 0: what a push of
+    ``pieces`` runs of one block of that size is cut into."""
+    off = np.arange(pieces, dtype=np.int64) * piece_bytes
+    return cut_tiles(off, off, np.ones(pieces, dtype=np.int64),
+                     np.zeros(pieces, dtype=np.int64), [0], piece_bytes, piece_bytes,
+                     piece_bytes, 4, 4)
 
 
 class PathChooser:

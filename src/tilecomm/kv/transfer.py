@@ -39,7 +39,7 @@ from .handles import (DATA_TAG0, FAILED, REJECTED, STALLED, TAG_SPAN, UNKNOWN, B
 from . import prepost
 from .paths import PATHS, PathChooser, copy_tiles
 from .schedule import (GEOMETRY, CacheGeometry, HeadSplit, check_block_ids, coalesce,
-                       transfers)
+                       request_bytes, transfers)
 
 MAX_SOURCES = 8            # senders one request may gather heads from
 _IDLE_OK = 7 * 24 * 3600.0  # Gloo timeout of the engine's group (see paged_cache)
@@ -411,19 +411,20 @@ class KVTransfer:
             code = STALLED if isinstance(problem, KVStalled) else FAILED
             self.send_control(dst, Message(NOTICE, rid, (code, ex.gen), text=str(problem)))
             raise problem
-        ph = PushHandle(rid, dst, 0, 0, self, layers=range(lo, hi), expires=ex.expires)
+        ph = PushHandle(rid, dst, 0, request_bytes(mine, len(ids), hi - lo, hs.count), self,
+                        layers=range(lo, hi), expires=ex.expires)
         if dst in self._local or ex.pre < 0:
             moves = transfers(coalesce(ids, ex.ids), range(lo, hi))
             ph.transfers = len(moves)
         if dst in self._local:
             whole = hs.is_whole(mine.kv_heads, theirs.kv_heads)
             if path == "auto":
-                path = self._choose(moves, whole, mine, hs)
+                path = self._choose(len(moves), ph.nbytes)
             ph.path = path
             if path == "kernel":
-                ph.nbytes = self._kernel_local(dst, ex, moves, hs, whole, lo, hi)
+                self._kernel_local(dst, ex, moves, hs, whole, lo, hi)
             else:
-                ph.nbytes = self._copy_local(dst, ex, moves, hs)
+                self._copy_local(dst, ex, moves, hs, whole)
             if self.cache.is_cuda:
                 ph.event = torch.cuda.Event()
                 ph.event.record()
@@ -504,7 +505,8 @@ class KVTransfer:
             return KVStalled(text, collective="kv.push", missing=(dst,))
         return err(text)
 
-    def _copy_local(self, dst: int, ex: "Expectation", moves, hs: HeadSplit) -> int:
+    def _copy_local(self, dst: int, ex: "Expectation", moves, hs: HeadSplit,
+                    whole: bool) -> None:
         """Copy ``moves`` into ``dst``'s cache, storing each layer's flag after its data (the
         ``copy_engine`` path; on CUDA caches the copies and flags are queued on the current
         stream).
@@ -516,12 +518,11 @@ class KVTransfer:
         self._start_local(dst, ex, hs)
         board = self._peer_boards[dst]
         slot_at = self.board.slot_at(ex.slot)
-        whole = hs.is_whole(self.cache.shape[4], self.geometries[dst].kv_heads)
         if whole and not self.cache.is_cuda:
             src, out = self._blocks_np(self.rank), self._blocks_np(dst)
         else:
             src, out = self.cache, self._peer_cache(dst)
-        nbytes, layer = 0, None
+        layer = None
         for t in moves:
             if t.layer != layer:
                 if layer is not None:            # layer done: its flag after its data
@@ -534,18 +535,14 @@ class KVTransfer:
             b = out[t.layer, t.kv, r.dst:r.dst + r.n]
             if whole:
                 b[...] = a
-                nbytes += a.nbytes if isinstance(a, np.ndarray) else a.numel() * a.element_size()
             else:
-                a = a[:, :, hs.src:hs.src + hs.count]
-                b[:, :, hs.dst:hs.dst + hs.count].copy_(a)
-                nbytes += a.numel() * a.element_size()
+                b[:, :, hs.dst:hs.dst + hs.count].copy_(a[:, :, hs.src:hs.src + hs.count])
         if layer is not None:
             self.flags.set_peer(dst, ex.slot, ex.j, layer, ex.gen)
         board[self.board.sender_at(ex.slot, ex.j) + 3] += len(moves)
-        return nbytes
 
     def _kernel_local(self, dst: int, ex: "Expectation", moves, hs: HeadSplit, whole: bool,
-                      lo: int, hi: int) -> int:
+                      lo: int, hi: int) -> None:
         """The ``kernel`` path: one launch of the copy kernel for the whole push (it sets each
         layer's flag after the layer's data; NOTE [layer flag] in kv/kernel.py)."""
         if not self.cache.is_cuda:
@@ -563,23 +560,19 @@ class KVTransfer:
             table = table.pin_memory().to(dev, non_blocking=True)
         counts = torch.zeros(ct.nlayers, dtype=torch.int32, device=dev)
         words = self._raw.view({4: torch.int32, 2: torch.int16, 1: torch.int8}[ct.word_bytes])
-        launch_copy(ct, words, self.flags.tensor, table, counts, ex.gen,
+        launch_copy(ct, words, words, self.flags.tensor, table, counts, ex.gen,
                     self.comm.layout.local_rank(dst), self.heap.handle)
         self.interpreted_launches += not self.cache.is_cuda
         board = self._peer_boards[dst]
         board[self.board.sender_at(ex.slot, ex.j) + 3] += len(moves)
-        per = (mine.block_bytes if whole else
-               hs.count * mine.head_dim * mine.itemsize * mine.block_size)
-        return sum(t.run.n for t in moves) * per
 
-    def _choose(self, moves, whole: bool, mine: CacheGeometry, hs: HeadSplit) -> str:
-        """``path="auto"``: the path :class:`PathChooser` predicts faster for this push."""
+    def _choose(self, transfers: int, nbytes: int) -> str:
+        """``path="auto"``: the path :class:`PathChooser` predicts faster for a push of
+        ``transfers`` moves of ``nbytes`` in all."""
         if self.chooser is None:
             from .paths import measure_cuda
             self.chooser = measure_cuda(self._calibration_push, self.cache.device)
-        per = mine.block_bytes if whole else hs.count * mine.head_dim * mine.itemsize * \
-            mine.block_size
-        return self.chooser.choose(len(moves), sum(t.run.n for t in moves) * per)
+        return self.chooser.choose(transfers, nbytes)
 
     def _calibration_push(self, path: str, pieces: int, nbytes: int) -> None:
         """One push-like copy of ``nbytes`` in ``pieces`` transfers between two scratch
@@ -628,7 +621,6 @@ class KVTransfer:
             ph.transfers += 1
             self._gloo.post_send(dst, _bytes(a), prepost.tag(ex.pre, layer, kv, nruns, k),
                                  (f"data of request {rid!r}", ph))
-            ph.nbytes += a.numel() * a.element_size()
 
     def _drop_expectation(self, dst: int, rid: str) -> None:
         """Forget what ``dst`` expects of request ``rid``; for a request whose receives were
@@ -670,7 +662,6 @@ class KVTransfer:
             ph.pending += 1
             self._gloo.post_send(dst, _bytes(a), DATA_TAG0 + (base + k) % TAG_SPAN,
                                  (f"data of request {rid!r}", ph))
-            ph.nbytes += a.numel() * a.element_size()
 
     # ---- progress ---------------------------------------------------------------------------
     def poll(self, block: float = 0.0) -> None:

@@ -169,6 +169,8 @@ def timings(rk, deadline: float) -> list[dict]:
                     return [one(path) for _ in range(rounds)]
                 rk.timed_into(rec, f"tilecomm {path}", time_it, rounds)
             rec["auto_path"] = taken[-1] if taken else None
+            # the costs auto fitted on this device (None on a rank that pushed nothing)
+            rec["auto_costs"] = kv.chooser.describe() if kv.chooser is not None else None
 
             def copy_it():
                 secs = []
