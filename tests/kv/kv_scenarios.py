@@ -412,16 +412,12 @@ def heap_after_close(comm) -> int:
     return k
 
 
-def _expect_when_free(kv, rid, src, ids):
+def _until_free(kv, h):
     end = time.monotonic() + 20
-    while True:
-        try:
-            return kv.expect(rid, src=src, block_ids=ids)
-        except ValueError as e:
-            if "data still on its way" not in str(e) or time.monotonic() > end:
-                raise
-            kv.poll()
-            time.sleep(0.01)
+    while not h.blocks_free:
+        assert time.monotonic() < end, f"the blocks of {h.rid!r} are still held"
+        kv.poll()
+        time.sleep(0.01)
 
 
 def deadlines(comm) -> dict:
@@ -453,8 +449,10 @@ def deadlines(comm) -> dict:
         seen["slow"] = _raises(KVStalled, h.wait, "'slow'", f"rank {p}: layers 1..2",
                                "deadline of 1.5 s", "blocks 0..1")
         # the blocks are free again: at once inside a host; across hosts once the sender
-        # has sent the layers it owes as zeros (its next kv call: the push below)
-        again = _expect_when_free(kv, "again", p, [0, 1])
+        # has sent the layers it owes as zeros (its next kv call: the push below). An
+        # expect before that would be refused, and its sender told so
+        _until_free(kv, h)
+        again = kv.expect("again", src=p, block_ids=[0, 1])
         comm.barrier()                                               # B
         again.wait()
         # 2. blocks held by a request in flight

@@ -82,6 +82,14 @@ class ExpectHandle:
             return COMPLETE
         return STALLED_STATE if isinstance(self.error, KVStalled) else FAILED_STATE
 
+    @property
+    def blocks_free(self) -> bool:
+        """True once nothing of this request can still write into its blocks: it completed,
+        or it ended and no data posted for it is still on its way (which the next kv calls
+        see land). Reuse the blocks of an ended request only then; until then ``expect``
+        refuses them, and that refusal is told to the senders like any other."""
+        return (self.complete or self.error is not None) and not self.inflight
+
     def _flag(self, j: int) -> np.ndarray:
         return self.kv.board.sender(self.slot, j, self.layers)
 

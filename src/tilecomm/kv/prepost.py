@@ -18,8 +18,8 @@ NOTE [receives posted at expect]
     closed): the layers it did not push go as zeros (``KVTransfer._drop_expectation``), with
     no PUSH word, so they never complete the request (the data may land before the notice
     that ends it: they travel on different connections), and the receiver keeps the
-    request's blocks held (``expect`` refuses them) until the last of its messages landed or
-    the sender's host is gone. A sender that never makes another kv call leaves those blocks
+    request's blocks held (``expect`` refuses them; ``ExpectHandle.blocks_free`` says when
+    they are free) until the last of its messages landed or the sender's host is gone. A sender that never makes another kv call leaves those blocks
     held.
 
 Only CPU caches: an NCCL receive posted early would hold the pair's stream, and the sends

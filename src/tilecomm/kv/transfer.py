@@ -245,9 +245,6 @@ class KVTransfer:
         for s in srcs:
             if s in self._dead:
                 raise self._dead_error(s, f"expect of request {rid!r}")
-            if s in self._closed_by:
-                raise mb.KVClosed(f"expect of request {rid!r}: rank {s} has closed its "
-                                  f"KVTransfer; it sends no more")
         try:
             limit = self.timeout if deadline is None else float(deadline)
             if not limit > 0 or math.isinf(limit):
@@ -267,6 +264,10 @@ class KVTransfer:
                                           text=f"rank {self.rank} rejected request {rid!r}: "
                                                f"{e}"))
             raise
+        for s in srcs:      # after the checks: a bad expect says what was wrong with it
+            if s in self._closed_by:
+                raise mb.KVClosed(f"expect of request {rid!r}: rank {s} has closed its "
+                                  f"KVTransfer; it sends no more")
         slot = self._free.pop()
         self._gen += 1
         h = ExpectHandle(self, rid, srcs, ids, slot, self._gen, limit)
@@ -828,7 +829,8 @@ class KVTransfer:
         """Send a control message; never blocks. Inside a host a full ring (the peer has not
         read for a while) queues the message here, in order, until a later call finds room."""
         if dst in self._remote:
-            if dst not in self._dead:
+            # a peer that closed reads no more: a send to it would never complete
+            if dst not in self._dead and dst not in self._closed_by:
                 self._gloo.send(dst, m)
             return
         box = self._outbox.setdefault(dst, [])
