@@ -31,6 +31,9 @@ else:
 # from this process and inherit them (importing triton costs a rank ~1.5 s of CPU). Tests that
 # need Triton's compiler run it in a subprocess whose environment drops TRITON_INTERPRET.
 os.environ["TRITON_INTERPRET"] = "1"
+# auto resolves with the shipped costs, whatever `tilecomm tune` stored on this machine (tests
+# of the tune file point TILECOMM_TUNE_DIR at their own directory)
+os.environ.setdefault("TILECOMM_TUNE", "0")
 import tilecomm.backends.triton  # noqa: E402,F401
 import tilecomm.device.lang  # noqa: E402,F401
 

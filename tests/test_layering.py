@@ -35,6 +35,9 @@ ALLOWED = {
     ("torch/__init__.py", "_plugins"): "torch.distributed.Backend._plugins: no public query",
     ("torch/process_group.py", "_allgather_base"): "the name older torch releases call",
     ("torch/process_group.py", "_reduce_scatter_base"): "the name older torch releases call",
+    ("hier/engine.py", "_allgather_base"): "the c10d group's flat all_gather (the world group "
+                                           "is not registered with torch.distributed)",
+    ("hier/engine.py", "_reduce_scatter_base"): "the c10d group's flat reduce_scatter (as above)",
     ("torch/process_group.py", "_register_atexit"):
         "threading._register_atexit: runs before the interpreter joins non-daemon threads",
     ("hier/rails.py", "_Options"): "ProcessGroupGloo._Options: the only way to bind Gloo to "

@@ -343,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     from .debug.cli import add_trace_parser
     add_trace_parser(sub)
     add_doctor_parser(sub)
+    from .tuning.cli import add_tune_parser
+    add_tune_parser(sub)
     from .simhosts import add_hosts_parser
     add_hosts_parser(sub)
     args = parser.parse_args(argv)

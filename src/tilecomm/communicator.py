@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from . import tuner
+from . import tuner, tuning
 from .algorithms.lower import deterministic_algorithms
 from .algorithms.registry import algorithms
 from .backends.base import DEVICE_BACKENDS, Backend, CollectiveCall, PreparedCall
@@ -84,6 +84,25 @@ class Communicator:
         #: the shared-memory heaps of the communicators this one replaced (shrink, grow): a
         #: tensor in one of them, while it is still mapped, is refused, not staged
         self.retired_heaps: list = []
+        #: what algo="auto" predicts costs with (tilecomm.tuning; NOTE [auto by predicted cost]):
+        #: this machine's tune file or the shipped defaults, the same on every rank once
+        #: :meth:`settle_costs` has compared them
+        self.costs = tuning.current()
+        #: the last algo="auto" decision of this rank (a tuning.Choice: what ran and the
+        #: predicted times of the top candidates); repeated calls reuse it
+        self.last_auto = None
+
+    def costs_word(self) -> int:
+        """A word of this rank's cost model digest, for the creation handshake."""
+        return int(self.costs.digest()[:15], 16)
+
+    def settle_costs(self, words) -> None:
+        """After the creation handshake: ``words`` are the ranks' :meth:`costs_word`. Ranks
+        whose tune files differ (hosts tuned apart) would resolve ``auto`` differently, so
+        then every rank that sees it uses the shipped defaults (the same everywhere)."""
+        if len(set(words)) > 1:
+            self.costs = tuning.store.defaults().with_source(
+                "shipped defaults: the ranks' tune files differ")
 
     @property
     def deterministic(self) -> bool:
@@ -407,10 +426,12 @@ class Communicator:
             rop = None if op is None else ReduceOp.parse(op, name)
             d = self._dtype(tensor, name, rop)
             be = self._backend_for(tensor, name)
-            resolved = self._algo(name, algo, tensor.numel() * d.itemsize, be, d, rop, root)
+            resolved = self._algo(name, algo, tensor.numel() * d.itemsize, be, d, rop, root,
+                                  (tensor,))
             buf = buffer_for(be, tensor, name, heap=self._heap_bytes)
         p = be.prepare(CollectiveCall(name, resolved, d, tensor.numel(), {"buf": buf.flat},
-                                      op=rop, root=root, cache_key=key))
+                                      op=rop, root=root, cache_key=key,
+                                      info=self._auto_note(algo)))
         if key is not None:
             memo.keep(tensor, key, p, nbytes, staged=buf.tmp is not None)
         self._run_prepared(p)
@@ -432,7 +453,8 @@ class Communicator:
                 self._check_rows(tensor, name)
             out = self._out(out, out_shape(tensor), tensor, name)
             sized = out if gathered else tensor
-            resolved = self._algo(name, algo, sized.numel() * d.itemsize, be, d, rop)
+            resolved = self._algo(name, algo, sized.numel() * d.itemsize, be, d, rop,
+                                  tensors=(tensor, out))
             src = buffer_for(be, tensor, name, write=False, heap=self._heap_bytes)
             dst = buffer_for(be, out, name, read=False, heap=self._heap_bytes)
         rows = () if name == "reduce_scatter" else tuple(tensor.shape[1:])
@@ -440,7 +462,8 @@ class Communicator:
                                 staged=src.tmp is not None or dst.tmp is not None)
         p = be.prepare(CollectiveCall(name, resolved, d, tensor.numel(),
                                       {"in": src.flat, "out": dst.flat}, op=rop,
-                                      row_shape=rows, cache_key=key))
+                                      row_shape=rows, cache_key=key,
+                                      info=self._auto_note(algo)))
         if key is not None:
             self._calls.keep_pair(tensor, given, key, p)
         self._run_prepared(p)
@@ -623,7 +646,7 @@ class Communicator:
         except BaseException as e:
             fl.fail(rec, e)
             raise
-        fl.done(rec)
+        fl.done(rec, note=call.info.get("auto"))
 
     # NOTE [device dispatch]: collectives go to the backend of the tensor's device type
     # (backends.base.DEVICE_BACKENDS: "cpu" -> the host executor, or the Triton kernels in the
@@ -719,7 +742,10 @@ class Communicator:
         return lookup_dtype(t.dtype, op=op, what=what)
 
     def _algo(self, collective: str, algo: str, nbytes: int, be: Backend | None = None,
-              d: DType | None = None, op: ReduceOp | None = None, root: int = 0) -> str:
+              d: DType | None = None, op: ReduceOp | None = None, root: int = 0,
+              tensors: tuple = ()) -> str:
+        """The algorithm a call runs: ``algo`` checked, or ``auto`` resolved by predicted cost
+        (``tensors``: the call's, to tell heap memory from the caller's)."""
         be = be or self._backend
         avail = be.algorithms(collective)
         if self.deterministic and collective in _REDUCING:
@@ -733,8 +759,15 @@ class Communicator:
                     f"algorithms here: {', '.join(ok) or 'none'} (or 'auto')")
             avail = ok
         if algo == "auto":
-            algo = tuner.choose(collective, nbytes, self.world_size, kind=be.kind,
-                                available=avail)
+            if avail is None:       # the backend runs every registered algorithm
+                avail = algorithms(collective)
+            if d is not None:       # only candidates that take this dtype and op
+                avail = [a for a in avail if _accepts(be, collective, a, d, op)]
+            mem = "heap" if tensors and all(self._in_heap(t) for t in tensors) else "user"
+            self.last_auto = tuner.decide(collective, nbytes, self.world_size, kind=be.kind,
+                                          available=avail, mem=mem, layout=self.layout,
+                                          root=root, model=self.costs)
+            algo = self.last_auto.algo
         else:
             names = algorithms(collective) + [a for a in (be.algorithms(collective) or [])
                                               if a not in algorithms(collective)]
@@ -744,6 +777,16 @@ class Communicator:
         if d is not None:
             be.check(collective, algo, d.torch, op)
         return algo
+
+    def _auto_note(self, requested: str) -> dict:
+        """The flight record's note of a call whose algorithm ``auto`` chose: why."""
+        if requested != "auto" or self.last_auto is None:
+            return {}
+        return {"auto": f"auto: {self.last_auto.why()}"}
+
+    def _in_heap(self, t) -> bool:
+        """Whether ``t`` lies in this rank's symmetric heap (read in place, not staged)."""
+        return t is not None and t.device.type == "cpu" and self._heap_bytes(t) is not None
 
     def _check_rank(self, r, what: str, name: str, not_self: bool = False) -> None:
         if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < self.world_size:
@@ -796,3 +839,12 @@ class Communicator:
         if self.retired_heaps:
             self._check_not_retired(out, what)
         return out
+
+
+def _accepts(be: Backend, collective: str, algo: str, d: DType, op) -> bool:
+    """Whether ``be`` runs ``algo`` on this dtype and op (``auto`` offers only those)."""
+    try:
+        be.check(collective, algo, d.torch, op)
+    except (ValueError, TypeError):
+        return False
+    return True

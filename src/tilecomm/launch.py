@@ -39,7 +39,8 @@ def _make_comm(rank: int, layout: SegmentLayout, paths: list[str], timeout: floa
     backend = CpuBackend(heap, timeout=timeout, spin=settings().spin,
                          scratch_bytes=layout.scratch_bytes)
     comm = Communicator(backend, heap, timeout=timeout, deterministic=deterministic)
-    comm.host.rendezvous("init", layout.total_bytes, 0)  # every rank has mapped every file
+    # every rank has mapped every file; the ranks compare their cost models (auto)
+    comm.settle_costs(comm.host.rendezvous("init", layout.total_bytes, comm.costs_word()))
     heap.unlink()
     return comm
 
@@ -486,7 +487,7 @@ def connect(store, rank: int, world_size: int, *, timeout: float | None = None,
     # the host's communicator is a step of the calls: its waits are recorded on them
     local.host.attach_debug(_flight.adopt_host_leg(local.flight, comm.flight, host),
                                 getattr(local.host.channel, "trace", None))
-    be.rendezvous("init", 0, 0)
+    comm.settle_costs(be.rendezvous("init", 0, comm.costs_word()))
     comm.membership.store = store
     return comm
 

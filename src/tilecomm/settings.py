@@ -36,11 +36,14 @@ class Settings:
     #: TILECOMM_START_METHOD: multiprocessing start method of tilecomm.launch (fork, spawn,
     #: forkserver). fork starts in milliseconds and accepts closures.
     start_method: str = "fork"
-    #: TILECOMM_ONE_SHOT_MAX: largest all_reduce (bytes) for which auto picks one_shot on CPU
-    #: tensors. 32 KiB: with the native runner two_shot is as fast at 32 KiB and faster from
-    #: 64 KiB (2 ranks; 4 ranks from 16 KiB); on the Python path (TILECOMM_NATIVE=0) one_shot
-    #: wins up to 256 KiB (fewer phases, each a Python round), so set 256K there.
-    one_shot_max: int = 32 << 10
+    #: TILECOMM_TUNE: 1 (default) lets algo="auto" use what `tilecomm tune` measured on this
+    #: machine (TILECOMM_TUNE_DIR); 0 uses the shipped costs only.
+    tune: bool = True
+    #: TILECOMM_TUNE_DIR: directory of `tilecomm tune`'s files (one per machine fingerprint).
+    tune_dir: str = "~/.cache/tilecomm"
+    #: TILECOMM_GPU_SYSTEM: the simulator preset (or .json system file) algo="auto" predicts
+    #: GPU collectives on (one node of the communicator's world size).
+    gpu_system: str = "dgx-h100"
     #: TILECOMM_BIND: 1 to pin each rank started by tilecomm.launch to its own core when there
     #: are enough cores (as MPI launchers do); 0 (default: no gain measured on 2 cores) to
     #: leave placement to the OS.
@@ -78,9 +81,6 @@ class Settings:
     #: in place; below it the system call costs more than a staging copy in cache (2 ranks:
     #: 1.1-1.4x faster at 16 KiB, slower at 4 KiB; docs/benchmarks.md).
     cma_min_bytes: int = 16 << 10
-    #: TILECOMM_GPU_ONE_SHOT_MAX: largest all_reduce (bytes) for which auto picks the one_shot
-    #: kernel on GPU tensors (else two_shot).
-    gpu_one_shot_max: int = 256 << 10
     #: TILECOMM_DETERMINISTIC: 1 makes every all_reduce, reduce_scatter and reduce return the
     #: bits of the rank-order reference (float32 accumulation in rank order 0..W-1, 16-bit
     #: inputs rounded once at the end) whatever the size; algo="auto" picks only algorithms
@@ -124,15 +124,6 @@ class Settings:
     #: hosts. Empty (default): 127.0.0.1 when MASTER_ADDR is a loopback address (simulated
     #: hosts on one machine: no traffic leaves it), else Gloo's default (this host's name).
     gloo_host: str = ""
-    #: TILECOMM_HIER_LEADER_MAX: across hosts, algo="auto" runs all_reduce, all_gather and
-    #: reduce_scatter of up to this many bytes through the hosts' local rank 0s
-    #: (hier_leader), larger ones on every rail (hier_rail; even layouts).
-    hier_leader_max: int = 2 << 20
-    #: TILECOMM_HIER_A2A_RAIL_MAX: across hosts, algo="auto" runs all_to_all of up to this
-    #: many bytes on the rails (hier_rail, even layouts: up to 4 KiB its blocks ride in the
-    #: header round, one inter-host round in all), larger ones point-to-point between the
-    #: ranks (hier_direct: two rounds either way, and fewer local copies).
-    hier_a2a_rail_max: int = 4 << 10
     #: TILECOMM_FLIGHT_RECORDS: calls each communicator keeps in its flight recorder (a ring;
     #: tilecomm.debug.flight): sequence number, op, algorithm, bytes, dtype, state, what it
     #: waits for, timestamps. 0 turns recording off.

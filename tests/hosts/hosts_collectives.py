@@ -35,16 +35,16 @@ def main() -> None:
     for dtype in (torch.float32, torch.bfloat16, torch.int64):
         for n in (1, 7, 1000, 5000):
             ops = ("sum", "max", "avg") if dtype.is_floating_point else ("sum", "min")
-            for algo in hier_algorithms("all_reduce", lay) + ["auto"]:
+            for algo in hier_algorithms("all_reduce", lay) + ["engine", "auto"]:
                 for op in ops:
                     _check_all_reduce(comm, inputs((n,), dtype), op, algo, "")
                     n_checked += 1
-            for algo in hier_algorithms("all_gather", lay) + ["auto"]:
+            for algo in hier_algorithms("all_gather", lay) + ["engine", "auto"]:
                 xs = inputs((n, 2), dtype)
                 out = comm.all_gather(xs[r], algo=algo)
                 assert torch.equal(out, reference.all_gather(xs)[r]), (algo, n, dtype)
                 n_checked += 1
-            for algo in hier_algorithms("reduce_scatter", lay) + ["auto"]:
+            for algo in hier_algorithms("reduce_scatter", lay) + ["engine", "auto"]:
                 xs = inputs((w * n,), dtype)
                 out = comm.reduce_scatter(xs[r], algo=algo)
                 want = reference.reduce_scatter([x.to(torch.float32) for x in xs])[r].to(dtype) \
@@ -52,18 +52,19 @@ def main() -> None:
                 _close(out, want, dtype, f"reduce_scatter {algo} {dtype} n={n}")
                 n_checked += 1
             for root in range(w):
-                xs = inputs((n,), dtype)
-                x = xs[r].clone()
-                comm.broadcast(x, root=root)
-                assert torch.equal(x, xs[root]), ("broadcast", root, n)
-                x = xs[r].clone()
-                comm.reduce(x, root=root)
-                want = reference.reduce(xs, root)[r] if dtype != torch.bfloat16 else (
-                    reference.rank_order_reduced(xs) if r == root else xs[r])
-                _close(x, want, dtype, f"reduce root={root} {dtype} n={n}")
-                n_checked += 2
+                for algo in ("auto", "engine"):
+                    xs = inputs((n,), dtype)
+                    x = xs[r].clone()
+                    comm.broadcast(x, root=root, algo=algo)
+                    assert torch.equal(x, xs[root]), ("broadcast", algo, root, n)
+                    x = xs[r].clone()
+                    comm.reduce(x, root=root, algo=algo)
+                    want = reference.reduce(xs, root)[r] if dtype != torch.bfloat16 else (
+                        reference.rank_order_reduced(xs) if r == root else xs[r])
+                    _close(x, want, dtype, f"reduce {algo} root={root} {dtype} n={n}")
+                    n_checked += 2
             xs = inputs((w * n, 3), dtype)
-            for algo in hier_algorithms("all_to_all", lay) + ["auto"]:
+            for algo in hier_algorithms("all_to_all", lay) + ["engine", "auto"]:
                 out = comm.all_to_all(xs[r], algo=algo)
                 assert torch.equal(out, reference.all_to_all(xs)[r]), ("all_to_all", algo, n)
                 n_checked += 1
@@ -88,7 +89,7 @@ def main() -> None:
             n_checked += 2
     # large calls: several pieces inside each host, odd counts (a padded tail on the rails)
     for dtype, n in ((torch.float32, 1_000_003), (torch.bfloat16, 1_500_001)):
-        for algo in hier_algorithms("all_reduce", lay):
+        for algo in hier_algorithms("all_reduce", lay) + ["engine"]:
             for op in ("sum", "avg"):
                 _check_all_reduce(comm, inputs((n,), dtype), op, algo, "large ")
                 n_checked += 1

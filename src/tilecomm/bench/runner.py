@@ -27,7 +27,6 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from .. import tuner
 from ..algorithms.registry import algorithms
 from ..launch import RankGroup
 from ..types import DTYPE_BY_NAME
@@ -304,6 +303,8 @@ def rank_collective(comm, cfg: BenchConfig, case: BenchCase) -> dict:
     if cfg.check:   # once more after timing: the warm path (cached plans, memo) must be right too
         wrong += check_case(comm, case, bufs, dev, seed=2)
     res["wrong"] = wrong
+    if case.algo == "auto" and comm.last_auto is not None:     # what auto ran, and why
+        res["auto"] = comm.last_auto.to_json()
     return res
 
 
@@ -326,19 +327,26 @@ def resolve_algos(cfg: BenchConfig) -> list[str]:
     if cfg.algos == ["all"] and cfg.deterministic and \
             cfg.op in ("all_reduce", "reduce_scatter", "reduce"):
         from ..algorithms.lower import deterministic_algorithms
-        return deterministic_algorithms(cfg.op, cfg.world_size, 0,
-                                        among=resolve_algos(replace(cfg, deterministic=False)))
-    if cfg.algos == ["all"] and cfg.hosts:
-        from ..hier.plans import hier_algorithms
-        return hier_algorithms(cfg.op, cfg.layout())
-    if cfg.algos == ["all"]:
-        if _kernel_path(cfg):
-            if cfg.device == "cpu":     # the kernels run in the interpreter (ranks fork)
-                os.environ.setdefault("TRITON_INTERPRET", "1")
-            from ..backends.triton import registry
-            return registry.supported(cfg.op) or algorithms(cfg.op)
-        return algorithms(cfg.op)
+        return ["auto"] + deterministic_algorithms(cfg.op, cfg.world_size, 0,
+                                                   among=candidates(cfg))
+    if cfg.algos == ["all"]:        # auto beside every candidate it chooses from
+        return ["auto"] + candidates(cfg)
     return cfg.algos
+
+
+def candidates(cfg: BenchConfig) -> list[str]:
+    """What ``auto`` chooses from in this bench's setting (the backend's algorithms)."""
+    if cfg.hosts:
+        from ..hier import engine
+        from ..hier.plans import hier_algorithms
+        extra = ["engine"] if cfg.op in engine.COLLECTIVES else []
+        return hier_algorithms(cfg.op, cfg.layout()) + extra
+    if _kernel_path(cfg):
+        if cfg.device == "cpu":     # the kernels run in the interpreter (ranks fork)
+            os.environ.setdefault("TRITON_INTERPRET", "1")
+        from ..backends.triton import registry
+        return registry.supported(cfg.op) or algorithms(cfg.op)
+    return algorithms(cfg.op)
 
 
 def _kernel_path(cfg: BenchConfig) -> bool:
@@ -453,12 +461,8 @@ def _row(cfg, case: BenchCase, res, rates, itemsize) -> dict:
     count = res[0]["count"]
     size = count * itemsize
     algo = case.algo
-    kind = "hier" if cfg.hosts else ("gpu" if _kernel_path(cfg) else "cpu")
-    if algo == "auto":
-        used = "p2p" if cfg.op == "send_recv" else _auto(cfg.op, size, w, kind,
-                                                          cfg.deterministic, cfg.layout())
-    else:
-        used = algo
+    choice = res[0].get("auto")
+    used = choice["algo"] if choice else ("p2p" if cfg.op == "send_recv" else algo)
     timing = harness.case_row(cfg.kind, case.id, res, list(cfg.vs), cfg.max_spread)
     t = timing["time_us"] / 1e6
     algbw = size / t / 1e9
@@ -466,6 +470,8 @@ def _row(cfg, case: BenchCase, res, rates, itemsize) -> dict:
            "requested": algo, "world_size": w, "bytes": size, "count": count,
            "dtype": cfg.dtype, "mem": cfg.mem, "device": cfg.device, "redop": cfg.redop,
            "deterministic": cfg.deterministic, **timing, "algbw_gbs": algbw,
+           **({"auto_ranked": choice["ranked"][:2], "auto_source": choice["source"]}
+              if choice else {}),
            "busbw_gbs": algbw * c.factor(w), "iters": res[0]["iters"], "rounds": cfg.rounds}
     if cfg.check:
         row["wrong"] = sum(r["wrong"] for r in res)
@@ -505,30 +511,13 @@ def bound_fields(cfg, algo: str, count: int, itemsize: int, rates: dict, t: floa
             "memcpy_time_us": memcpy * 1e6, "x_memcpy": memcpy / t}
 
 
-def _auto(op, size, w, kind, deterministic=False, layout=None):
-    """The algorithm ``auto`` resolved to (as the Communicator resolves it)."""
-    avail = algorithms(op)
-    if kind == "hier":
-        from ..hier.plans import hier_algorithms
-        avail = hier_algorithms(op, layout)
-    if kind == "gpu":
-        try:
-            from ..backends.triton import registry
-            avail = registry.supported(op)
-        except Exception:  # noqa: BLE001 - the name is informative only
-            kind = "cpu"
-    if deterministic and op in ("all_reduce", "reduce_scatter", "reduce"):
-        from ..algorithms.lower import deterministic_algorithms
-        avail = deterministic_algorithms(op, w, 0, among=avail)
-    return tuner.choose(op, size, w, kind=kind, available=avail)
-
-
 def table(rows: list[dict], title: str = ""):
     """The collectives' table: nccl-tests' columns, then Gloo and the memory bound."""
     from .report import fmt, size_col, table as render
 
     lead = [size_col(), ("count", lambda r: str(r["count"])), ("type", lambda r: r["dtype"]),
-            ("algo", lambda r: r["algo"])]
+            ("algo", lambda r: f"auto: {r['algo']}" if r.get("requested") == "auto"
+             else r["algo"])]
     mid = [("algbw GB/s", lambda r: f"{r['algbw_gbs']:.3f}"),
            ("busbw GB/s", lambda r: f"{r['busbw_gbs']:.3f}")]
     if any("wrong" in r for r in rows):

@@ -20,6 +20,8 @@ import torch
 from ..backends.base import Backend, CollectiveCall, check_split_sizes
 from ..errors import CommAborted, CommError, CommRevoked, CommTimeout
 from ..types import OP_ID, DType, ReduceOp, lookup_dtype
+from ..tuning.costs import ENGINE
+from . import engine
 from .layout import HostLayout
 from .plans import Copy, Exchange, HierPlan, Local, Rail, Region, hier_algorithms, hier_plan
 from .rails import HDR_BYTES, SMALL, Rails
@@ -53,13 +55,20 @@ class HierBackend(Backend):
 
     # ---- Backend interface -------------------------------------------------------------------
     def algorithms(self, collective: str) -> list[str]:
-        return hier_algorithms(collective, self.layout)
+        """The hierarchical algorithms of ``collective`` on this layout, then ``engine``
+        (NOTE [the engine as a candidate] in ``engine.py``) where it runs ``collective``."""
+        extra = [ENGINE] if collective in engine.COLLECTIVES else []
+        return hier_algorithms(collective, self.layout) + extra
 
     def check(self, collective, algo, dtype, op) -> None:
-        if algo not in hier_algorithms(collective, self.layout):
+        if algo not in self.algorithms(collective):
             raise ValueError(f"{collective}: algorithm {algo!r} does not run on ranks that span "
                              f"hosts ({self.layout.describe()}); choose one of "
-                             f"{', '.join(hier_algorithms(collective, self.layout))} or 'auto'")
+                             f"{', '.join(self.algorithms(collective))} or 'auto'")
+        if algo == ENGINE and not engine.supports(collective, dtype):
+            raise TypeError(f"{collective}: algorithm 'engine' (torch.distributed over all "
+                            f"ranks) does not take {dtype} tensors; use "
+                            f"{', '.join(hier_algorithms(collective, self.layout))} or 'auto'")
 
     def run(self, call: CollectiveCall) -> None:
         self.seq += 1
@@ -67,8 +76,11 @@ class HierBackend(Backend):
             call.recv_rows = self._learn_recv_rows(call)
             call.info["learned_rows"] = True     # consistent by construction: not re-checked
             call.buffers["out"] = call.make_out(sum(call.recv_rows))
-        plan = hier_plan(call.collective, call.algo, self.layout, call.root, self.rank)
         try:
+            if call.algo == ENGINE:
+                engine.run(self, call, self.seq)
+                return
+            plan = hier_plan(call.collective, call.algo, self.layout, call.root, self.rank)
             _Run(self, plan, call).execute()
         except CommAborted as e:
             self.relay_stop(e.by, e.reason, isinstance(e, CommRevoked))
@@ -465,31 +477,36 @@ class _Run:
         self._reduce_into(dst, vals, st.completes)
 
     def _reduce_into(self, dst: torch.Tensor, vals: list[torch.Tensor], completes: bool) -> None:
-        """``dst`` = host-order reduction of ``vals``; 16-bit floats accumulate in float32 and
-        round once; avg divides where the sum completes."""
-        op = self.call.op or ReduceOp.SUM
-        fn = _FN[op]
-        wide = _WIDE.get(self.dtype, self.dtype)
-        avg = op is ReduceOp.AVG and completes
-        if wide == self.dtype and len(vals) > 1:     # straight into dst, no temporary
-            fn(vals[0], vals[1], out=dst)
-            for v in vals[2:]:
-                fn(dst, v, out=dst)
-            if avg:
-                dst.div_(self.lay.world_size)
-            return
-        acc = vals[0].to(wide, copy=True)
-        for v in vals[1:]:
-            fn(acc, v.to(wide), out=acc)
-        if avg:
-            acc.div_(self.lay.world_size)
-        dst.copy_(acc)
+        reduce_into(dst, vals, self.call.op, self.lay.world_size, completes)
 
     def _exchange(self, st: Exchange) -> None:
         rails = self.be.rails_for(self.device.type)
         sends = [(p, _bytes(self.view(r))) for p, r in st.sends]
         recvs = [(p, _bytes(self.view(r))) for p, r in st.recvs]
         rails.sendrecv(sends, recvs, self.what, self.be.seq)
+
+
+def reduce_into(dst: torch.Tensor, vals: list[torch.Tensor], op: ReduceOp | None,
+                world_size: int, completes: bool = True) -> None:
+    """``dst`` = the reduction of ``vals`` in their order; 16-bit floats accumulate in float32
+    and round once; avg divides by ``world_size`` where the sum ``completes``."""
+    op = op or ReduceOp.SUM
+    fn = _FN[op]
+    wide = _WIDE.get(dst.dtype, dst.dtype)
+    avg = op is ReduceOp.AVG and completes
+    if wide == dst.dtype and len(vals) > 1:     # straight into dst, no temporary
+        fn(vals[0], vals[1], out=dst)
+        for v in vals[2:]:
+            fn(dst, v, out=dst)
+        if avg:
+            dst.div_(world_size)
+        return
+    acc = vals[0].to(wide, copy=True)
+    for v in vals[1:]:
+        fn(acc, v.to(wide), out=acc)
+    if avg:
+        acc.div_(world_size)
+    dst.copy_(acc)
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:

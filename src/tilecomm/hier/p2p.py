@@ -99,4 +99,4 @@ def _pg(be):
 
 
 def _wait(be, work, what: str, peer: int, seq: int) -> None:
-    be.rails_for("cpu")._wait(work, what, seq, (peer,))
+    be.rails_for("cpu").wait(work, what, seq, (peer,))

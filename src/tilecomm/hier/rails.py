@@ -209,11 +209,18 @@ class Rails:
                rows: tuple = ()) -> list[torch.Tensor]:
         """All-gather the fixed-size header block on rail ``c``; raise what any member reports
         (``rows``: this rank's row shape, for the message)."""
-        members = self.layout.rail(c)
+        return self.header_round(self.groups[c], self.layout.rail(c), hdr, what, seq, rows)
+
+    def header_round(self, pg, members, hdr: torch.Tensor, what: str, seq: int,
+                     rows: tuple = ()) -> list[torch.Tensor]:
+        """All-gather the fixed-size header block among ``members`` (global ranks, in the
+        order of ``pg``'s ranks: a rail group, or :attr:`world` with every rank); raise what
+        any member reports, or ``CommMismatch`` when their calls differ."""
+        members = list(members)
         me = members.index(self.rank)
         outs = [hdr if i == me else torch.empty(ROUND1, dtype=torch.uint8)
                 for i in range(len(members))]
-        self.pairwise(self.groups[c], members, hdr, outs, what, seq, tag=0)
+        self.pairwise(pg, members, hdr, outs, what, seq, tag=0)
         words = np.stack([o.numpy()[:HDR_BYTES].view(np.int64) for o in outs])
         if words[:, H_STATUS].any():
             for i, m in enumerate(members):
@@ -252,7 +259,7 @@ class Rails:
                 for i in range(len(members))]
         pg = self.groups[c]
         if mine.device.type == "cuda":
-            self._wait(pg.allgather([outs], [mine]), what, seq, members)
+            self.wait(pg.allgather([outs], [mine]), what, seq, members)
             return outs
         self.pairwise(pg, members, mine, outs, what, seq, tag=1)
         return outs
@@ -277,7 +284,7 @@ class Rails:
         per = src.numel() // k
         pg = self.groups[c]
         if src.device.type == "cuda":
-            self._wait(pg.alltoall_base(dst, src, [], [], dist.AllToAllOptions()), what, seq,
+            self.wait(pg.alltoall_base(dst, src, [], [], dist.AllToAllOptions()), what, seq,
                        members)
             return
         dst[me * per:(me + 1) * per] = src[me * per:(me + 1) * per]
@@ -303,7 +310,7 @@ class Rails:
             return
         opts = dist.BroadcastOptions()
         opts.rootRank = ri
-        self._wait(pg.broadcast([buf], opts), what, seq, members)
+        self.wait(pg.broadcast([buf], opts), what, seq, members)
 
     #: devices whose blocks to other hosts travel as one all_to_all with split sizes instead of
     #: separate sends and receives (tests add "cpu" to run that path on Gloo)
@@ -332,7 +339,7 @@ class Rails:
             torch.empty(0, dtype=torch.uint8, device=device)
         dst = torch.empty(sum(out_splits), dtype=torch.uint8, device=device)
         peers = sorted({p for p, _ in sends + recvs})
-        self._wait(self.world.alltoall_base(dst, src, out_splits, in_splits,
+        self.wait(self.world.alltoall_base(dst, src, out_splits, in_splits,
                                             dist.AllToAllOptions()), what, seq, peers)
         off = 0
         for _, t in recvs:
@@ -345,9 +352,11 @@ class Rails:
         works = [(pg.send([t], i, tag), ranks[i]) for i, t in sends if t.numel()]
         works += [(pg.recv([t], i, tag), ranks[i]) for i, t in recvs if t.numel()]
         for w, r in works:
-            self._wait(w, what, seq, (r,))
+            self.wait(w, what, seq, (r,))
 
-    def _wait(self, work, what: str, seq: int, members) -> None:
+    def wait(self, work, what: str, seq: int, members) -> None:
+        """Wait for a torch.distributed ``work``; a failure becomes the stop that caused it or
+        ``CommTimeout`` naming the call, its sequence number and the peers."""
         try:
             work.wait()
         except RuntimeError as e:

@@ -60,6 +60,7 @@ import numpy as np
 
 from ..hier.layout import HostLayout
 from ..hier.plans import Copy, Exchange, HierPlan, Local, Rail, hier_plan
+from ..topology.presets import CPU_SHM_COST
 from ..topology.spec import ShmCost
 from . import cpu_loop
 
@@ -105,6 +106,15 @@ class HostsCost:
     one: Link
     shm: ShmCost
     local: LocalSteps | None = None
+
+
+#: The hierarchical model's parameters where nothing better is known: the link and local-step
+#: fits of ``python -m tilecomm.sim.hosts predict benchmarks/results/hosts_link_2x2_dec03e.json
+#: ... --local benchmarks/results/hosts_local_2x2_dec03e.json`` (2 simulated hosts x 2 ranks on
+#: a 2-vCPU VM; docs/model.md "Ranks on several hosts"), with the shipped shared-memory fit.
+#: ``auto`` uses it for layouts ``tilecomm tune --hosts`` has not measured.
+DEFAULT_COST = HostsCost(both=Link(167.19, 1.218), one=Link(86.04, 2.141), shm=CPU_SHM_COST,
+                         local=LocalSteps(wake_us=479.38, slow=2.019, rail_wake_us=183.86))
 
 
 # ---- counting what a plan does -----------------------------------------------------------------
