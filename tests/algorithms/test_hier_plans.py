@@ -45,20 +45,15 @@ def test_rail_algorithms_need_an_even_layout():
         hier_plan("all_reduce", "hier_rail", uneven, 0, 0)
 
 
-def test_auto_all_to_all_runs_on_the_rails_when_small_and_the_layout_is_even():
-    from tilecomm.settings import settings
+def test_auto_never_offers_the_rails_on_an_uneven_layout():
     from tilecomm.tuner import choose
 
-    cut = settings().hier_a2a_rail_max
-    even, uneven = HostLayout.sizes(2, 2), HostLayout.sizes(2, 1)
-
-    def auto(lay, nbytes, coll="all_to_all"):
-        return choose(coll, nbytes, lay.world_size, kind="hier",
-                      available=hier_algorithms(coll, lay))
-    assert auto(even, cut) == "hier_rail"
-    assert auto(even, cut + 1) == "hier_direct"
-    assert auto(uneven, 64) == "hier_direct"          # rails need an even layout
-    assert auto(even, 64, "all_to_all_v") == "hier_direct"
+    uneven = HostLayout.sizes(2, 1)
+    for coll in ("all_to_all", "all_reduce"):
+        for nbytes in (64, 1 << 20):
+            got = choose(coll, nbytes, 3, kind="hier", available=hier_algorithms(coll, uneven),
+                         layout=uneven)
+            assert got in hier_algorithms(coll, uneven) and got != "hier_rail"
 
 
 def test_rail_all_to_all_sends_one_message_per_other_host():

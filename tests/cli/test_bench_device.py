@@ -114,7 +114,7 @@ def test_bench_deterministic_mode_runs_only_rank_order_algorithms():
 
     cfg = BenchConfig(op="all_reduce", world_size=2, sizes=[64, 1 << 20], algos=["all"],
                       rounds=1, iters=2, warmup=1, check=True, bound=False, deterministic=True)
-    assert resolve_algos(cfg) == ["one_shot", "two_shot"]
+    assert resolve_algos(cfg) == ["auto", "one_shot", "two_shot"]   # auto beside them
     rows = run(cfg)
     assert {r["algo"] for r in rows} == {"one_shot", "two_shot"}
     assert all(r["deterministic"] and r["wrong"] == 0 for r in rows)

@@ -376,13 +376,12 @@ def validate(cfg: BenchConfig) -> None:
     algos = resolve_algos(cfg)
     known = algorithms(cfg.op)
     if cfg.hosts:
-        from ..hier.plans import hier_algorithms
         if sum(cfg.hosts) != cfg.world_size:
             raise ValueError(f"--hosts: {cfg.hosts} ranks per host make {sum(cfg.hosts)} "
                              f"ranks, but -n is {cfg.world_size}")
         if dev.type != "cpu":
             raise ValueError("--hosts runs CPU ranks on simulated hosts; use --device cpu")
-        known = hier_algorithms(cfg.op, cfg.layout())
+        known = candidates(cfg)
     for a in algos:
         if a not in ("auto", "p2p") and a not in known:
             raise ValueError(f"{cfg.op}: unknown algorithm {a!r}; choose from "

@@ -52,6 +52,8 @@ CALIB_ALGOS = ("one_shot", "ring")
 CALIB_SIZES = None   # None: every other size of the measured grid, starting at the smallest
 # Regimes of this machine: below 64 KiB time is overhead; up to 1 MiB data fits in cache.
 LAT_MAX, CACHE_MAX = 64 << 10, 1 << 20
+#: the rate (GB/s) :func:`fit` gives a term no calibration row was limited by
+UNSEEN_GBPS = 1e6
 NAMES = ("call_us", "sync_us", "op_us", "copy_cache", "add_cache", "copy_dram", "add_dram")
 
 
@@ -317,7 +319,9 @@ def fit(rows: list[Row], piece_bytes: int = 1 << 20,
         if best is None or err < best[0] - 1e-12:
             best = (err, c, th)
     err, c, th = best
-    inv = [1 / x if x > 0 else math.inf for x in th[3:]]
+    # a rate whose coefficient fitted to 0 never limited a measured row: "not limiting",
+    # as a finite rate so that the parameters stay a valid ShmCost
+    inv = [1 / x if x > 0 else UNSEEN_GBPS for x in th[3:]]
     p = ShmCost(float(th[0]), float(th[1]), float(th[2]), *map(float, inv),
                 cache_bytes=int(round(c)), piece_bytes=piece_bytes,
                 single_copy_min_bytes=single_copy_min)

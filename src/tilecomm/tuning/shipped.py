@@ -1,7 +1,8 @@
-"""The inter-host curves ``auto`` uses where this machine has no tune file of its own.
+"""Inter-host curves ``auto`` uses where this machine has no tune file of its own.
 
-Written by ``tilecomm tune --hosts 2 -n 4 --ship`` (2 simulated hosts x 2 ranks, the machine
-of docs/benchmarks.md); layouts not listed here are predicted by the hierarchical model.
+``tilecomm tune --hosts H -n N --ship THIS_FILE`` writes measured curves here. None are
+shipped: curves depend on the machine the simulated hosts share (loopback TCP on its cores),
+so every layout is predicted by the hierarchical model until ``tilecomm tune --hosts`` runs.
 """
 
 SOURCE = "shipped defaults"
