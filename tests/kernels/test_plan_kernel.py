@@ -249,6 +249,7 @@ def plan_four(comm):
         bad = check_cases(comm, [
             ("all_reduce", "ring", 131, torch.float32, "sum", 0),
             ("all_reduce", "recursive_doubling", 131, torch.bfloat16, "max", 0),
+            ("all_reduce", "rhd", 131, torch.float32, "sum", 0),
             ("all_reduce", "two_shot", 130, torch.int32, "sum", 0),
             ("reduce", "tree", 70, torch.float32, "sum", 2),
             ("broadcast", "tree", 70, torch.int64, "sum", 3),

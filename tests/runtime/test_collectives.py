@@ -191,7 +191,7 @@ def _run_heap(comm, n):
     comm.barrier()
     out["peer"] = comm.peer(t, (comm.rank + 1) % comm.world_size).clone()
     comm.barrier()
-    for algo in ("one_shot", "two_shot", "ring", "recursive_doubling"):
+    for algo in ("one_shot", "two_shot", "ring", "recursive_doubling", "rhd"):
         t.copy_(make(1, comm.rank, (n,), torch.float32))
         comm.all_reduce(t, algo=algo)
         out[algo] = t.clone()
@@ -210,7 +210,7 @@ def test_symmetric_heap_tensors(rank_pool, world_size, n):
     want = reference.reduced(inputs)
     for r in range(world_size):
         assert torch.equal(results[r]["peer"], inputs[(r + 1) % world_size])
-        for algo in ("one_shot", "two_shot", "ring", "recursive_doubling"):
+        for algo in ("one_shot", "two_shot", "ring", "recursive_doubling", "rhd"):
             assert torch.equal(results[r][algo], want), algo
         want_ag = reference.all_gather([make(2, j, (n, 2), torch.bfloat16)
                                         for j in range(world_size)])[r]

@@ -28,9 +28,13 @@ NCCL_LOG = """\
     (dict(system="dgx-a100", algo="nvls"), "dgx-a100 has no NVLS"),
     (dict(system="dgx-h100", algo="nvls", nodes=2), "multi-node NVLS .* not modeled"),
     (dict(system="dgx-h100", algo="bogus", nodes=2),
-     "unknown algorithm 'bogus' for all_reduce on dgx-h100 x2; choose from .*ring"),
-    (dict(system="dgx-h100", algo="rhd", gpus=6), "power-of-two"),
+     "unknown algorithm 'bogus' for all_reduce on dgx-h100 x2; choose from hier_rail.*"
+     "with --what-if also .*ring"),
     (dict(system="dgx-h100", algo="one_shot", nodes=64), "too large .*choose from"),
+    (dict(system="dgx-h100", algo="ring", nodes=2), "ring is a what-if .*hier_rail.*--what-if"),
+    (dict(system="dgx-h100", algo="dbtree"), "dbtree is a what-if .*not in the runtime"),
+    (dict(system="dgx-h100", algo="hierarchical", nodes=2), "hierarchical is a what-if"),
+    (dict(system="dgx-h100", algo="hier_rail"), "hier_rail runs on ranks across hosts"),
 ])
 def test_explicit_algorithm_is_checked(kw, message):
     with pytest.raises(ValueError, match=message):
@@ -44,17 +48,19 @@ def test_explicit_algorithm_wrong_collective():
 
 def test_skipped_for_size():
     topo = build("dgx-h100", 64)
-    assert skipped("all_reduce", topo) == ["one_shot", "two_shot"]
-    assert not set(skipped("all_reduce", topo)) & set(candidates("all_reduce", topo))
+    assert skipped("all_reduce", topo, what_if=True) == ["one_shot", "two_shot"]
+    assert not set(skipped("all_reduce", topo, True)) & set(candidates("all_reduce", topo, True))
+    assert skipped("all_reduce", topo) == []     # the runtime's hier plans fit at 512 ranks
     assert skipped("all_reduce", build("dgx-h100", 1)) == []
+    assert skipped("all_gather", topo) == ["hier_rail", "hier_leader"]
 
 
 def test_analytic_bottleneck_is_latency_when_alpha_dominates():
-    small = {p.algo: p.bottleneck for p in predict("all_reduce", 1024)}
+    small = {p.algo: p.bottleneck for p in predict("all_reduce", 1024, what_if=True)}
     assert small["nvls"] == "latency" and small["dbtree"] == "latency"
-    big = {p.algo: p.bottleneck for p in predict("all_reduce", 1 << 30)}
+    big = {p.algo: p.bottleneck for p in predict("all_reduce", 1 << 30, what_if=True)}
     assert big["nvls"] == "nvswitch" and big["dbtree"] == "gpu_tx"
-    multi = predict("all_reduce", 1 << 30, nodes=2, algo="dbtree")[0]
+    multi = predict("all_reduce", 1 << 30, nodes=2, algo="dbtree", what_if=True)[0]
     assert multi.bottleneck == "nic_tx"
 
 
@@ -82,9 +88,10 @@ def test_cli_protocol_any_case_title_and_legend(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_cli_multi_node_ring_is_labeled_and_skips_reported(capsys):
-    assert main(["sim", "all_reduce", "--nodes", "64", "-b", "1M", "-e", "1M"]) == 0
+    assert main(["sim", "all_reduce", "--nodes", "64", "-b", "1M", "-e", "1M",
+                 "--what-if"]) == 0
     out = capsys.readouterr().out
-    assert "ring (1 channel)" in out and "Known gaps" in out
+    assert "ring (1 channel, what-if)" in out and "Known gaps" in out
     assert "skipped: one_shot, two_shot (too many moves at 512 ranks)" in out
     assert main(["sim", "all_reduce", "-b", "1M", "-e", "1M"]) == 0
     assert "1 channel" not in capsys.readouterr().out

@@ -54,8 +54,10 @@ def test_parse_bench_json():
 def test_predict_and_best():
     preds = predict("all_reduce", 1 << 30, system="dgx-h100")
     assert preds == sorted(preds, key=lambda p: p.time_us)
-    b = best("all_reduce", 1 << 30, system="dgx-h100")
-    assert b.algo == "nvls" and 400 < b.busbw_GBps < 500
+    b = best("all_reduce", 1 << 30, system="dgx-h100", what_if=True)
+    assert b.algo == "nvls" and 400 < b.busbw_GBps < 500 and b.what_if
+    ours = best("all_reduce", 1 << 30, system="dgx-h100")      # the runtime's algorithms only
+    assert ours.algo == "two_shot" and not ours.what_if
     ring = predict("all_reduce", 1 << 30, system="dgx-h100", algo="ring")[0]
     assert 330 < ring.busbw_GBps < 380      # measured 365-370 (nccl-tests#212)
     small = best("all_reduce", 1024, system="dgx-a100")
@@ -64,8 +66,10 @@ def test_predict_and_best():
 
 
 def test_predict_multi_node_nic_bound():
-    p = predict("all_reduce", 1 << 30, system="dgx-h100", nodes=4, algo="ring")[0]
-    assert p.bottleneck.startswith("nic")
+    p = predict("all_reduce", 1 << 30, system="dgx-h100", nodes=4, algo="ring", what_if=True)[0]
+    assert p.bottleneck.startswith("nic") and p.what_if
+    h = predict("all_reduce", 1 << 30, system="dgx-h100", nodes=4, algo="hier_rail")[0]
+    assert h.bottleneck.startswith("nic") and not h.what_if
 
 
 def test_cli_sim_table_and_json(tmp_path, capsys):

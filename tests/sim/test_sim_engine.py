@@ -70,6 +70,7 @@ def test_ring_simulator_matches_closed_form(n):
 
 @pytest.mark.parametrize("coll,algo", [("all_reduce", "two_shot"), ("all_reduce", "one_shot"),
                                        ("all_reduce", "recursive_doubling"),
+                                       ("all_reduce", "rhd"),
                                        ("all_gather", "ring"), ("reduce_scatter", "ring")])
 def test_other_closed_forms_match(coll, algo):
     n, t = 8, uniform(8)

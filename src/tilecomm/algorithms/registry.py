@@ -62,5 +62,8 @@ def get_schedule(collective: str, algo: str, world_size: int, root: int = 0) -> 
 
 
 def _load_families() -> None:
-    # Importing the family modules runs their @register decorators (once).
+    # Importing the family modules runs their @register decorators (once). Registration
+    # order is the order algorithms() lists, which names the tuner's fallback and the order
+    # tests vary parameters in: a newer family is imported after the others.
     from . import direct, one_shot, pairwise, recursive, ring, tree, two_shot  # noqa: F401
+    from . import rhd  # noqa: F401

@@ -1,12 +1,14 @@
 """Model-side schedules as :class:`FlowSchedule` s, built with numpy (no per-move objects).
 
-The ring builders reproduce the registered ``ring`` schedules' traffic exactly (tested) and scale
-to any world size. The others are topology-aware algorithms the runtime does not run yet:
+The ``ring`` and ``rhd`` builders are fast paths of registered schedules: they reproduce the
+traffic of ``get_schedule(..., "ring" | "rhd", W)`` exactly (tested) and scale to any world size
+without materializing moves. The others are what-ifs, algorithms the runtime does not run
+(``tilecomm sim --what-if`` shows them, labelled so):
 
 * ``hierarchical`` all_reduce: ring reduce-scatter inside each node, ring all_reduce across nodes
   between ranks of the same local index (one ring per rail), ring all-gather inside each node.
-* ``rhd`` all_reduce: recursive halving reduce-scatter, then recursive doubling all-gather
-  (Rabenseifner; power-of-two world sizes).
+  The runtime's ``hier_rail`` has this structure but runs its legs as direct exchanges
+  (``hier/plans.py``), which the simulator times from the plans themselves.
 * ``bruck`` all_to_all: ``ceil(log2 W)`` steps, step k sends the blocks whose index has bit k set
   to rank ``r + 2^k`` (Bruck et al., 1997), plus the local rotations before and after.
 * ``pairwise`` send_recv: every rank sends its buffer to ``r + 1`` (nccl-tests sendrecv).
@@ -65,15 +67,22 @@ def hierarchical(collective: str, nodes: int, gpus: int) -> FlowSchedule:
 
 
 def rhd(collective: str, w: int) -> FlowSchedule:
-    if collective != "all_reduce" or w & (w - 1):
-        raise ValueError("rhd models all_reduce on a power-of-two world size")
-    r = np.arange(w)
+    """The registered ``rhd`` all_reduce (``algorithms/rhd.py``) as flows: the ``W - P``
+    extra ranks fold into ranks ``0..W-P-1`` (whole buffer), recursive halving then doubling
+    among ``P`` (step at distance d moves ``d / P`` of the message), the extras copy back."""
+    if collective != "all_reduce":
+        raise ValueError("rhd is an all_reduce")
+    p = 1 << (w.bit_length() - 1)
+    r = np.arange(p)
+    extra = np.arange(w - p)
     phases = []
-    steps = w.bit_length() - 1
-    for k in range(steps):                       # halving: distance w/2, w/4, ...; data halves
-        phases.append(_phase(r, r ^ (w >> (k + 1)), 1 / (2 << k), True))
-    for k in reversed(range(steps)):             # doubling: mirror image
-        phases.append(_phase(r, r ^ (w >> (k + 1)), 1 / (2 << k), False))
+    if len(extra):
+        phases.append(_phase(extra, extra + p, 1.0, True))
+    dists = [p >> (k + 1) for k in range((p - 1).bit_length())]
+    phases += [_phase(r, r ^ d, d / p, True) for d in dists]            # halving
+    phases += [_phase(r, r ^ d, d / p, False) for d in reversed(dists)]  # doubling
+    if len(extra):
+        phases.append(_phase(extra + p, extra, 1.0, False))
     return FlowSchedule(collective, "rhd", w, phases)
 
 

@@ -46,7 +46,9 @@ def fit_launch(spec: SystemSpec, rows: list[Measurement], algos: list[str] | Non
 
 
 def _best_time(spec, coll, nbytes, nodes, gpus, algos):
-    preds = predict(coll, nbytes, system=spec, nodes=nodes, gpus=gpus)
+    # ``algos`` name what NCCL ran for a published row (nvls, dbtree, ...): the model has
+    # those as what-ifs, not as tilecomm's runtime algorithms
+    preds = predict(coll, nbytes, system=spec, nodes=nodes, gpus=gpus, what_if=bool(algos))
     if algos:
         preds = [p for p in preds if p.algo in algos] or preds
     return preds[0].time_us, preds[0].algo

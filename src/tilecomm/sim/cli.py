@@ -1,7 +1,7 @@
 """``tilecomm sim`` and ``tilecomm topo``: argparse subcommands the top-level CLI mounts.
 
     tilecomm sim all_reduce --system dgx-h100 --nodes 2 -b 1K -e 8G -f 2 --algo all \
-        [--json out.json] [--plot out.png] [--measured nccl.log|bench.json]
+        [--what-if] [--json out.json] [--plot out.png] [--measured nccl.log|bench.json]
     tilecomm sim moe --system dgx-h800 [--nodes N] --tokens 4096 --hidden 7168 --topk 8 \
         --experts 256 [--fp8] [--mode normal|low_latency] [--json out.json]
     tilecomm topo [--system dgx-h100 [--nodes N]]
@@ -41,6 +41,10 @@ def add_sim_parser(subparsers) -> argparse.ArgumentParser:
                    help="the fabric offers in-network reduction (SHARP): --library nccl adds "
                         "CollNet all_reduce across nodes")
     p.add_argument("--algo", default="all", help="algorithm name or 'all'")
+    p.add_argument("--what-if", action="store_true",
+                   help="--library tilecomm: also time what the model has but the runtime does "
+                        "not run (NCCL's dbtree/nvls, bruck, the ring-based hierarchical, flat "
+                        "schedules across nodes), labelled '(what-if)'")
     p.add_argument("--protocol", default=None, help="force one protocol of the system (e.g. Simple, LL128; any case)")
     p.add_argument("--engine", default="auto", choices=["auto", "events", "phases"])
     p.add_argument("--json", default=None, help="write predictions as JSON rows")
@@ -69,6 +73,16 @@ def add_topo_parser(subparsers) -> argparse.ArgumentParser:
 # nccl-tests row is compared with the model's best of these, as sim/calibrate.py does.
 NCCL_ALGOS = ("ring", "dbtree", "nvls")
 RING_1CH = "ring (1 channel)"
+WHAT_IF = "what-if"
+
+
+def _row_name(row: dict, ring_1ch: bool) -> str:
+    """The algorithm as the table shows it: a what-if says so, so that no row reads as an
+    ``algo=`` the runtime accepts when it is not one."""
+    name = RING_1CH if ring_1ch and row["algo"] == "ring" else row["algo"]
+    if row.get("what_if"):
+        name = f"{name[:-1]}, {WHAT_IF})" if name.endswith(")") else f"{name} ({WHAT_IF})"
+    return name
 
 
 def _nccl_pick(preds) -> str:
@@ -107,6 +121,7 @@ def run_sim(args) -> int:
 
     from .api import predict, skipped
     from .measured import load_measurements
+    from .offered import runtime_algorithms
 
     if args.collective == "overlap":
         from .overlap import run_overlap
@@ -129,6 +144,10 @@ def run_sim(args) -> int:
     from .crossval import band_of, load_fit
     prm, bands = load_fit()
     library = getattr(args, "library", "tilecomm")
+    what_if = getattr(args, "what_if", False)
+    if what_if and library != "tilecomm":
+        raise ValueError("--what-if applies to --library tilecomm (--library nccl rows are "
+                         "NCCL's own algorithms)")
     for n in grid:
         if library == "nccl":
             nrows = _nccl_library_rows(args, topo, n, prm)
@@ -137,7 +156,9 @@ def run_sim(args) -> int:
             continue
         preds = predict(args.collective, n, system=spec, nodes=args.nodes,
                         gpus=topo.gpus, algo=args.algo, protocol=args.protocol,
-                        engine=args.engine, mem=args.mem)
+                        engine=args.engine, mem=args.mem, what_if=what_if)
+        if not preds:       # every algorithm too large to simulate: the footer says which
+            continue
         nccl_pick[n] = _nccl_pick(preds)
         for i, p in enumerate(preds):
             rows.append({"library": "tilecomm", **p.as_dict(), "best": i == 0})
@@ -181,7 +202,7 @@ def run_sim(args) -> int:
         t.add_column("measured us", justify="right")
         t.add_column("err", justify="right")
     for r in rows:
-        name = RING_1CH if ring_1ch and r["algo"] == "ring" else r["algo"]
+        name = _row_name(r, ring_1ch)
         band = (f"-{1 - r['low_us'] / r['time_us']:.0%}/+{r['high_us'] / r['time_us'] - 1:.0%}"
                 if r["time_us"] > 0 else "")
         cells = [format_size(r["nbytes"]), ("* " if r["best"] else "") + name, r["protocol"],
@@ -210,10 +231,17 @@ def run_sim(args) -> int:
     if library == "tilecomm" and any(m["algo"] not in predicted_algos for m in measured):
         con.print(f"measured rows without an algorithm (nccl-tests) are compared with the "
                   f"model's fastest of {', '.join(a for a in NCCL_ALGOS)} where it has one")
+    if any(r.get("what_if") for r in rows):
+        con.print(f"{WHAT_IF}: modeled, not in the runtime (comm.{args.collective}(algo=...) "
+                  f"accepts {', '.join(runtime_algorithms(args.collective, topo))} on "
+                  f"{args.nodes} node{'s' if args.nodes > 1 else ''})")
     if args.algo == "all":
-        gone = skipped(args.collective, topo)
+        gone = skipped(args.collective, topo, what_if)
         if gone:
             con.print(f"skipped: {', '.join(gone)} (too many moves at {w} ranks)")
+        if not rows and not what_if:
+            con.print("no algorithm of the runtime is small enough to simulate here; "
+                      "--what-if adds the model's others")
     for line in warnings:
         con.print(line)
     if args.json:

@@ -95,17 +95,23 @@ def _registered_plans(collective: str, algo: str, world_size: int, root: int
     return model_plans(get_schedule(collective, algo, world_size, root))
 
 
-def from_plans(plans: Sequence[RankPlan]) -> FlowSchedule:
+def from_plans(plans: Sequence[RankPlan], chunk_frac: float | None = None) -> FlowSchedule:
     """Aggregate every rank's plan (``plans[r]`` is rank ``r``'s, all of one schedule) into
     flows: per phase and rank, each source ``(src_rank, chunk)`` of each :class:`PlanOp` adds
     that chunk's bytes to the flow ``src_rank -> rank`` (a local source: a local copy); the
-    flow reduces if any of its operands is combined into the destination."""
+    flow reduces if any of its operands is combined into the destination.
+
+    A chunk's bytes follow from the collective's buffer layout (``collectives.py``), or are
+    ``chunk_frac * nbytes`` for every buffer when given (a flattened hierarchical plan, whose
+    scratch buffers the collective's layout does not name: ``sim/hierflows.py``)."""
     sched = plans[0].sched
     w = sched.world_size
     assert len(plans) == w and all(pl.rank == r and pl.sched is sched
                                    for r, pl in enumerate(plans)), "one plan per rank"
     coll = sched.collective
-    if coll == "barrier":
+    if chunk_frac is not None:
+        frac_of = {b.name: chunk_frac for b in sched.buffers}
+    elif coll == "barrier":
         frac_of = {}
     else:
         # Buffer totals are linear in count: evaluate at a large count and scale.

@@ -98,7 +98,8 @@ def _sim_us(collective: str, nbytes: int, system: str, nodes: int, per_node: int
     """Fastest NCCL-available algorithm's time (us) on one group shape, one size."""
     spec = _shared_spec(spec_of(system), per_node) if nodes > 1 else spec_of(system)
     topo = Topology(spec, nodes, per_node)
-    ok = set(candidates(collective, topo))
+    # NCCL's algorithms are what-ifs to the simulator (models, not tilecomm's runtime)
+    ok = set(candidates(collective, topo, what_if=True))
     algos = [a for a in NCCL_ALGOS[collective] if a in ok]
     if not algos:
         raise ValueError(f"no NCCL algorithm for {collective} on {nodes}x{per_node} "
@@ -106,7 +107,7 @@ def _sim_us(collective: str, nbytes: int, system: str, nodes: int, per_node: int
     times = []
     for a in algos:
         p = predict(collective, nbytes, system=spec, nodes=nodes, gpus=per_node, algo=a,
-                    engine="phases")
+                    engine="phases", what_if=True)
         times.append(p[0].time_us)
     return min(times)
 
