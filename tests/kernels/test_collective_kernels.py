@@ -296,7 +296,9 @@ def test_unsupported_calls_name_what_is_supported(rank_pool):
 def test_auto_picks_gpu_kernels(rank_pool):
     res = rank_pool(2, "kernels").run(_auto)
     small, big, val, ag = res[0]
-    assert (small, big, val) == ("one_shot", "two_shot", 2.0)
+    # auto follows the GPU preset's predictions: one synchronization at 1 KiB, an algorithm
+    # that moves 2(W-1)/W of the message at 1 GiB (two_shot and ring tie on 2 GPUs)
+    assert small == "one_shot" and big in ("two_shot", "ring") and val == 2.0, (small, big, val)
     assert set(ag) == {"direct", "ring"}
 
 
