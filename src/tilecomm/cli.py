@@ -206,6 +206,13 @@ def run_bench(args) -> int:
         rows = runner.run(cfg, progress) if make is _bench_collective else \
             harness.run(cfg, progress)
     console.print(render(rows))
+    slow = [r for r in rows if r.get("machine_slow")]
+    if slow:
+        from .bench.machine import SLOW_RATIO
+        console.print(f"[bold]warning:[/bold] this launch ran in the machine's slow state "
+                      f"(rewriting memory a peer core read: x{slow[0]['machine_ratio']:.0f} a "
+                      f"local copy, slow above x{SLOW_RATIO:g}): the times above are not "
+                      f"representative; rerun later (NOTE [the slow launch], bench/machine.py)")
     if args.json:
         write_json(rows, args.json)
         console.print(f"wrote {len(rows)} row{'s' if len(rows) != 1 else ''} to {args.json}")
@@ -311,6 +318,8 @@ def run_doctor(args) -> int:
         # "NOTE [co-residency]", and a value may hold brackets too: print them as text
         t.add_row(*(escape(cell) for cell in row))
     c.print(t)
+    from .bench.machine import describe, probe, verdict
+    c.print(describe(verdict(launch(probe, 2, timeout=20))))
     got = launch(_doctor_check, 2, timeout=20)
     ok = [v for v, _ in got] == [3.0, 3.0]
     c.print(f"2-rank all_reduce self-test: {'ok' if ok else f'FAILED {got}'}")

@@ -33,6 +33,7 @@ from ..types import DTYPE_BY_NAME
 from . import harness
 from .cases import CASES, POISON, BenchCase, Buffers, bench_table, exact_data, round_count
 from .harness import PRIMARY, Bench
+from .machine import probe, verdict
 from .roofline import bound_seconds, measure_device_rates, measure_rates, merge_rates
 # gpu_check's ranks reach the timing loop through this module (``rk.runner``)
 from .timing import Clock, measure, time_rounds  # noqa: F401
@@ -92,13 +93,15 @@ class BenchConfig(Bench):
         group.run(rank_setup, self.device,
                   device_heap_bytes_for(self.sizes, self.mem) if dev.type == "cuda" else None)
         super().prepare(group)
-        return {"rates": self._rates(group)}
+        # NOTE [the slow launch] (bench/machine.py): whether this launch's timings can count
+        machine = verdict(group.run(probe)) if dev.type == "cpu" else None
+        return {"rates": self._rates(group), "machine": machine}
 
     def finish(self, group, ctx: dict) -> dict:
         """The rates again after the cases; the faster of the two counts (``roofline``)."""
         if ctx["rates"] is None:
             return ctx
-        return {"rates": merge_rates([ctx["rates"], self._rates(group)])}
+        return {**ctx, "rates": merge_rates([ctx["rates"], self._rates(group)])}
 
     def _rates(self, group) -> dict | None:
         if not self.bound or self.op in ("send_recv", "all_to_all_v"):
@@ -108,7 +111,11 @@ class BenchConfig(Bench):
         return merge_rates(group.run(measure_device_rates, self.device))
 
     def row(self, case: BenchCase, per_rank: list[dict], ctx: dict) -> dict:
-        return _row(self, case, per_rank, ctx["rates"], DTYPE_BY_NAME[self.dtype].itemsize)
+        row = _row(self, case, per_rank, ctx["rates"], DTYPE_BY_NAME[self.dtype].itemsize)
+        m = ctx.get("machine")
+        if m is not None:
+            row.update(machine_ratio=m["ratio"], machine_slow=m["slow"])
+        return row
 
 
 def auto_iters(nbytes: int) -> int:

@@ -36,7 +36,7 @@ from .rails import HDR_BYTES, SMALL
 
 #: collectives the engine runs
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
-               "all_to_all", "barrier")
+               "all_to_all")
 _OPS = {ReduceOp.SUM: dist.ReduceOp.SUM, ReduceOp.AVG: dist.ReduceOp.SUM,
         ReduceOp.PROD: dist.ReduceOp.PRODUCT, ReduceOp.MIN: dist.ReduceOp.MIN,
         ReduceOp.MAX: dist.ReduceOp.MAX}
@@ -67,8 +67,6 @@ def run(be, call: CollectiveCall, seq: int) -> None:
         hdr[HDR_BYTES:HDR_BYTES + nbytes] = mine.reshape(-1).view(torch.uint8)
     blocks = cpu_rails.header_round(cpu_rails.world, range(w), hdr, what, seq,
                                     rows=call.row_shape)
-    if what == "barrier":
-        return
     if inline:
         payloads = [b[HDR_BYTES:HDR_BYTES + nbytes].view(mine.dtype) for b in blocks]
         _finish_small(call, me, w, payloads)

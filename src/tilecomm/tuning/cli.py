@@ -61,12 +61,16 @@ def run_tune(args) -> int:
     t0 = time.monotonic()
     cmd = f"tilecomm tune -n {args.nranks}" + (f" --hosts {args.hosts}" if per_host else "")
     ranks = per_host[0] if per_host else args.nranks
-    entries, rep = sweep.one_host(ranks)
+    try:
+        entries, rep = sweep.one_host(ranks)
+        more = sweep.hosts(per_host)[0] if per_host else None
+    except sweep.SlowLaunch as e:
+        con.print(f"tilecomm tune: not fitted: {e}")
+        return 1
     con.print(f"shared memory, {ranks} ranks: fit on {rep['fit_rows']} rows (rms "
               f"{100 * rep['fit_rms']:.1f}%), held out (two_shot, {rep['held_out_rows']} rows): "
               f"median |error| {100 * rep['held_out_median']:.1f}%")
-    if per_host:
-        more, _ = sweep.hosts(per_host)
+    if more:
         entries.update(more)
         con.print(f"{len(more['curves'])} inter-host curves measured on "
                   f"{'+'.join(map(str, per_host))}")
@@ -117,7 +121,7 @@ def show(world: int, per_host: list[int] | None, only: str | None = None):
                 have = dict(meas[0])
                 vals = [have[n] for n, _ in pts if n in have]
                 measured = _span(vals) if vals else ""
-            second = pts[-1][1].ranked[1] if len(pts[-1][1].ranked) > 1 else None
+            second = next((x for x in pts[-1][1].ranked if x[0] != algo), None)
             t.add_row(coll, f"{fmt_size(first)} - {fmt_size(last)}", algo, _span(pred),
                       measured, f"{second[0]} ({second[1]:.1f})" if second else "")
     return t

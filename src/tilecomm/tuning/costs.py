@@ -94,18 +94,22 @@ class CostModel:
     gpu_system: str = "dgx-h100"
     source: str = "shipped defaults"
 
-    def __hash__(self) -> int:
-        return hash(self.digest())
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, CostModel) and self.digest() == other.digest()
-
-    def digest(self) -> str:
-        """A hash of everything a prediction depends on (compared across ranks)."""
+    def __post_init__(self):
+        # computed once: the predictions' caches hash the model on every call
         body = json.dumps({"shm": {str(k): asdict(v) for k, v in sorted(self.shm.items())},
                            "curves": {k: c.to_json() for k, c in sorted(self.curves.items())},
                            "gpu": self.gpu_system}, sort_keys=True)
-        return hashlib.sha1(body.encode()).hexdigest()[:16]
+        object.__setattr__(self, "_digest", hashlib.sha1(body.encode()).hexdigest()[:16])
+
+    def __hash__(self) -> int:
+        return hash(self._digest)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, CostModel) and self._digest == other.digest()
+
+    def digest(self) -> str:
+        """A hash of everything a prediction depends on (compared across ranks)."""
+        return self._digest
 
     def shm_for(self, ranks: int) -> ShmCost:
         return self.shm.get(ranks) or self.shm[0]
@@ -199,12 +203,11 @@ def _choose(model: CostModel, collective, n, w, candidates, kind, mem, layout,
 _ENGINE_ROUNDS = {"all_reduce": lambda w: 2 * (w - 1), "all_gather": lambda w: w - 1,
                   "reduce_scatter": lambda w: w - 1, "broadcast": lambda w: math.ceil(
                       math.log2(max(w, 2))), "reduce": lambda w: math.ceil(math.log2(max(w, 2))),
-                  "all_to_all": lambda w: 1, "all_to_all_v": lambda w: 1,
-                  "barrier": lambda w: math.ceil(math.log2(max(w, 2)))}
+                  "all_to_all": lambda w: 1, "all_to_all_v": lambda w: 1}
 _ENGINE_BYTES = {"all_reduce": lambda w: 2 * (w - 1) / w, "all_gather": lambda w: (w - 1) / w,
                  "reduce_scatter": lambda w: (w - 1) / w, "broadcast": lambda w: 1.0,
                  "reduce": lambda w: 1.0, "all_to_all": lambda w: (w - 1) / w,
-                 "all_to_all_v": lambda w: (w - 1) / w, "barrier": lambda w: 0.0}
+                 "all_to_all_v": lambda w: (w - 1) / w}
 
 
 def engine_model_us(collective: str, nbytes: int, world_size: int, shm: ShmCost) -> float:

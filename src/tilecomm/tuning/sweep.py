@@ -27,13 +27,28 @@ HOST_SIZES = (16, 256, 4 << 10, 64 << 10, 1 << 20, 16 << 20)
 HELD_OUT_SIZES = (64, 1 << 10, 16 << 10, 256 << 10, 4 << 20)
 #: across hosts: the curves' points (x16 steps, 8 B .. 16 MiB)
 HOSTS_SIZES = (8, 128, 2 << 10, 32 << 10, 512 << 10, 8 << 20)
-HOSTS_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
+#: timed calls per round across hosts
+HOSTS_ITERS = 8
+HOSTS_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
+                     "all_to_all")
+
+
+class SlowLaunch(RuntimeError):
+    """A sweep launch ran in the machine's slow state (NOTE [the slow launch]): not fitted."""
 
 
 def _bench(progress=None, **kw) -> list[dict]:
     from ..bench import BenchConfig, runner
+    from ..bench.machine import SLOW_RATIO
     cfg = BenchConfig(bound=False, rounds=kw.pop("rounds", 3), **kw)
-    return runner.run(cfg, progress)
+    rows = runner.run(cfg, progress)
+    slow = [r for r in rows if r.get("machine_slow")]
+    if slow:    # never fit on it: its every call is several times slower than the machine's
+        raise SlowLaunch(f"a {cfg.op} sweep launch ran in the machine's slow state (rewriting "
+                         f"memory a peer core read: x{slow[0]['machine_ratio']:.0f} a local "
+                         f"copy, slow above x{SLOW_RATIO:g}); nothing was stored. Rerun "
+                         f"`tilecomm tune` later (NOTE [the slow launch], bench/machine.py)")
+    return rows
 
 
 def _rows(rows: list[dict]) -> list[cpu_loop.Row]:
@@ -76,8 +91,10 @@ def hosts(per_host: list[int], progress=None) -> tuple[dict, dict]:
     curves, all_rows = {}, []
     for op in HOSTS_COLLECTIVES:
         algos = candidates(BenchConfig(op=op, world_size=w, hosts=list(per_host)))
+        # calls across simulated hosts take 1-20 ms: a few per round are enough, and the
+        # bench's own count (hundreds for small calls) would take minutes
         rows = _bench(progress, op=op, world_size=w, hosts=list(per_host),
-                      sizes=list(HOSTS_SIZES), algos=algos)
+                      sizes=list(HOSTS_SIZES), algos=algos, iters=HOSTS_ITERS, warmup=2)
         all_rows += rows
         for a in algos:
             pts = [(int(r["bytes"]), float(r["time_us"])) for r in rows if r["algo"] == a]
