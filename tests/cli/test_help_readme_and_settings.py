@@ -84,7 +84,14 @@ def test_doctor_prints_bracketed_text_in_a_settings_meaning(capsys, monkeypatch)
 
     meaning = {v: m for v, _, m in describe()}["TILECOMM_GPU_COOPERATIVE"]
     assert "NOTE [co-residency]" in meaning
-    monkeypatch.setattr(tilecomm, "launch", lambda fn, n, **kw: [(3.0, SINGLE_COPY_YES)] * n)
+    from tilecomm.bench import machine
+
+    def launch(fn, n, **kw):
+        if fn is machine.probe:
+            return [{"rewrite_us": 60.0, "local_us": 30.0}] + [None] * (n - 1)
+        return [(3.0, SINGLE_COPY_YES)] * n
+    monkeypatch.setattr(tilecomm, "launch", launch)
     assert main(["doctor"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "[co-residency]" in out and "NOTE );" not in out
+    assert "cross-core write probe" in out and "(x2.0; slow above x8): normal" in out

@@ -35,7 +35,7 @@ def main() -> None:
     for dtype in (torch.float32, torch.bfloat16, torch.int64):
         for n in (1, 7, 1000, 5000):
             # engine: inside its header round (7 elements) and on the group's own collective
-            eng = ["engine"] if n in (7, 5000) else []
+            eng = ["engine"] if n in (7, 5000) and dtype != torch.int64 else []
             ops = ("sum", "max", "avg") if dtype.is_floating_point else ("sum", "min")
             for algo in hier_algorithms("all_reduce", lay) + eng + ["auto"]:
                 for op in ops:
@@ -54,7 +54,7 @@ def main() -> None:
                 _close(out, want, dtype, f"reduce_scatter {algo} {dtype} n={n}")
                 n_checked += 1
             for root in range(w):
-                for algo in ["auto"] + (eng if root in (0, w - 1) else []):
+                for algo in ["auto"] + (eng if root == w - 1 else []):
                     xs = inputs((n,), dtype)
                     x = xs[r].clone()
                     comm.broadcast(x, root=root, algo=algo)
