@@ -32,8 +32,12 @@ def main() -> None:
     assert x.item() == sum(p + 1 for p in topo.host_ranks), (x, topo)
 
     n_checked = 0
+    # sizes: one element, a message inside the header round's 4 KiB and one beyond it, for
+    # each dtype (the edge cases once, with float32)
+    sizes = {torch.float32: (1, 7, 1000, 5000), torch.bfloat16: (7, 5000),
+             torch.int64: (7, 1000)}
     for dtype in (torch.float32, torch.bfloat16, torch.int64):
-        for n in (1, 7, 1000, 5000):
+        for n in sizes[dtype]:
             # engine: inside its header round (7 elements) and on the group's own collective
             eng = ["engine"] if n in (7, 5000) and dtype != torch.int64 else []
             ops = ("sum", "max", "avg") if dtype.is_floating_point else ("sum", "min")
