@@ -344,10 +344,8 @@ def resolve_algos(cfg: BenchConfig) -> list[str]:
 def candidates(cfg: BenchConfig) -> list[str]:
     """What ``auto`` chooses from in this bench's setting (the backend's algorithms)."""
     if cfg.hosts:
-        from ..hier import engine
-        from ..hier.plans import hier_algorithms
-        extra = ["engine"] if cfg.op in engine.COLLECTIVES else []
-        return hier_algorithms(cfg.op, cfg.layout()) + extra
+        from ..hier.backend import algorithms_across_hosts
+        return algorithms_across_hosts(cfg.op, cfg.layout())
     if _kernel_path(cfg):
         if cfg.device == "cpu":     # the kernels run in the interpreter (ranks fork)
             os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -31,6 +31,14 @@ _FN = {ReduceOp.SUM: torch.add, ReduceOp.AVG: torch.add, ReduceOp.PROD: torch.mu
        ReduceOp.MIN: torch.minimum, ReduceOp.MAX: torch.maximum}
 
 
+def algorithms_across_hosts(collective: str, layout: HostLayout) -> list[str]:
+    """What runs ``collective`` on ranks that span hosts: the hierarchical algorithms of
+    ``layout``, then ``engine`` (NOTE [the engine as a candidate] in ``engine.py``) where it
+    runs ``collective``."""
+    extra = [ENGINE] if collective in engine.COLLECTIVES else []
+    return hier_algorithms(collective, layout) + extra
+
+
 class HierBackend(Backend):
     """Collectives over ranks on several hosts; see the module docstring."""
 
@@ -55,10 +63,7 @@ class HierBackend(Backend):
 
     # ---- Backend interface -------------------------------------------------------------------
     def algorithms(self, collective: str) -> list[str]:
-        """The hierarchical algorithms of ``collective`` on this layout, then ``engine``
-        (NOTE [the engine as a candidate] in ``engine.py``) where it runs ``collective``."""
-        extra = [ENGINE] if collective in engine.COLLECTIVES else []
-        return hier_algorithms(collective, self.layout) + extra
+        return algorithms_across_hosts(collective, self.layout)
 
     def check(self, collective, algo, dtype, op) -> None:
         if algo not in self.algorithms(collective):

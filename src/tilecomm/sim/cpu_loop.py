@@ -35,7 +35,6 @@ errors of every row, calibrated and held out, per memory mode and regime.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -81,10 +80,14 @@ ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4,
 
 def load_rows(path: str) -> list[Row]:
     data = json.loads(Path(path).read_text())
-    rows = data.get("rows", data.get("results", [])) if isinstance(data, dict) else data
+    return rows_of(data.get("rows", data.get("results", [])) if isinstance(data, dict) else data)
+
+
+def rows_of(bench_rows: list[dict]) -> list[Row]:
+    """:class:`Row` s of ``tilecomm bench`` rows (its JSON, or ``bench.runner.run``'s)."""
     return [Row(r["collective"], r["algo"], int(r["world_size"]), int(r["bytes"]),
                 ITEMSIZE.get(r.get("dtype", "float32"), 4), r.get("mem", "user"),
-                float(r["time_us"])) for r in rows]
+                float(r["time_us"])) for r in bench_rows]
 
 
 # ---- counting what the runtime does ----------------------------------------------------------

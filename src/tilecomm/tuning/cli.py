@@ -67,9 +67,9 @@ def run_tune(args) -> int:
     except sweep.SlowLaunch as e:
         con.print(f"tilecomm tune: not fitted: {e}")
         return 1
-    con.print(f"shared memory, {ranks} ranks: fit on {rep['fit_rows']} rows (rms "
-              f"{100 * rep['fit_rms']:.1f}%), held out (two_shot, {rep['held_out_rows']} rows): "
-              f"median |error| {100 * rep['held_out_median']:.1f}%")
+    con.print(f"shared memory, {ranks} ranks: held out (two_shot, {rep['held_out_rows']} "
+              f"rows): median |error| {100 * rep['held_out_median']:.1f}%; the fit's own "
+              f"{rep['fit_rows']} rows: rms {100 * rep['fit_rms']:.1f}%")
     if more:
         entries.update(more)
         con.print(f"{len(more['curves'])} inter-host curves measured on "
@@ -114,13 +114,10 @@ def show(world: int, per_host: list[int] | None, only: str | None = None):
         for algo, first, pts in runs:
             last = pts[-1][0]
             pred = [c.ranked[0][1] for _, c in pts]
-            meas = [model.curves[curve_key(lay, coll, algo)].points
-                    for _ in [0] if lay is not None and curve_key(lay, coll, algo) in model.curves]
-            measured = ""
-            if meas:
-                have = dict(meas[0])
-                vals = [have[n] for n, _ in pts if n in have]
-                measured = _span(vals) if vals else ""
+            curve = model.curves.get(curve_key(lay, coll, algo)) if lay is not None else None
+            have = dict(curve.points) if curve is not None else {}
+            vals = [have[n] for n, _ in pts if n in have]
+            measured = _span(vals) if vals else ""
             second = next((x for x in pts[-1][1].ranked if x[0] != algo), None)
             t.add_row(coll, f"{fmt_size(first)} - {fmt_size(last)}", algo, _span(pred),
                       measured, f"{second[0]} ({second[1]:.1f})" if second else "")

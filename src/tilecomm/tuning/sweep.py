@@ -51,12 +51,6 @@ def _bench(progress=None, **kw) -> list[dict]:
     return rows
 
 
-def _rows(rows: list[dict]) -> list[cpu_loop.Row]:
-    return [cpu_loop.Row(r["collective"], r["algo"], int(r["world_size"]), int(r["bytes"]),
-                         cpu_loop.ITEMSIZE.get(r.get("dtype", "float32"), 4),
-                         r.get("mem", "user"), float(r["time_us"])) for r in rows]
-
-
 def one_host(ranks: int, progress=None) -> tuple[dict, dict]:
     """Fit the shared-memory model on ``ranks`` ranks of this machine; returns the store
     entries and a report (``fit_rms``, ``held_out_median``: relative errors)."""
@@ -65,9 +59,9 @@ def one_host(ranks: int, progress=None) -> tuple[dict, dict]:
     single = s.cma_min_bytes if s.cma else 0
     calib, held = [], []
     for mem in ("user", "heap"):
-        calib += _rows(_bench(progress, op="all_reduce", world_size=ranks,
+        calib += cpu_loop.rows_of(_bench(progress, op="all_reduce", world_size=ranks,
                               sizes=list(HOST_SIZES), algos=list(cpu_loop.CALIB_ALGOS), mem=mem))
-        held += _rows(_bench(progress, op="all_reduce", world_size=ranks,
+        held += cpu_loop.rows_of(_bench(progress, op="all_reduce", world_size=ranks,
                              sizes=list(HELD_OUT_SIZES), algos=["two_shot"], mem=mem))
     fit = cpu_loop.fit(calib, s.piece_bytes, single_copy_min=single)
     errs = [cpu_loop.predict_row(fit.params, r) / r.time_us - 1 for r in held]
