@@ -136,7 +136,7 @@ def _sys_median(pairs) -> float | None:
     return float(np.median([np.median(v) for v in by.values()]))
 
 
-EFF_OF_BOUND = {"nvlink": "ring_eff", "nvls": "nvls_eff", "net": "net_eff"}
+EFF_OF_BOUND = {"nvlink": "ring_eff", "nvls": "nvls_eff", "net": "net_eff", "mesh": "mesh_eff"}
 
 
 def fit(rows: list[Row], passes: int = 3) -> NcclParams:

@@ -67,6 +67,7 @@ class NcclParams:
     nvls_eff: float = 0.61   # NVLS all_reduce algbw / NVLink line rate
     net_eff: float = 0.90    # achieved / NIC line (as the preset states it) across nodes
     fill_MB: float = 0.0     # pipeline fill (MB moved at the row's bandwidth), see FILL_BYTES
+    mesh_eff: float = 0.7    # full-mesh nodes (AMD xGMI): ring busbw / a GPU's total link rate
     sources: dict = field(default_factory=lambda: dict(DEFAULT_SOURCES), compare=False,
                           hash=False)
 
@@ -85,6 +86,7 @@ DEFAULT_SOURCES = {
     "nvls_eff": "0.61: NVIDIA/nccl-tests#212 (sjeaugey: 8x H100 NVLS algbw ~275 of 450 GB/s)",
     "net_eff": "0.9: assumed; refitted leave-one-system-out on multi-node sweeps",
     "fill_MB": "0: refitted leave-one-system-out on the middle regime (FILL_BYTES shape)",
+    "mesh_eff": "0.7: assumed; refitted leave-one-system-out on full-mesh single-node sweeps",
     "latency": TUNING_SRC,
 }
 DEFAULT = NcclParams()

@@ -19,6 +19,10 @@ import math
 from dataclasses import dataclass, field, replace
 
 INTRA_KINDS = ("nvswitch", "pcie", "shm")
+# Network transports between nodes: InfiniBand verbs, RoCE (verbs over Ethernet), AWS EFA
+# (libfabric through aws-ofi-nccl), Google's GPUDirect over TCP (TCPX: A3 High, TCPXO: A3 Mega),
+# plain TCP sockets (NCCL_NET=Socket), none (one node).
+TRANSPORTS = ("ib", "roce", "efa", "tcpx", "tcpxo", "socket", "none")
 
 
 def _number(where: str, name: str, v) -> float:
@@ -81,6 +85,9 @@ class Fabric:
     oversubscription: float = 1.0
     levels: int = 2   # 2: leaf-spine; 3: leaf-spine-core
     sharp: bool = False   # in-network reduction (InfiniBand SHARP / NCCL CollNet) available
+    # what carries NCCL's messages between nodes (TRANSPORTS); its per-message cost and
+    # achieved fraction of the NIC line are class parameters of the ``--library nccl`` model
+    transport: str = "ib"
 
     def __post_init__(self):
         if not isinstance(self.rail_optimized, bool):
@@ -94,6 +101,9 @@ class Fabric:
         if self.levels > 3:
             raise ValueError(f"fabric.levels must be 2 or 3, got {self.levels!r}")
         _positive("fabric.", "oversubscription", self.oversubscription)
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"fabric.transport must be one of {', '.join(TRANSPORTS)}, "
+                             f"got {self.transport!r}")
 
 
 @dataclass(frozen=True)
@@ -150,6 +160,7 @@ class SystemSpec:
     protocols: tuple[Protocol, ...] = ()
     fabric: Fabric = field(default_factory=Fabric)
     shm: ShmCost | None = None      # shm systems: the runtime's own cost model (cpu_loop.py)
+    nccl_version: str = ""          # e.g. "2.21.5" ("" = unknown): NCCL's choices change by version
     sources: dict = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self):
@@ -185,6 +196,10 @@ class SystemSpec:
             raise ValueError(f"protocol names must be unique, got {names}")
         if not isinstance(self.fabric, Fabric):
             raise ValueError("fabric must be a Fabric")
+        if not isinstance(self.nccl_version, str) or (
+                self.nccl_version and not all(x.isdigit() for x in self.nccl_version.split("."))):
+            raise ValueError(f"nccl_version must be a dotted version such as \"2.21.5\", "
+                             f"got {self.nccl_version!r}")
 
     def protocol(self, name: str) -> Protocol:
         """The protocol called ``name`` (case-insensitive); ValueError listing valid ones."""
