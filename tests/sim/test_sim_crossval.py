@@ -5,27 +5,34 @@ import os
 
 import pytest
 
+from tilecomm.sim import crossreport
 from tilecomm.sim import crossval as cv
+from tilecomm.sim import published
 from tilecomm.sim.cli import main as cli_main
 from tilecomm.sim.ncclsim import DEFAULT, nccl_choice, nccl_rows
 from tilecomm.topology import build, get_preset
 
 
-def _row(system, nbytes, t, spec_key="Azure ND H200 v5", algos=("nvls",), gpus=8, nodes=1):
-    return cv.Row(system, spec_key, "all_reduce", gpus, nodes, nbytes, t, algos, "test",
-                  spec_key)
+def _row(system, nbytes, t, preset="hgx-h200", algos=("nvls",), gpus=8, nodes=1):
+    return published.Row(system, preset, "all_reduce", gpus, nodes, nbytes, t, algos, "test",
+                         get_preset(preset))
 
 
 def _rows():
-    return cv.load([cv.EXTRA_CSV])
+    return published.load()
 
 
-def test_extra_data_has_sources_and_fit_column():
+def test_every_published_row_has_a_source_and_a_described_system():
     import csv
-    with open(cv.EXTRA_CSV) as f:
-        rows = list(csv.DictReader(f))
-    assert rows and all(r["source"] and r["used_for_fit"] for r in rows)
-    assert len({r["system"] for r in rows}) >= 5
+    systems = published.load_systems()
+    for path in published.default_sweeps():
+        with open(path) as f:
+            rows = list(csv.DictReader(f))
+        assert rows and all(r["source"].strip() for r in rows), path
+    assert len(systems) >= 15
+    loaded = _rows()
+    assert {r.system for r in loaded} <= set(systems)
+    assert len({r.system for r in loaded}) >= 15
 
 
 def test_loso_never_gives_the_held_out_system_to_the_fit():
@@ -69,9 +76,10 @@ def test_fit_recovers_host_overhead():
 
 def test_fit_json_matches_data_and_bands_are_ordered():
     prm, bands = cv.load_fit()
-    assert set(bands) == {"latency", "middle", "bandwidth"}
-    for b in bands.values():
-        assert b["q16"] <= b["q84"]
+    assert {"latency", "middle", "bandwidth"} <= set(bands) <= {"latency", "middle", "bandwidth",
+                                                                "unseen_network"}
+    for reg in ("latency", "middle", "bandwidth"):
+        assert bands[reg]["q16"] <= bands[reg]["q84"]
     with open(cv.FIT_JSON) as f:
         assert len(json.load(f)["systems"]) >= 8
     assert prm.host_us > 0
@@ -132,9 +140,8 @@ def test_hgx_h200_small_message_no_longer_7us():
     assert best("all_reduce", 1024, system="hgx-h200").time_us > 10
 
 
-@pytest.mark.skipif(not os.path.exists(cv.SHARED_CSV), reason="shared data not present")
 def test_loso_accuracy_first_milestone():
-    checks, _ = cv.cross_validate(cv.load(cv.default_paths()))
+    checks, _ = cv.cross_validate(_rows())
     t = cv.table(checks)["ALL"]
     assert t["latency"][1] <= 0.35
     assert t["bandwidth"][1] <= 0.15
@@ -171,17 +178,17 @@ def test_oversubscribed_spine_bounds_multinode_ring():
     assert rows(thin, 8).busbw_GBps == pytest.approx(rows(spec, 8).busbw_GBps / 2, rel=0.02)
 
 
-@pytest.mark.skipif(not os.path.exists(cv.SHARED_CSV), reason="shared data not present")
 def test_docs_headline_and_fit_file_are_current():
-    rows = cv.load(cv.default_paths())
+    rows = _rows()
     checks, _ = cv.cross_validate(rows)
-    t = cv.table(checks)["ALL"]
-    head = (f"**{t['latency'][1]:.1%} at <= 64 KB, {t['middle'][1]:.1%} in the middle, "
-            f"{t['bandwidth'][1]:.1%} at >= 256 MB**")
+    head = crossreport.headline(checks)
     docs = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "model.md")).read()
     assert head.replace("\n", " ") in docs.replace("\n", " "), head
     prm, bands = cv.load_fit()
-    assert prm.as_dict() == pytest.approx(cv.fit(rows).as_dict(), rel=1e-9)
+    fitted = cv.fit(rows).as_dict()
+    stored = prm.as_dict()
+    assert stored.pop("net") == {k: pytest.approx(v, rel=1e-9) for k, v in fitted.pop("net").items()}
+    assert stored == pytest.approx(fitted, rel=1e-9)
     fresh = cv.bands(checks)
     assert set(bands) == set(fresh)
     for reg, b in fresh.items():

@@ -185,18 +185,19 @@ def main(argv=None) -> int:
     ``--cross-validate FILE [FILE...] [--write-bands]`` (leave-one-system-out, sim/crossval.py)."""
     import argparse
 
-    from . import crossval
+    from . import crossreport, crossval
 
     ap = argparse.ArgumentParser(prog="python -m tilecomm.sim.calibrate")
     ap.add_argument("files", nargs="*")
-    ap.add_argument("--cross-validate", nargs="+", metavar="FILE", default=None,
-                    help="published CSVs: leave-one-system-out validation of --library nccl")
+    ap.add_argument("--cross-validate", nargs="*", metavar="FILE", default=None,
+                    help="leave-one-system-out validation of --library nccl/rccl on published "
+                         "sweeps (default: every sim/data/sweeps-*.csv)")
     ap.add_argument("--write-bands", action="store_true",
                     help=f"store the all-systems fit and LOSO bands in {crossval.FIT_JSON}")
     a = ap.parse_args(argv)
     if a.cross_validate is not None:
-        files = a.cross_validate + a.files
-        print(crossval.report(files, crossval.FIT_JSON if a.write_bands else None))
+        files = (a.cross_validate + a.files) or None
+        print(crossreport.report(files, crossval.FIT_JSON if a.write_bands else None))
         return 0
     print(report(a.files[0] if a.files else "../shared/data/published-calibration.csv"))
     return 0

@@ -50,6 +50,10 @@ def add_sim_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, help="write predictions as JSON rows")
     p.add_argument("--plot", default=None, help="write a PNG (needs matplotlib)")
     p.add_argument("--measured", default=None, help="nccl-tests log or tilecomm bench JSON")
+    p.add_argument("--fit", nargs="+", default=None, metavar="LOG",
+                   help="nccl-tests logs of this system (e.g. 1-2 nodes, any collective): fit "
+                        "its own parameters to them and predict --nodes from that fit "
+                        "(--library nccl/rccl; docs/model.md, fit small, predict large)")
     p.add_argument("--mem", default="user", choices=["user", "heap"],
                    help="shared-memory systems: user tensors (staged) or comm.alloc (heap)")
     from .overlap import add_overlap_args
@@ -113,6 +117,57 @@ def _nccl_library_rows(args, topo, nbytes: int, prm) -> list[dict]:
              "best": i == 0} for i, r in enumerate(rows)]
 
 
+def prm_class(topo) -> str:
+    from .ncclsim import TRANSPORT_CLASS
+    return TRANSPORT_CLASS[topo.spec.fabric.transport]
+
+
+def _fit_logs(args, spec, library: str, prm, bands):
+    """``--fit LOG...``: the system's own parameters from its logs, and the bands of
+    fit-small-predict-large (or the LOSO bands where the fit file has none)."""
+    from .measured import parse_nccl_tests
+    from .scalefit import fit_own, rows_of
+
+    if library == "tilecomm":
+        raise ValueError("--fit fits the library model: add --library nccl (or rccl)")
+    rows = []
+    for path in args.fit:
+        with open(path) as f:
+            ms = parse_nccl_tests(f.read(), source=path)
+        if not ms:
+            raise ValueError(f"--fit {path}: no nccl-tests table rows in the file")
+        if any(m.collective == "unknown" for m in ms):
+            raise ValueError(f"--fit {path}: cannot tell the collective (no '*_perf' line); "
+                             "keep nccl-tests' header in the log")
+        rows += rows_of(ms, spec, library, gpus_per_node=spec.gpus_per_node)
+    own = fit_own(rows, prm)
+    changed = [k for k, v in own.as_dict().items() if k != "net" and v != prm.as_dict()[k]]
+    nodes = sorted({r.nodes for r in rows})
+    note = (f"fitted on {len(rows)} rows of {len(args.fit)} log(s), "
+            f"{'/'.join(map(str, nodes))} node(s): "
+            + ", ".join(f"{k} {getattr(own, k):.3g}" for k in changed)
+            + (f"; network {prm_class(build_of(spec, max(nodes)))} eff "
+               f"{own.net_of(build_of(spec, max(nodes))).eff:.3f}, +"
+               f"{own.net_of(build_of(spec, max(nodes))).lat_us:.1f} us/hop"
+               if max(nodes) > 1 else "; one node only: network kept at its class values"))
+    scale = load_scale_bands()
+    return own, scale or bands, note
+
+
+def build_of(spec, nodes: int):
+    from tilecomm.topology import build
+    return build(spec, nodes)
+
+
+def load_scale_bands() -> dict:
+    from .crossval import FIT_JSON
+    try:
+        with open(FIT_JSON) as f:
+            return json.load(f).get("scale_bands", {})
+    except FileNotFoundError:
+        return {}
+
+
 def run_sim(args) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -144,6 +199,11 @@ def run_sim(args) -> int:
     from .crossval import band_of, load_fit
     prm, bands = load_fit()
     library = getattr(args, "library", "tilecomm")
+    fit_note = None
+    if getattr(args, "fit", None):
+        prm, bands, fit_note = _fit_logs(args, spec, library, prm, bands)
+    unseen_net = (library != "tilecomm" and topo.nodes > 1 and not args.fit
+                  and not prm.net_fitted(prm_class(topo)))
     what_if = getattr(args, "what_if", False)
     if what_if and library != "tilecomm":
         raise ValueError("--what-if applies to --library tilecomm (--library nccl rows are "
@@ -163,10 +223,13 @@ def run_sim(args) -> int:
         for i, p in enumerate(preds):
             rows.append({"library": "tilecomm", **p.as_dict(), "best": i == 0})
     for r in rows:
-        lo, hi = band_of(r["time_us"], r["nbytes"], bands)
+        lo, hi = band_of(r["time_us"], r["nbytes"], bands, unseen_net)
         r["low_us"], r["high_us"] = lo, hi
-        r["band_source"] = ("leave-one-system-out residuals of the nccl model, "
-                            "sim/data/nccl_fit.json" if bands else "none (no fit file)")
+        r["band_source"] = (("fit-small-predict-large errors on published multi-scale sweeps"
+                             if fit_note else "leave-one-system-out residuals of the nccl "
+                             "model" + (", widened: no published system of this network "
+                                        "class" if unseen_net else ""))
+                            + ", sim/data/nccl_fit.json" if bands else "none (no fit file)")
     w = topo.world_size
     con = Console(width=max(Console().width, 130))  # never truncate algorithm names
     warnings = []
@@ -222,9 +285,15 @@ def run_sim(args) -> int:
     con.print(t)
     con.print("* = NCCL's choice (its tuner's cheapest algorithm/protocol)" if library == "nccl"
               else "* = model's fastest")
+    if fit_note:
+        con.print(fit_note)
     if bands:
         con.print("band: range of the measured time given the prediction, from the "
-                  "leave-one-system-out errors of its size regime (docs/model.md)")
+                  + ("errors of fitting one node count and predicting larger ones"
+                     if fit_note else "leave-one-system-out errors")
+                  + " of its size regime (docs/model.md)"
+                  + ("; widened: the model has no published system of this network class "
+                     f"({spec.fabric.transport})" if unseen_net else ""))
     if ring_1ch:
         con.print(f"{RING_1CH}: one ring through every rank, NIC-bound by a single channel; "
                   "NCCL runs one ring per NIC, so this is pessimistic (docs/model.md, Known gaps)")

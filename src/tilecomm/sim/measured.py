@@ -7,14 +7,15 @@ nccl-tests table (all_reduce_perf and friends) has, per size::
 
 We keep the out-of-place time and busbw (``inplace=True`` selects the in-place columns). The world
 size is the number of ``#  Rank  N ...`` device lines (0 when the log has none); it can undercount
-(logs cut short), so consumers use the log's own busbw rather than recompute it.
+(logs cut short), so consumers use the log's own busbw rather than recompute it. The node count
+is the number of hosts those lines name (``... on HOST device ...``).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 
@@ -27,23 +28,26 @@ class Measurement:
     time_us: float
     source: str = ""
     busbw_GBps: float | None = None   # as the log printed it (nccl-tests), else None
+    nodes: int = 0                    # hosts the log's rank lines name (0: not known)
 
 
 _ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\w+)\s+(\w+|-)\s+(-?\d+)\s+(.*)$")
-_RANK = re.compile(r"^#\s+Rank\s+(\d+)\s+Group")
+_RANK = re.compile(r"^#\s+Rank\s+(\d+)\s+Group(?:.*?\son\s+(\S+)\s+device)?")
 _BIN = re.compile(r"(\w+)_perf")
 
 
 def parse_nccl_tests(text: str, collective: str | None = None, inplace: bool = False,
                      source: str = "nccl-tests") -> list[Measurement]:
     """Rows of an nccl-tests log. ``collective`` defaults to the binary named in the log."""
-    ranks = set()
+    ranks, hosts = set(), set()
     coll = collective
     out = []
     for line in text.splitlines():
         m = _RANK.match(line)
         if m:
             ranks.add(int(m.group(1)))
+            if m.group(2):
+                hosts.add(m.group(2))
             continue
         if coll is None:
             b = _BIN.search(line)
@@ -71,6 +75,8 @@ def parse_nccl_tests(text: str, collective: str | None = None, inplace: bool = F
             busbw = None
         out.append(Measurement(coll or "unknown", "nccl", len(ranks), int(m.group(1)), t, source,
                                busbw))
+    if hosts:   # rank lines come before the table: every row is of the whole run
+        out = [replace(x, nodes=len(hosts)) for x in out]
     return out
 
 

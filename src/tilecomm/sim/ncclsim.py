@@ -12,18 +12,24 @@ Two steps, kept apart:
    ``latency`` is the same NCCL constant and ``realizedBw`` comes from hardware classes:
 
    * ring busbw = protocol fraction x min(NVLink line x ``ring_eff``, node NIC line x
-     ``net_eff``) (one ring per NIC pair: NCCL opens at least one channel per NIC, so every NIC of
+     the transport class's ``eff``) (one ring per NIC pair: NCCL opens at least one channel per NIC, so every NIC of
      a node carries one ring crossing and the network-bound busbw is the node's NIC total);
-   * tree (across nodes) algbw = min(chain on NVLink, node NIC x ``net_eff`` x k), k = 1 for two
+   * tree (across nodes) algbw = min(chain on NVLink, node NIC x ``eff`` x k), k = 1 for two
      nodes (each node sends and receives the whole buffer once), 1/2 beyond (double binary tree:
      every node is interior in one tree, 2 S per direction);
    * NVLS (one NVLink domain) algbw = NVLink line x ``nvls_eff``; NVLS-tree across nodes = min of
      that and the tree's network term.
 
    ``host_us`` is the per-call overhead nccl-tests' timing loop sees (launch, enqueue, completion)
-   beyond NCCL's latency constants; ``ring_eff``, ``nvls_eff``, ``net_eff`` are per-class
-   efficiencies; ``fill_MB`` the pipeline fill. Their defaults carry sources; ``calibrate --cross-validate`` refits them
-   leaving each system out.
+   beyond NCCL's latency constants; ``ring_eff``, ``nvls_eff``, ``mesh_eff`` are per-class
+   efficiencies; ``fill_MB`` the pipeline fill. The network is a class of its own per transport
+   (:data:`TRANSPORT_CLASS`: InfiniBand, RoCE, EFA, TCP): each has an achieved fraction of the
+   NIC line (``eff``) and a per-hop cost beyond NCCL's NET constant (``lat_us``): NCCL's
+   constants describe InfiniBand verbs; EFA's libfabric and TCP stacks pay more per message.
+   Their defaults carry sources; ``calibrate --cross-validate`` refits them leaving each system
+   out.
+3. **Version.** Algorithms appear with the NCCL release that brought them (:data:`SINCE`):
+   a system description with ``nccl_version`` older than that does not offer them.
 """
 
 from __future__ import annotations
@@ -56,6 +62,33 @@ OPTIONS_NOTE = ("PAT (all_gather/reduce_scatter, 1 GPU per node, NCCL 2.23+) and
 TUNING_SRC = "NVIDIA/nccl src/graph/tuning.cc baseLat/hwLat (2.19+)"
 # tuning.cc llMaxBws (GB/s, one node): Ampere 87.7, Hopper 141.0; Blackwell assumed = Hopper.
 LL_MAX_BW = {"sm80": 87.7, "sm90": 141.0, "sm100": 141.0}
+# NCCL release that brought an algorithm (NVIDIA/nccl release notes: NVLS 2.17.1, NVLS+Tree
+# 2.18.1, PAT 2.23.4); an unknown version ("") offers everything
+SINCE = {"nvls": (2, 17), "nvls_tree": (2, 18), "pat": (2, 23)}
+# transport -> network class sharing parameters: Google's GPUDirect over TCP (TCPX, TCPXO) and
+# plain sockets all pay a TCP stack per message
+TRANSPORT_CLASS = {"ib": "ib", "roce": "roce", "efa": "efa", "tcpx": "tcp", "tcpxo": "tcp",
+                   "socket": "tcp", "none": "none"}
+NET_CLASSES = ("ib", "roce", "efa", "tcp")
+
+
+@dataclass(frozen=True)
+class NetClass:
+    """A network class: achieved fraction of the NIC line, extra us per network hop."""
+
+    eff: float = 0.9
+    lat_us: float = 0.0
+
+
+# Defaults before any fit (the fit replaces every class some training system informs)
+DEFAULT_NET = {"ib": NetClass(0.90, 0.0), "roce": NetClass(0.90, 0.0),
+               "efa": NetClass(0.80, 10.0), "tcp": NetClass(0.75, 30.0)}
+NET_SOURCES = {
+    "ib": "eff 0.9 assumed, lat 0: NCCL's NET hwLat constants are InfiniBand's (tuning.cc)",
+    "roce": "as InfiniBand (verbs over Ethernet, same NCCL transport)",
+    "efa": "assumed eff 0.8, +10 us per hop (libfabric SRD through aws-ofi-nccl); no fit",
+    "tcp": "assumed eff 0.75, +30 us per hop (a kernel TCP stack per message); no fit",
+}
 
 
 @dataclass(frozen=True)
@@ -65,29 +98,49 @@ class NcclParams:
     host_us: float = 4.0     # per call, beyond NCCL's latency constants
     ring_eff: float = 0.80   # Simple ring busbw / NVLink line rate
     nvls_eff: float = 0.61   # NVLS all_reduce algbw / NVLink line rate
-    net_eff: float = 0.90    # achieved / NIC line (as the preset states it) across nodes
     fill_MB: float = 0.0     # pipeline fill (MB moved at the row's bandwidth), see FILL_BYTES
     mesh_eff: float = 0.7    # full-mesh nodes (AMD xGMI): ring busbw / a GPU's total link rate
+    net: dict = field(default_factory=lambda: dict(DEFAULT_NET), compare=False, hash=False)
     sources: dict = field(default_factory=lambda: dict(DEFAULT_SOURCES), compare=False,
                           hash=False)
 
     def with_(self, **kw) -> "NcclParams":
         return replace(self, **kw)
 
+    def net_of(self, topo: Topology) -> NetClass:
+        """The network class of ``topo``'s transport (ValueError for ``none`` across nodes)."""
+        t = topo.spec.fabric.transport
+        cls = TRANSPORT_CLASS[t]
+        if cls == "none":
+            raise ValueError(f"{topo.spec.name} spans {topo.nodes} nodes but its fabric.transport "
+                             "is 'none'")
+        return self.net[cls]
+
+    def net_fitted(self, cls: str) -> bool:
+        """Whether some measured system informed class ``cls`` (else it keeps assumed values)."""
+        return self.sources.get(f"net.{cls}", "").startswith("fitted")
+
     def as_dict(self) -> dict:
         d = asdict(self)
         d.pop("sources")
+        d["net"] = {k: asdict(v) for k, v in self.net.items()}
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict, sources: dict | None = None) -> "NcclParams":
+        d = dict(d)
+        net = {**DEFAULT_NET, **{k: NetClass(**v) for k, v in d.pop("net", {}).items()}}
+        return cls(**d, net=net, sources={**DEFAULT_SOURCES, **(sources or {})})
 
 
 DEFAULT_SOURCES = {
     "host_us": "default 4 us (CUDA launch + nccl-tests loop); refitted leave-one-system-out",
     "ring_eff": "0.8: NVIDIA/nccl-tests#212 (sjeaugey: ~20% protocol overhead on NVLink)",
     "nvls_eff": "0.61: NVIDIA/nccl-tests#212 (sjeaugey: 8x H100 NVLS algbw ~275 of 450 GB/s)",
-    "net_eff": "0.9: assumed; refitted leave-one-system-out on multi-node sweeps",
     "fill_MB": "0: refitted leave-one-system-out on the middle regime (FILL_BYTES shape)",
     "mesh_eff": "0.7: assumed; refitted leave-one-system-out on full-mesh single-node sweeps",
     "latency": TUNING_SRC,
+    **{f"net.{k}": v for k, v in NET_SOURCES.items()},
 }
 DEFAULT = NcclParams()
 # Pipeline fill: before a pipelined collective streams at its bandwidth its buffers must fill
@@ -130,7 +183,18 @@ class NcclRow:
         return self.algbw_GBps * BUSBW_FACTOR.get(self.collective, lambda n: 1.0)(self.world_size)
 
 
+def _version(topo: Topology) -> tuple:
+    v = topo.spec.nccl_version
+    return tuple(int(x) for x in v.split(".")) if v else (99,)
+
+
 def _enabled(topo: Topology, collective: str) -> list[tuple[str, str]]:
+    out = _enabled_any_version(topo, collective)
+    v = _version(topo)
+    return [(a, p) for a, p in out if v >= SINCE.get(a, (0,))]
+
+
+def _enabled_any_version(topo: Topology, collective: str) -> list[tuple[str, str]]:
     s = topo.spec
     out = []
     pcie = s.intra == "pcie"
@@ -153,27 +217,43 @@ def _nsteps(collective: str, n: int) -> int:
     return 2 * (n - 1) if collective == "all_reduce" else n - 1
 
 
-def _latency(topo: Topology, collective: str, algo: str, proto: str) -> float:
-    """NCCL's latency for (algo, proto) on ``topo`` (us): tuning.cc's formulas."""
+def _latency(topo: Topology, collective: str, algo: str, proto: str,
+             net_extra_us: float = 0.0) -> float:
+    """NCCL's latency for (algo, proto) on ``topo`` (us): tuning.cc's formulas, with
+    ``net_extra_us`` more per network hop (the transport's cost beyond NCCL's constant)."""
     n, nodes, ppn = topo.world_size, topo.nodes, topo.gpus
     p = PROTOS.index(proto)
     intra_hw = "pci" if topo.spec.intra == "pcie" else "nvlink"
     intra = HW_LAT[intra_hw][algo][p] * (1.8 if nodes > 1 and proto == "LL" else 1.0)
-    inter = HW_LAT["net"][algo][p]
+    inter = HW_LAT["net"][algo][p] + net_extra_us
     base = BASE_LAT[algo][p]
+    hops = net_hops(topo, collective, algo)
     if algo == "ring":
         nsteps = _nsteps(collective, n)
-        ninter = (2 if collective == "all_reduce" else 1) * (nodes - 1)
-        return base + (nsteps - ninter) * intra + ninter * inter
+        return base + (nsteps - hops) * intra + hops * inter
     if algo == "tree":
-        return base + 2 * ((ppn - 1) * intra + math.log2(nodes) * inter)
+        return base + 2 * (ppn - 1) * intra + hops * inter
     if algo == "nvls":
         return intra
     if algo == "pat":
-        return base + math.log2(nodes) * inter
+        return base + hops * inter
     if algo == "collnet":   # intra-node reduce-scatter + all-gather, one trip through the switch
-        return base + 2 * (ppn - 1) * intra + 2 * inter
-    return intra + 2 * math.log2(nodes) * inter      # nvls_tree
+        return base + 2 * (ppn - 1) * intra + hops * inter
+    return intra + hops * inter      # nvls_tree
+
+
+def net_hops(topo: Topology, collective: str, algo: str) -> float:
+    """Network hops on the critical path of (algo) in NCCL's latency formula (tuning.cc)."""
+    nodes = topo.nodes
+    if nodes <= 1:
+        return 0.0
+    if algo == "ring":
+        return float((2 if collective == "all_reduce" else 1) * (nodes - 1))
+    if algo == "pat":
+        return math.log2(nodes)
+    if algo == "collnet":
+        return 2.0
+    return 2 * math.log2(nodes)      # tree, nvls_tree: up and down
 
 
 def _proto_frac(topo: Topology, proto: str, bus: float) -> float:
@@ -190,7 +270,7 @@ def _bandwidth(topo: Topology, collective: str, algo: str, proto: str,
     s = topo.spec
     n, nodes = topo.world_size, topo.nodes
     link = s.gpu_link_GBps * prm.ring_eff
-    node_nic = s.nic_GBps * topo.nics * prm.net_eff if nodes > 1 else math.inf
+    node_nic = s.nic_GBps * topo.nics * prm.net_of(topo).eff if nodes > 1 else math.inf
     if nodes > s.fabric.nodes_per_leaf:
         # rings and trees span leaves: every node's traffic climbs to the spine, whose uplinks
         # carry 1 / oversubscription of the leaf's NIC bandwidth (rail-optimized or not: NCCL
@@ -252,9 +332,10 @@ def nccl_rows(collective: str, nbytes: int, topo: Topology, prm: NcclParams = DE
     for a, p in _enabled(topo, collective):
         if algos and a not in algos and not (a == "nvls_tree" and "nvls" in algos):
             continue
-        lat = _latency(topo, collective, a, p)
+        lat = _latency(topo, collective, a, p, prm.net_of(topo).lat_us if topo.nodes > 1
+                       else 0.0)
         bw, bound = _bandwidth(topo, collective, a, p, prm)
-        tuner = lat + nbytes / (1e3 * _tuner_bw(topo, collective, a, p))
+        tuner = _latency(topo, collective, a, p) + nbytes / (1e3 * _tuner_bw(topo, collective, a, p))
         fill = prm.fill_MB * 1e6 * min(1.0, nbytes / FILL_BYTES) / (1e3 * bw)
         t = prm.host_us + lat + fill + nbytes / (1e3 * bw)
         if lat + prm.host_us + fill >= nbytes / (1e3 * bw):
