@@ -32,8 +32,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import published
-from .ncclsim import (DEFAULT, FILL_BYTES, NET_CLASSES, NcclParams, NcclRow, nccl_choice,
-                      net_hops)
+from .ncclsim import DEFAULT, FILL_BYTES, NET_CLASSES, NcclParams, NcclRow, nccl_rows, net_hops
 from .published import REGIMES, Row, regime
 
 DATA_DIR = published.DATA_DIR
@@ -41,14 +40,21 @@ FIT_JSON = os.path.join(DATA_DIR, "nccl_fit.json")
 COMMAND = "python -m tilecomm.sim.calibrate --cross-validate"
 
 
-def library_choice(library: str):
-    """The choice function of ``library`` (``nccl`` or ``rccl``)."""
+def library_rows(library: str):
+    """The rows function of ``library`` (``nccl`` or ``rccl``): every (algorithm, protocol) it
+    enables, its choice first."""
     if library == "rccl":
-        from .rcclsim import rccl_choice
-        return rccl_choice
+        from .rcclsim import rccl_rows
+        return rccl_rows
     if library != "nccl":
         raise ValueError(f"unknown library {library!r}: nccl or rccl")
-    return nccl_choice
+    return nccl_rows
+
+
+def library_choice(library: str):
+    """The choice function of ``library``: its first row."""
+    rows = library_rows(library)
+    return lambda *a, **kw: rows(*a, **kw)[0]
 
 
 def predict_row(row: Row, prm: NcclParams, topo=None) -> NcclRow:
@@ -73,8 +79,15 @@ def _fitted(rows) -> str:
     return f"fitted on {len({r.system for r in rows})} published systems (crossval.fit)"
 
 
-def fit(rows: list[Row], passes: int = 3, start: NcclParams = DEFAULT) -> NcclParams:
-    """Class parameters fitted on ``rows``, from ``start`` (see module docstring)."""
+def fit(rows: list[Row], passes: int = 3, start: NcclParams = DEFAULT,
+        shortfall_to_net: bool = False) -> NcclParams:
+    """Class parameters fitted on ``rows``, from ``start`` (see module docstring).
+
+    ``shortfall_to_net``: multi-node rows measured slower than the intra-node bound allows also
+    inform the network's efficiency (a system's own fit, ``scalefit.fit_own``: its run is the
+    only evidence). The class fit leaves it off: there only rows predicted network-bound count,
+    so that one system slow for other reasons (the 20-rack NVL72 sweep) cannot set the
+    efficiency of every system of its class."""
     prm = start
     topos: dict = {}
     for _ in range(passes):
@@ -110,7 +123,7 @@ def fit(rows: list[Row], passes: int = 3, start: NcclParams = DEFAULT) -> NcclPa
             lat = _sys_median([(r.system, (r.time_us - p.time_us) / hops + c.lat_us)
                                for r, p, t in mine if r.regime == "latency"
                                and (hops := net_hops(t, r.collective, p.algo)) > 0])
-            eff = _sys_median(_eff_ratios(mine, prm, lambda r, p: p.bound == "net"))
+            eff = _sys_median(_net_ratios(mine, prm, shortfall_to_net))
             c = replace(c, lat_us=c.lat_us if lat is None else max(0.0, lat),
                         eff=c.eff if eff is None else min(1.0, c.eff * eff))
             net[cls] = c
@@ -129,6 +142,31 @@ def _eff_ratios(preds, prm: NcclParams, keep) -> list[tuple[str, float]]:
         meas = r.time_us - prm.host_us - p.lat_us
         if moved > 0 and meas > 0:
             out.append((r.system, moved / meas))
+    return out
+
+
+# no intra-node limit: what the network alone would allow (efficiencies are not validated here)
+_UNBOUNDED_INTRA = {"ring_eff": 1e9, "nvls_eff": 1e9, "mesh_eff": 1e9}
+
+
+def _net_ratios(preds, prm: NcclParams, shortfall: bool) -> list[tuple[str, float]]:
+    """(system, network-only predicted / measured transfer time) of multi-node bandwidth rows
+    that the network limits: those predicted network-bound, and with ``shortfall`` those
+    measured slower than the intra-node bound allows (the intra-node efficiencies come from
+    one-node rows, so across nodes the shortfall is the network's)."""
+    wide = prm.with_(**_UNBOUNDED_INTRA)
+    out = []
+    for r, p, topo in preds:
+        if r.regime != "bandwidth":
+            continue
+        alt = [x for x in library_rows(r.library)(r.collective, r.nbytes, topo, wide, (p.algo,))
+               if x.protocol == p.protocol]
+        if not alt or alt[0].bound != "net":
+            continue
+        net_t = r.nbytes / (1e3 * alt[0].bw_GBps)
+        meas = r.time_us - prm.host_us - p.lat_us
+        if meas > 0 and (p.bound == "net" or (shortfall and net_t / meas < 1.0)):
+            out.append((r.system, net_t / meas))
     return out
 
 
