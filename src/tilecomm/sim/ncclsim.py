@@ -35,6 +35,7 @@ Two steps, kept apart:
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field, replace
 
 from tilecomm.algorithms import BUSBW_FACTOR
@@ -45,20 +46,25 @@ PROTOS = ("LL", "LL128", "Simple")
 BASE_LAT = {"tree": (6.8, 14.0, 8.4), "ring": (6.6, 14.0, 8.4), "nvls": (0.0, 0.0, 0.0),
             "nvls_tree": (0.0, 0.0, 0.0),
             # options (not in the published data; assumed, see OPTIONS_NOTE)
-            "pat": (0.0, 0.0, 8.4), "collnet": (0.0, 0.0, 0.0)}
+            "pat": (0.0, 0.0, 8.4), "collnet": (0.0, 0.0, 0.0), "p2p": (0.0, 0.0, 8.4)}
 # tuning.cc hwLat [link class][algo][proto] (us)
 HW_LAT = {
     "nvlink": {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "nvls": (0, 0, 25.0),
-               "nvls_tree": (0, 0, 25.0), "pat": (0, 0, 3.4), "collnet": (0, 0, 3.4)},
+               "nvls_tree": (0, 0, 25.0), "pat": (0, 0, 3.4), "collnet": (0, 0, 3.4),
+               "p2p": (0, 0, 3.4)},
     "pci": {"tree": (1.0, 1.9, 4.0), "ring": (1.0, 2.5, 5.7), "nvls": (0, 0, 0),
-            "nvls_tree": (0, 0, 0), "pat": (0, 0, 5.7), "collnet": (0, 0, 5.7)},
+            "nvls_tree": (0, 0, 0), "pat": (0, 0, 5.7), "collnet": (0, 0, 5.7),
+            "p2p": (0, 0, 5.7)},
     "net": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0), "nvls": (0, 0, 18.0),
-            "nvls_tree": (0, 0, 14.0), "pat": (0, 0, 14.0), "collnet": (0, 0, 14.0)},
+            "nvls_tree": (0, 0, 14.0), "pat": (0, 0, 14.0), "collnet": (0, 0, 14.0),
+            "p2p": (0, 0, 14.0)},
 }
 OPTIONS_NOTE = ("PAT (all_gather/reduce_scatter, 1 GPU per node, NCCL 2.23+) and CollNet/SHARP "
                 "(fabric.sharp): latencies assumed = Ring Simple's hwLat per hop, log2(n) network "
                 "hops for PAT, one switch round trip for CollNet; no published sweep validates "
-                "them")
+                "them. all_to_all (NCCL's grouped send/recv, 'p2p'): one direct hop at Ring "
+                "Simple's latencies, each GPU's bytes to other nodes through its share of the "
+                "node's NICs: assumed, tuning.cc has no p2p entry")
 TUNING_SRC = "NVIDIA/nccl src/graph/tuning.cc baseLat/hwLat (2.19+)"
 # tuning.cc llMaxBws (GB/s, one node): Ampere 87.7, Hopper 141.0; Blackwell assumed = Hopper.
 LL_MAX_BW = {"sm80": 87.7, "sm90": 141.0, "sm100": 141.0}
@@ -184,7 +190,7 @@ class NcclRow:
 
 
 def _version(topo: Topology) -> tuple:
-    v = topo.spec.nccl_version
+    v = re.split(r"[-+]", topo.spec.nccl_version)[0]
     return tuple(int(x) for x in v.split(".")) if v else (99,)
 
 
@@ -196,6 +202,8 @@ def _enabled(topo: Topology, collective: str) -> list[tuple[str, str]]:
 
 def _enabled_any_version(topo: Topology, collective: str) -> list[tuple[str, str]]:
     s = topo.spec
+    if collective == "all_to_all":
+        return [("p2p", "Simple")]
     out = []
     pcie = s.intra == "pcie"
     for p in PROTOS:
@@ -229,6 +237,7 @@ def _latency(topo: Topology, collective: str, algo: str, proto: str,
     base = BASE_LAT[algo][p]
     hops = net_hops(topo, collective, algo)
     if algo == "ring":
+        hops = (2 if collective == "all_reduce" else 1) * (nodes - 1)
         nsteps = _nsteps(collective, n)
         return base + (nsteps - hops) * intra + hops * inter
     if algo == "tree":
@@ -239,20 +248,41 @@ def _latency(topo: Topology, collective: str, algo: str, proto: str,
         return base + hops * inter
     if algo == "collnet":   # intra-node reduce-scatter + all-gather, one trip through the switch
         return base + 2 * (ppn - 1) * intra + hops * inter
+    if algo == "p2p":       # every peer directly, concurrently
+        return base + (inter if nodes > 1 else intra)
     return intra + hops * inter      # nvls_tree
 
 
+def _measured_latency(topo: Topology, collective: str, algo: str, proto: str,
+                      net_extra_us: float) -> float:
+    """The latency nccl-tests' loop sees. broadcast and reduce flow one way along the ring, so
+    back-to-back calls overlap along the chain: each call costs one hop (the slowest, the
+    network's where the ring crosses nodes), not the chain's depth (published sweeps: a 16-node
+    broadcast of 16 B reports the same ~7.5 us as one node). Everything else: NCCL's formula."""
+    if collective in ("broadcast", "reduce") and algo == "ring":
+        p = PROTOS.index(proto)
+        hw = HW_LAT["net"][algo][p] + net_extra_us if topo.nodes > 1 else \
+            HW_LAT["pci" if topo.spec.intra == "pcie" else "nvlink"][algo][p]
+        return BASE_LAT[algo][p] + hw
+    return _latency(topo, collective, algo, proto, net_extra_us)
+
+
 def net_hops(topo: Topology, collective: str, algo: str) -> float:
-    """Network hops on the critical path of (algo) in NCCL's latency formula (tuning.cc)."""
+    """Network hops in the latency nccl-tests sees for (algo): NCCL's formula (tuning.cc), one
+    for ring broadcast/reduce (:func:`_measured_latency`)."""
     nodes = topo.nodes
     if nodes <= 1:
         return 0.0
+    if algo == "ring" and collective in ("broadcast", "reduce"):
+        return 1.0
     if algo == "ring":
         return float((2 if collective == "all_reduce" else 1) * (nodes - 1))
     if algo == "pat":
         return math.log2(nodes)
     if algo == "collnet":
         return 2.0
+    if algo == "p2p":
+        return 1.0
     return 2 * math.log2(nodes)      # tree, nvls_tree: up and down
 
 
@@ -285,6 +315,13 @@ def _bandwidth(topo: Topology, collective: str, algo: str, proto: str,
         return bus * factor, bound
     if algo == "pat":
         return _bandwidth(topo, collective, "ring", "Simple", prm)
+    if algo == "p2p":
+        # all_to_all: a GPU sends (ppn-1)/n of its buffer over its links and (n-ppn)/n through
+        # its share (1/ppn) of the node's NICs, both at once
+        ppn = topo.gpus
+        t_in = (ppn - 1) / n / link
+        t_net = (n - ppn) / n / (node_nic / ppn) if nodes > 1 else 0.0
+        return (1.0 / t_in, "nvlink") if t_in >= t_net else (1.0 / t_net, "net")
     if algo == "collnet":
         # each node sends its partial sums once and receives the result once (the switch
         # reduces): network algbw = node NIC total; inside: reduce-scatter + all-gather
@@ -314,7 +351,7 @@ def _tuner_bw(topo: Topology, collective: str, algo: str, proto: str) -> float:
     return _bandwidth(topo, collective, algo, proto, DEFAULT)[0]
 
 
-SUPPORTED = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
+SUPPORTED = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")
 
 
 def nccl_rows(collective: str, nbytes: int, topo: Topology, prm: NcclParams = DEFAULT,
@@ -332,8 +369,8 @@ def nccl_rows(collective: str, nbytes: int, topo: Topology, prm: NcclParams = DE
     for a, p in _enabled(topo, collective):
         if algos and a not in algos and not (a == "nvls_tree" and "nvls" in algos):
             continue
-        lat = _latency(topo, collective, a, p, prm.net_of(topo).lat_us if topo.nodes > 1
-                       else 0.0)
+        lat = _measured_latency(topo, collective, a, p,
+                                prm.net_of(topo).lat_us if topo.nodes > 1 else 0.0)
         bw, bound = _bandwidth(topo, collective, a, p, prm)
         tuner = _latency(topo, collective, a, p) + nbytes / (1e3 * _tuner_bw(topo, collective, a, p))
         fill = prm.fill_MB * 1e6 * min(1.0, nbytes / FILL_BYTES) / (1e3 * bw)

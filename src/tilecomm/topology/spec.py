@@ -16,9 +16,15 @@ NOTE [protocols carry the latencies]
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, replace
 
-INTRA_KINDS = ("nvswitch", "pcie", "shm")
+# Intra-node fabrics: NVSwitch (every GPU one port into a switch), PCIe (switches and a CPU
+# root complex), shm (processes on one host), full_mesh (every GPU wired to every other by its
+# own point-to-point link: AMD MI300X / MI325X / MI355X, 7 Infinity Fabric (xGMI) links each;
+# ``gpu_link_GBps`` stays the GPU's total, each link carries ``gpu_link_GBps / (gpus_per_node -
+# 1)`` per direction).
+INTRA_KINDS = ("nvswitch", "pcie", "shm", "full_mesh")
 # Network transports between nodes: InfiniBand verbs, RoCE (verbs over Ethernet), AWS EFA
 # (libfabric through aws-ofi-nccl), Google's GPUDirect over TCP (TCPX: A3 High, TCPXO: A3 Mega),
 # plain TCP sockets (NCCL_NET=Socket), none (one node).
@@ -145,7 +151,7 @@ class SystemSpec:
     name: str
     gpu: str
     gpus_per_node: int
-    intra: str                      # "nvswitch" | "pcie" | "shm"
+    intra: str                      # "nvswitch" | "pcie" | "shm" | "full_mesh"
     gpu_link_GBps: float            # per GPU, per direction, into the intra-node fabric
     mem_GBps: float                 # local copy bandwidth (device memory), per GPU
     reduce_GBps: float              # rate at which one GPU reduces incoming data into its buffer
@@ -181,6 +187,16 @@ class SystemSpec:
             _nonneg("", "pcie_uplink_GBps", self.pcie_uplink_GBps)
         if not isinstance(self.nvls, bool):
             raise ValueError(f"nvls must be true or false, got {self.nvls!r}")
+        if self.intra == "full_mesh":
+            # point-to-point links, no switch: nothing to reduce in, no PCIe switch grouping
+            if self.gpus_per_node < 2:
+                raise ValueError(f"full_mesh needs gpus_per_node >= 2, got {self.gpus_per_node}")
+            if self.nvls:
+                raise ValueError("nvls (NVSwitch in-switch reduction) needs intra \"nvswitch\"; "
+                                 "a full_mesh node has no switch")
+            if self.gpus_per_pcie_switch != 1 or self.pcie_uplink_GBps:
+                raise ValueError("gpus_per_pcie_switch / pcie_uplink_GBps describe intra "
+                                 "\"pcie\" systems; leave them unset for full_mesh")
         if self.nvls:
             _positive("", "nvls_alg_GBps", self.nvls_alg_GBps)
         else:
@@ -197,9 +213,10 @@ class SystemSpec:
         if not isinstance(self.fabric, Fabric):
             raise ValueError("fabric must be a Fabric")
         if not isinstance(self.nccl_version, str) or (
-                self.nccl_version and not all(x.isdigit() for x in self.nccl_version.split("."))):
-            raise ValueError(f"nccl_version must be a dotted version such as \"2.21.5\", "
-                             f"got {self.nccl_version!r}")
+                self.nccl_version and not re.fullmatch(r"\d+(\.\d+)*([-+].*)?",
+                                                       self.nccl_version)):
+            raise ValueError(f"nccl_version must be a dotted version such as \"2.21.5\" (NCCL's "
+                             f"\"2.18.3-1\" or \"2.18.3+cuda12.2\" too), got {self.nccl_version!r}")
 
     def protocol(self, name: str) -> Protocol:
         """The protocol called ``name`` (case-insensitive); ValueError listing valid ones."""
