@@ -67,7 +67,12 @@ OPTIONS_NOTE = ("PAT (all_gather/reduce_scatter, 1 GPU per node, NCCL 2.23+) and
                 "node's NICs: assumed, tuning.cc has no p2p entry")
 TUNING_SRC = "NVIDIA/nccl src/graph/tuning.cc baseLat/hwLat (2.19+)"
 # tuning.cc llMaxBws (GB/s, one node): Ampere 87.7, Hopper 141.0; Blackwell assumed = Hopper.
-LL_MAX_BW = {"sm80": 87.7, "sm90": 141.0, "sm100": 141.0}
+# tuning.cc llMaxBws (GB/s of bus bandwidth) for one node / two nodes / more: Ampere
+# {87.7, 22.5, 19.0}, Hopper {141.0, 45.0, 35.0} (as mirrored in ROCm/rccl src/graph/tuning.cc);
+# Blackwell assumed = Hopper. Across nodes NCCL indexes the row by CPU vendor; the GPU's row is
+# used here.
+LL_MAX_BW = {"sm80": (87.7, 22.5, 19.0), "sm90": (141.0, 45.0, 35.0),
+             "sm100": (141.0, 45.0, 35.0)}
 # NCCL release that brought an algorithm (NVIDIA/nccl release notes: NVLS 2.17.1, NVLS+Tree
 # 2.18.1, PAT 2.23.4); an unknown version ("") offers everything
 SINCE = {"nvls": (2, 17), "nvls_tree": (2, 18), "pat": (2, 23)}
@@ -288,7 +293,7 @@ def net_hops(topo: Topology, collective: str, algo: str) -> float:
 
 def _proto_frac(topo: Topology, proto: str, bus: float) -> float:
     if proto == "LL":
-        return min(LL_MAX_BW[gpu_class(topo)], 0.5 * bus)
+        return min(LL_MAX_BW[gpu_class(topo)][min(topo.nodes, 3) - 1], 0.5 * bus)
     if proto == "LL128":
         return 0.92 * bus
     return bus
