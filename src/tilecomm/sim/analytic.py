@@ -92,6 +92,6 @@ def dbtree_time(topo: Topology, proto: Protocol, nbytes: float) -> float:
     inter_hops = math.ceil(math.log2(topo.nodes)) if topo.nodes > 1 else 0
     lat = 2 * (intra_hops * proto.step_intra_us + inter_hops * proto.step_net_us)
     bw = s.gpu_link_GBps if topo.nodes == 1 else min(
-        s.gpu_link_GBps, s.nic_GBps * topo.nics / topo.gpus)
+        s.gpu_link_GBps, topo.nic_GBps * topo.nics / topo.gpus)
     bw = min(bw * proto.eff, s.reduce_GBps)
     return s.launch_us + proto.base_us + lat + nbytes / (0.46 * bw * GB)

@@ -200,7 +200,7 @@ def _one(collective: str, algo: str, topo: Topology, nbytes: int, protocol: str 
         pr = spec.protocol(proto_name)
         alpha = dbtree_time(topo, pr, 0)
         link = spec.gpu_link_GBps if topo.nodes == 1 else min(
-            spec.gpu_link_GBps, spec.nic_GBps * topo.nics / topo.gpus)
+            spec.gpu_link_GBps, topo.nic_GBps * topo.nics / topo.gpus)
         if alpha >= t - alpha:
             bott = "latency"
         elif spec.reduce_GBps < link * pr.eff:

@@ -46,7 +46,7 @@ def nccl_time(topo: Topology, collective: str, nbytes: float, algo: str,
         return None   # LL128 is enabled by default only on NVLink paths (tuning.cc)
     intra_hw = "pci" if topo.spec.intra == "pcie" else "nvlink"
     bw = topo.spec.gpu_link_GBps if nodes == 1 else min(
-        topo.spec.gpu_link_GBps, topo.spec.nic_GBps * topo.nics / ppn)
+        topo.spec.gpu_link_GBps, topo.nic_GBps * topo.nics / ppn)
     if collective == "all_reduce":
         nsteps, inter = 2 * (n - 1), 2 * (nodes - 1)
     else:

@@ -305,7 +305,7 @@ def _bandwidth(topo: Topology, collective: str, algo: str, proto: str,
     s = topo.spec
     n, nodes = topo.world_size, topo.nodes
     link = s.gpu_link_GBps * prm.ring_eff
-    node_nic = s.nic_GBps * topo.nics * prm.net_of(topo).eff if nodes > 1 else math.inf
+    node_nic = topo.nic_GBps * topo.nics * prm.net_of(topo).eff if nodes > 1 else math.inf
     if nodes > s.fabric.nodes_per_leaf:
         # rings and trees span leaves: every node's traffic climbs to the spine, whose uplinks
         # carry 1 / oversubscription of the leaf's NIC bandwidth (rail-optimized or not: NCCL

@@ -9,8 +9,11 @@ Link kinds (all directed, capacity in GB/s)::
     mem[g]                  local copies and reductions on GPU g
     gpu_tx[g] / gpu_rx[g]   GPU g's port into the node fabric (NVLink to NVSwitch, PCIe x16, or
                             the memory bus for shared-memory ranks)
+    mesh[a->b]              full_mesh nodes: the direct link from GPU a to GPU b of the same node
+                            (one per ordered pair, ``gpu_link_GBps / (gpus_per_node - 1)`` each)
     sw_up[s] / sw_down[s]   PCIe switch s <-> CPU root complex (pcie systems only)
-    nic_tx[n] / nic_rx[n]   NIC n, one per ``gpus_per_node / nics_per_node`` GPUs
+    nic_tx[n] / nic_rx[n]   NIC n, one per ``gpus_per_node / nics_per_node`` GPUs (with more
+                            NICs than GPUs, one port per GPU carrying its NICs' sum)
     leaf_up[l] / leaf_down[l]  aggregated uplinks of leaf switch l (ECMP assumed perfect)
     pod_up[p] / pod_down[p]    aggregated uplinks of spine group p (3-level fabrics)
 
@@ -54,7 +57,16 @@ class Topology:
         n, g = self.nodes, self.gpus
         self.world_size = n * g
         self.nics = max(1, min(s.nics_per_node, g)) if s.nics_per_node else 0
+        # more NICs than GPUs (AWS p5: 32 x 100G for 8 GPUs): each GPU drives its own
+        # nics_per_node / gpus_per_node NICs as one port, as NCCL's net plugins stripe a GPU's
+        # messages over its NICs; the port carries their sum
+        self.nic_GBps = s.nic_GBps * max(1.0, s.nics_per_node / s.gpus_per_node)
         self.switches = -(-g // max(1, s.gpus_per_pcie_switch)) if s.intra == "pcie" else 0
+        # full_mesh: every ordered pair of the node's ranks has its own link; each carries the
+        # GPU's total over its gpus_per_node - 1 links (spec.INTRA_KINDS), whatever --gpus uses
+        self.mesh = s.intra == "full_mesh"
+        mesh_links = n * g * (g - 1) if self.mesh else 0
+        mesh_bw = s.gpu_link_GBps / max(1, s.gpus_per_node - 1)
         f = s.fabric
         self.rails = self.nics if f.rail_optimized else 1
         nodes_leaf = max(1, f.nodes_per_leaf)
@@ -64,14 +76,15 @@ class Topology:
             if (n > 1 and f.levels >= 3) else 0
         # Capacities of each kind, in link-index order.
         nic_per_leaf = nodes_leaf * (self.nics // self.rails if self.nics else 0)
-        leaf_up_bw = nic_per_leaf * s.nic_GBps / max(f.oversubscription, 1e-9)
+        leaf_up_bw = nic_per_leaf * self.nic_GBps / max(f.oversubscription, 1e-9)
         kinds = [
             ("mem", n * g, s.mem_GBps),
             ("gpu_tx", n * g, s.gpu_link_GBps), ("gpu_rx", n * g, s.gpu_link_GBps),
             ("sw_up", n * self.switches, s.pcie_uplink_GBps),
             ("sw_down", n * self.switches, s.pcie_uplink_GBps),
-            ("nic_tx", n * self.nics if n > 1 else 0, s.nic_GBps),
-            ("nic_rx", n * self.nics if n > 1 else 0, s.nic_GBps),
+            ("mesh", mesh_links, mesh_bw),
+            ("nic_tx", n * self.nics if n > 1 else 0, self.nic_GBps),
+            ("nic_rx", n * self.nics if n > 1 else 0, self.nic_GBps),
             ("leaf_up", self.leaves, leaf_up_bw), ("leaf_down", self.leaves, leaf_up_bw),
             ("pod_up", self.pods, leaf_up_bw * f.leaves_per_pod),
             ("pod_down", self.pods, leaf_up_bw * f.leaves_per_pod),

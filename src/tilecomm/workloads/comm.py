@@ -86,6 +86,8 @@ def spec_of(system: str) -> SystemSpec:
 
 def _shared_spec(spec: SystemSpec, per_node: int) -> SystemSpec:
     """``spec`` with the NIC rate scaled to one group's fair share (NOTE [concurrent groups])."""
+    if spec.nics_per_node >= spec.gpus_per_node:
+        return spec       # every GPU has NICs of its own (Topology gives it their sum)
     topo_nics = min(spec.nics_per_node, per_node)
     share = spec.nics_per_node * per_node / spec.gpus_per_node
     if topo_nics <= 0 or share >= topo_nics:
