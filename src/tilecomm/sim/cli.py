@@ -34,9 +34,11 @@ def add_sim_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("-b", "--minbytes", default="1K")
     p.add_argument("-e", "--maxbytes", default="1G")
     p.add_argument("-f", "--stepfactor", type=int, default=2)
-    p.add_argument("--library", default="tilecomm", choices=["tilecomm", "nccl"],
+    p.add_argument("--library", default="tilecomm", choices=["tilecomm", "nccl", "rccl"],
                    help="tilecomm: tilecomm's own algorithms; nccl: what NCCL measures in "
-                        "nccl-tests (its tuner's algorithm/protocol choice, out-of-place time)")
+                        "nccl-tests (its tuner's algorithm/protocol choice, out-of-place time); "
+                        "rccl: the same for RCCL/rccl-tests on AMD full-mesh nodes (mi300x, "
+                        "mi325x, mi355x; tilecomm.sim.rcclsim)")
     p.add_argument("--sharp", action="store_true",
                    help="the fabric offers in-network reduction (SHARP): --library nccl adds "
                         "CollNet all_reduce across nodes")
@@ -208,9 +210,16 @@ def run_sim(args) -> int:
     if what_if and library != "tilecomm":
         raise ValueError("--what-if applies to --library tilecomm (--library nccl rows are "
                          "NCCL's own algorithms)")
+    if library == "nccl" and spec.intra == "full_mesh":
+        raise ValueError(f"--library nccl models NVIDIA systems; {spec.name} is an AMD "
+                         "full-mesh node (intra \"full_mesh\"): use --library rccl")
     for n in grid:
-        if library == "nccl":
-            nrows = _nccl_library_rows(args, topo, n, prm)
+        if library in ("nccl", "rccl"):
+            if library == "rccl":
+                from .rcclsim import library_rows
+                nrows = library_rows(args.collective, n, topo, prm, args.algo, args.protocol)
+            else:
+                nrows = _nccl_library_rows(args, topo, n, prm)
             nccl_pick[n] = nrows[0]["algo"]
             rows += nrows
             continue
@@ -272,7 +281,7 @@ def run_sim(args) -> int:
                  f"{r['time_us']:.2f}", band, f"{r['algbw_GBps']:.2f}",
                  f"{r['busbw_GBps']:.2f}", r["bottleneck"]]
         if measured:
-            if library == "nccl":
+            if library in ("nccl", "rccl"):
                 m = by_key.get((r["nbytes"], None)) if r["best"] else None
             else:
                 m = by_key.get((r["nbytes"], r["algo"])) or (
@@ -283,8 +292,9 @@ def run_sim(args) -> int:
                       f"{(r['time_us'] - m['time_us']) / m['time_us']:+.0%}" if ok else ""]
         t.add_row(*cells, style="bold" if r["best"] else None)
     con.print(t)
-    con.print("* = NCCL's choice (its tuner's cheapest algorithm/protocol)" if library == "nccl"
-              else "* = model's fastest")
+    con.print({"nccl": "* = NCCL's choice (its tuner's cheapest algorithm/protocol)",
+               "rccl": "* = RCCL's choice (MSCCL where it takes the call, else its tuner's "
+                       "cheapest)"}.get(library, "* = model's fastest"))
     if fit_note:
         con.print(fit_note)
     if bands:
@@ -316,7 +326,7 @@ def run_sim(args) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"system": spec.name, "nodes": args.nodes, "library": library,
-                       "nccl_params": prm.as_dict() if library == "nccl" else None,
+                       "nccl_params": prm.as_dict() if library in ("nccl", "rccl") else None,
                        "predictions": rows,
                        "measured": measured}, f, indent=1)
     if args.plot:

@@ -17,7 +17,8 @@ Link kinds (all directed, capacity in GB/s)::
     leaf_up[l] / leaf_down[l]  aggregated uplinks of leaf switch l (ECMP assumed perfect)
     pod_up[p] / pod_down[p]    aggregated uplinks of spine group p (3-level fabrics)
 
-Paths: same node -> ``gpu_tx, [sw_up, sw_down,] gpu_rx``; other node -> ``nic_tx, [leaf_up,
+Paths: same node -> ``gpu_tx, [sw_up, sw_down,] gpu_rx`` (full_mesh: the pair's own
+``mesh`` link, nothing shared with any other pair); other node -> ``nic_tx, [leaf_up,
 [pod_up, pod_down,] leaf_down,] nic_rx`` (GPUDirect RDMA: the GPU-NIC PCIe hop is faster than
 the NIC and is not modeled). With a rail-optimized fabric NIC r of every node hangs off rail r's
 leaves; a flow whose endpoints sit on different rails must climb to the spine.
@@ -113,8 +114,24 @@ class Topology:
     def link_name(self, link: int) -> str:
         for at, count, name in self._kinds:
             if at <= link < at + count:
+                if name == "mesh":
+                    a, b = self._mesh_pair(link - at)
+                    return f"mesh[{a}->{b}]"
                 return f"{name}[{link - at}]"
         raise IndexError(link)
+
+    def _mesh_pair(self, i: int) -> tuple[int, int]:
+        """(src, dst) ranks of full-mesh link ``i`` (index within the ``mesh`` kind)."""
+        g = self.gpus
+        src, j = divmod(i, g - 1)
+        sl = src % g
+        return src, src - sl + (j if j < sl else j + 1)
+
+    def mesh_link(self, src, dst):
+        """Link id(s) of the direct link ``src -> dst`` (same node, ``src != dst``; full_mesh)."""
+        src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+        sl, dl = src % self.gpus, dst % self.gpus
+        return self.offset["mesh"] + src * (self.gpus - 1) + np.where(dl < sl, dl, dl - 1)
 
     def link_kind(self, link: int) -> str:
         return self.link_name(link).split("[")[0]
@@ -136,7 +153,9 @@ class Topology:
         out[local, 0] = o["mem"] + src[local]
         # Intra-node.
         out[intra, 0] = o["gpu_tx"] + src[intra]
-        if s.intra == "pcie":
+        if self.mesh:
+            out[intra, 0] = self.mesh_link(src[intra], dst[intra])
+        elif s.intra == "pcie":
             per = max(1, s.gpus_per_pcie_switch)
             ssw, dsw = (src % g) // per, (dst % g) // per
             cross = intra & (ssw != dsw)

@@ -213,10 +213,107 @@ def cpu_shm() -> SystemSpec:
         sources={"shm": CPU_LOOP_COMMAND, "nic_GBps": "placeholder (10 GbE)"})
 
 
+# --- AMD Instinct full-mesh nodes (intra "full_mesh": 8 GPUs, 7 Infinity Fabric / xGMI links
+# each, one per peer; docs/system-description.md). Bandwidths per direction: AMD quotes "Peak
+# Infinity Fabric Link Bandwidth" bidirectionally (128 GB/s on MI300X/MI325X = 2 x 64 GB/s, as the
+# AMD ROCm blog "Understanding RCCL Bandwidth and xGMI Performance on AMD Instinct MI300X"
+# (rocm.blogs.amd.com, 2025-03-02) tabulates: 64 GB/s per link and direction, 448 GB/s = 7 x 64
+# aggregated unidirectional per GPU).
+#
+# Protocols carry RCCL's own latencies: ROCm/rccl src/graph/tuning.cc, ``baseLat`` {LL 12.0,
+# LL128 12.0, Simple 17.0} us and ``tuning_model_5`` (the model RCCL's rome_models.cc topologies
+# of 8 MI300X with 7 xGMI links select, and rcclGetTuningIndexForArch maps gfx942 to; gfx950
+# maps to model 6, whose hwLat are the same): hwLat "NVLINK" (RCCL files xGMI as NVLink)
+# Ring {LL 0.8, Simple 2.1} us, NET Ring LL 9.5 us, NET Tree Simple 25.0 us. Model 5's NET
+# Ring/Simple 320 us is a tuner bias against ring Simple across nodes, not a per-hop latency, so
+# the Simple protocol's network step uses the same table's Tree/Simple 25 us (sim/rcclsim.py keeps
+# 320 for RCCL's choice). LL128 is not offered: RCCL enables it by default only on gfx90a
+# (tuning.cc, RCCL 2.21) or where a topology hint / RCCL_LL128_FORCE_ENABLE turns it on.
+RCCL_TUNING = ("ROCm/rccl src/graph/tuning.cc (RCCL 2.21-2.22 / ROCm 6.3; rocm-systems "
+               "projects/rccl 2025): baseLat LL 12 / Simple 17 us, tuning_model_5 hwLat xGMI "
+               "Ring LL 0.8 / Simple 2.1 us, NET Ring LL 9.5 us, NET Tree Simple 25 us")
+RCCL_PROTOCOLS_SRC = ("LL and Simple only: LL128 enabled by default only on gfx90a "
+                      "(ROCm/rccl tuning.cc, ENABLE_LL128 clause); LL eff 0.5 x Simple "
+                      "(8 data bytes per 16-byte line, RCCL's ncclLLFifoLine as NCCL's)")
+# 8x MI300X all_reduce busbw 318.98 GB/s at 16 GB (rccl-tests, RCCL 2.22.3, out-of-place) of 448
+# GB/s per direction: 0.712 (AMD ROCm blog above; it explains the ceiling by xGMI's ~45-48 GB/s
+# achievable per 64 GB/s link).
+MI300X_SIMPLE_EFF = 0.712
+# 400 Gb/s Ethernet NICs, one per GPU (AMD Instinct MI300X platform: 8 GPUs, 8x 400G scale-out NIC
+# slots; OCI / TensorWave / Pollara-AINIC clusters run RoCE): 50 GB/s line per direction; the
+# network class (ncclsim: roce) holds the achieved fraction.
+AMD_NIC_GBPS = 50.0
+AMD_FABRIC = Fabric(rail_optimized=True, nodes_per_leaf=32, leaves_per_pod=32,
+                    oversubscription=1.0, levels=2, transport="roce")
+
+
+def _rccl_protocols(simple_eff: float) -> tuple[Protocol, ...]:
+    """RCCL's LL and Simple with its gfx942/gfx950 latencies (RCCL_TUNING)."""
+    return (Protocol("LL", 0.5 * simple_eff, 0.8, 9.5, 12.0),
+            Protocol("Simple", simple_eff, 2.1, 25.0, 17.0))
+
+
+def mi300x() -> SystemSpec:
+    return SystemSpec(
+        name="mi300x", gpu="MI300X", gpus_per_node=8, intra="full_mesh",
+        gpu_link_GBps=448.0,      # 7 xGMI links x 64 GB/s per direction (896 GB/s bidirectional)
+        mem_GBps=5300.0,          # HBM3 5.3 TB/s (MI300X datasheet)
+        reduce_GBps=1750.0,       # ~HBM/3 (read 2, write 1), as the NVIDIA presets
+        nics_per_node=8, nic_GBps=AMD_NIC_GBPS,
+        protocols=_rccl_protocols(MI300X_SIMPLE_EFF), fabric=AMD_FABRIC, launch_us=0.0,
+        sources={"gpu_link_GBps": "AMD MI300X datasheet: 7 Infinity Fabric links to peers, "
+                                  "128 GB/s peak per link (bidirectional) = 64 GB/s per "
+                                  "direction; 448 GB/s aggregated unidirectional per GPU "
+                                  "(AMD ROCm blog, mi300x-rccl-xgmi, 2025-03-02)",
+                 "mem_GBps": "AMD MI300X datasheet: 192 GB HBM3, 5.3 TB/s",
+                 "Simple.eff": "318.98 / 448: 8x MI300X all_reduce busbw at 16 GB, RCCL 2.22.3 "
+                               "(AMD ROCm blog, mi300x-rccl-xgmi)",
+                 "nic_GBps": "8x 400 Gb/s per node (one NIC per GPU, MI300X platform); "
+                             "line rate, the network class holds the achieved fraction",
+                 "fabric": "RoCE (AMD Pollara / Broadcom Thor2 / ConnectX-7 Ethernet "
+                           "clusters); leaf/spine sizes assumed as SUPERPOD's",
+                 "latencies": RCCL_TUNING, "protocols": RCCL_PROTOCOLS_SRC,
+                 "launch_us": "0: RCCL's baseLat (12 us LL) already covers the launch; the "
+                              "measured 8-GPU floor is 13.1 us (AMD blog sweep)"})
+
+
+def mi325x() -> SystemSpec:
+    # Same CDNA 3 die (gfx942) and Infinity Fabric as MI300X (AMD MI325X spec: 7 links, 128 GB/s
+    # peak per link); HBM3E 256 GB at 6 TB/s.
+    m = mi300x()
+    return m.with_(
+        name="mi325x", gpu="MI325X", mem_GBps=6000.0, reduce_GBps=2000.0,
+        sources={**m.sources,
+                 "gpu_link_GBps": "AMD MI325X spec: Infinity Fabric 128 GB/s peak per link "
+                                  "(bidirectional), 7 peer links, as MI300X",
+                 "mem_GBps": "AMD MI325X spec: 256 GB HBM3E, 6 TB/s",
+                 "Simple.eff": "MI300X's (AMD ROCm blog, mi300x-rccl-xgmi); not measured on "
+                               "MI325X"})
+
+
+def mi355x() -> SystemSpec:
+    # CDNA 4 (gfx950): AMD MI355X spec "Peak Infinity Fabric Link Bandwidth 153.6 GB/s", 7 peer
+    # links = 1,075.2 GB/s bidirectional per GPU, 537.6 per direction; HBM3E 288 GB at 8 TB/s;
+    # platforms pair each GPU with a 400G AMD Pensando Pollara NIC (RoCE).
+    m = mi300x()
+    return m.with_(
+        name="mi355x", gpu="MI355X", gpu_link_GBps=537.6, mem_GBps=8000.0, reduce_GBps=2650.0,
+        sources={**m.sources,
+                 "gpu_link_GBps": "AMD MI355X spec: Infinity Fabric 153.6 GB/s peak per link "
+                                  "(bidirectional), 7 peer links: 7 x 76.8 = 537.6 GB/s per "
+                                  "direction (1,075 GB/s bidirectional)",
+                 "mem_GBps": "AMD MI355X spec: 288 GB HBM3E, 8 TB/s",
+                 "Simple.eff": "MI300X's (AMD ROCm blog, mi300x-rccl-xgmi); not measured on "
+                               "MI355X",
+                 "nic_GBps": "8x 400G AMD Pensando Pollara 400 AI NICs per node (MI355X "
+                             "platforms, e.g. Dell XE9785); line rate"})
+
+
 PRESETS = {
     "dgx-a100": dgx_a100, "dgx-a800": dgx_a800, "dgx-h100": dgx_h100, "dgx-h800": dgx_h800,
     "hgx-h200": hgx_h200, "dgx-b200": dgx_b200,
     "gb200-nvl72": gb200_nvl72, "pcie-8gpu": pcie_8gpu, "cpu-shm": cpu_shm,
+    "mi300x": mi300x, "mi325x": mi325x, "mi355x": mi355x,
 }
 
 
