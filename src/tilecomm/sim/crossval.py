@@ -153,11 +153,12 @@ def _net_ratios(preds, prm: NcclParams, shortfall: bool) -> list[tuple[str, floa
     """(system, network-only predicted / measured transfer time) of multi-node bandwidth rows
     that the network limits: those predicted network-bound, and with ``shortfall`` those
     measured slower than the intra-node bound allows (the intra-node efficiencies come from
-    one-node rows, so across nodes the shortfall is the network's)."""
+    one-node rows, so across nodes the shortfall is the network's). A system's own fit also
+    reads rows from FILL_BYTES up: a user's log may stop below the bandwidth regime."""
     wide = prm.with_(**_UNBOUNDED_INTRA)
     out = []
     for r, p, topo in preds:
-        if r.regime != "bandwidth":
+        if r.regime != "bandwidth" and not (shortfall and r.nbytes >= FILL_BYTES):
             continue
         alt = [x for x in library_rows(r.library)(r.collective, r.nbytes, topo, wide, (p.algo,))
                if x.protocol == p.protocol]
