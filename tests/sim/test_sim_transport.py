@@ -42,7 +42,7 @@ def test_version_gates_the_algorithms_it_lacks():
 
 
 def test_each_transport_class_has_its_own_per_hop_cost_and_efficiency():
-    prm = DEFAULT.with_(net={**DEFAULT.net, "tcp": DEFAULT.net["tcp"]})
+    prm = DEFAULT
     ib = nccl_choice("all_reduce", 1024, build(_with_transport("dgx-h100", "ib"), 4), prm)
     tcp = nccl_choice("all_reduce", 1024, build(_with_transport("dgx-h100", "tcpxo"), 4), prm)
     roce = nccl_choice("all_reduce", 1024, build(_with_transport("dgx-h100", "roce"), 4), prm)
@@ -97,7 +97,7 @@ def test_an_unseen_network_class_gets_the_wider_band():
 
 def test_loso_reports_rows_of_an_unfitted_class_as_unseen():
     rows = [r for r in cv.published.load() if r.system == "gcp-a3-mega"]
-    prm = cv.fit([r for r in cv.published.load() if r.transport_class != "tcp"])
-    assert not prm.net_fitted("tcp") and prm.net_fitted("ib")
+    prm = cv.fit([r for r in cv.published.load() if r.transport_class != "tcpx"])
+    assert not prm.net_fitted("tcpx") and prm.net_fitted("ib")
     checks = cv.evaluate(rows, prm)
     assert checks and all(not c.net_fitted for c in checks if c.row.nodes > 1)

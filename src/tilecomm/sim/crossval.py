@@ -9,7 +9,8 @@ Fit (robust: every statistic is the median over systems of each system's median)
 
 * ``host_us``: the latency-regime residual of **one-node** rows (measured - predicted without
   host), >= 0; no network is involved there;
-* per network class (``ib``, ``roce``, ``efa``, ``tcp``; ``ncclsim.TRANSPORT_CLASS``):
+* per network class (``ib``, ``roce``, ``efa``, ``tcpx``, ``tcpxo``,
+  ``socket``; ``ncclsim.TRANSPORT_CLASS``):
   ``lat_us`` = the latency-regime residual of multi-node rows of that class per network hop of
   the chosen algorithm; ``eff`` rescaled by the predicted / measured transfer time of its
   bandwidth-regime rows bound by the network. A class no training system informs keeps its

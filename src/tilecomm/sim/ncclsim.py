@@ -76,11 +76,13 @@ LL_MAX_BW = {"sm80": (87.7, 22.5, 19.0), "sm90": (141.0, 45.0, 35.0),
 # NCCL release that brought an algorithm (NVIDIA/nccl release notes: NVLS 2.17.1, NVLS+Tree
 # 2.18.1, PAT 2.23.4); an unknown version ("") offers everything
 SINCE = {"nvls": (2, 17), "nvls_tree": (2, 18), "pat": (2, 23)}
-# transport -> network class sharing parameters: Google's GPUDirect over TCP (TCPX, TCPXO) and
-# plain sockets all pay a TCP stack per message
-TRANSPORT_CLASS = {"ib": "ib", "roce": "roce", "efa": "efa", "tcpx": "tcp", "tcpxo": "tcp",
-                   "socket": "tcp", "none": "none"}
-NET_CLASSES = ("ib", "roce", "efa", "tcp")
+# transport -> network class with its own parameters. InfiniBand and RoCE are NCCL's verbs
+# transport; Google's two GPUDirect-over-TCP generations differ by an order of magnitude per
+# message (TCPX: ~1 ms at 64 KB on A3 High; TCPXO, offloaded to the NIC: ~0.1 ms on A3 Mega), so
+# each is its own class; plain sockets (the host's TCP stack, a copy through host memory) too
+TRANSPORT_CLASS = {"ib": "ib", "roce": "roce", "efa": "efa", "tcpx": "tcpx", "tcpxo": "tcpxo",
+                   "socket": "socket", "none": "none"}
+NET_CLASSES = ("ib", "roce", "efa", "tcpx", "tcpxo", "socket")
 
 
 @dataclass(frozen=True)
@@ -93,12 +95,17 @@ class NetClass:
 
 # Defaults before any fit (the fit replaces every class some training system informs)
 DEFAULT_NET = {"ib": NetClass(0.90, 0.0), "roce": NetClass(0.90, 0.0),
-               "efa": NetClass(0.80, 10.0), "tcp": NetClass(0.75, 30.0)}
+               "efa": NetClass(0.80, 10.0), "tcpx": NetClass(0.75, 30.0),
+               "tcpxo": NetClass(0.75, 30.0),
+               "socket": NetClass(0.50, 50.0)}
 NET_SOURCES = {
     "ib": "eff 0.9 assumed, lat 0: NCCL's NET hwLat constants are InfiniBand's (tuning.cc)",
     "roce": "as InfiniBand (verbs over Ethernet, same NCCL transport)",
     "efa": "assumed eff 0.8, +10 us per hop (libfabric SRD through aws-ofi-nccl); no fit",
-    "tcp": "assumed eff 0.75, +30 us per hop (a kernel TCP stack per message); no fit",
+    "tcpx": "assumed eff 0.75, +30 us per hop (a TCP stack per message, GPUDirect); no fit",
+    "tcpxo": "assumed eff 0.75, +30 us per hop (TCP offloaded to the NIC, GPUDirect); no fit",
+    "socket": "assumed eff 0.5, +50 us per hop (host TCP and a copy through host memory); "
+              "no fit",
 }
 
 

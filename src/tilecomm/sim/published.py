@@ -19,14 +19,12 @@ from dataclasses import dataclass, field
 from tilecomm.algorithms import BUSBW_FACTOR
 from tilecomm.topology import SystemSpec, Topology, build, spec_from_dict
 
+from .ncclsim import TRANSPORT_CLASS
+
 DATA_DIR = os.path.join(os.path.dirname(__file__), "data")
 LAT_MAX, BW_MIN = 64 << 10, 256 << 20
 REGIMES = ("latency", "middle", "bandwidth")
 TIMED = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")
-# transport -> class whose parameters it shares (Google's two GPUDirect-over-TCP generations and
-# plain sockets all pay a TCP stack per message)
-TRANSPORT_CLASS = {"ib": "ib", "roce": "roce", "efa": "efa", "tcpx": "tcp", "tcpxo": "tcp",
-                   "socket": "tcp", "none": "none"}
 
 
 def regime(nbytes: int) -> str:
