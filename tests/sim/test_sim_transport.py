@@ -97,7 +97,7 @@ def test_an_unseen_network_class_gets_the_wider_band():
 
 def test_loso_reports_rows_of_an_unfitted_class_as_unseen():
     rows = [r for r in cv.published.load() if r.system == "gcp-a3-mega"]
-    prm = cv.fit([r for r in cv.published.load() if r.transport_class != "tcpx"])
-    assert not prm.net_fitted("tcpx") and prm.net_fitted("ib")
+    prm = cv.fit([r for r in cv.published.load() if r.transport_class != "tcpxo"])
+    assert not prm.net_fitted("tcpxo") and prm.net_fitted("ib")
     checks = cv.evaluate(rows, prm)
     assert checks and all(not c.net_fitted for c in checks if c.row.nodes > 1)
