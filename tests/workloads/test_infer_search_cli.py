@@ -1,8 +1,7 @@
-"""Inference and serving, search, the CLI, the plot and the validation table in the docs."""
+"""Inference and serving, search, the CLI and the plot (validation: test_validation.py)."""
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
@@ -11,10 +10,6 @@ from tilecomm.workloads.inference import infer
 from tilecomm.workloads.layout import Layout
 from tilecomm.workloads.models import PRESETS
 from tilecomm.workloads.search import explain, search_infer, search_train
-from tilecomm.workloads.validation import markdown, table
-
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "model.md"
-
 
 def test_decode_is_hbm_bound_and_kv_transfer_matches_bytes():
     m = PRESETS["llama3-70b"]
@@ -121,16 +116,6 @@ def test_cli_errors_exit_2_without_traceback(argv, msg, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert msg in err and "Traceback" not in err
-
-
-def test_validation_table_in_docs_is_current():
-    rows = table()
-    assert all(abs(r["error"]) <= 0.25 for r in rows)     # the bound docs/model.md states
-    docs = DOCS.read_text()
-    for line in markdown(rows).splitlines()[2:]:
-        pred = re.escape(line.split(" | ")[3])
-        assert line in docs, f"docs/model.md validation row is stale; expected:\n{line}"
-        assert re.search(pred, docs)
 
 
 @pytest.mark.parametrize("body, msg", [

@@ -9,10 +9,15 @@ from tilecomm.workloads.layout import Layout, groups, validate
 from tilecomm.workloads.models import PRESETS, load_model
 
 # Published totals (billions): Llama 3 model cards (8.03 / 70.6 / 405), GPT-3 paper (175.0),
-# Mixtral paper (46.7 total, 12.9 active), DeepSeek-V3 report (671 total, 37 active).
+# Mixtral paper (46.7 total, 12.9 active), DeepSeek-V3 report (671 total, 37 active), Llama 2
+# paper (6.7 / 13.0 / 69.0), Qwen3 model cards (30.5 / 3.3, 235 / 22), GPT-OSS model card
+# (116.8 total; its 5.1B active leaves out the input embedding: + 0.58B here).
 PUBLISHED = {"llama3-8b": (8.03, 8.03), "llama3-70b": (70.6, 70.6),
              "llama3-405b": (405.0, 405.0), "gpt3-175b": (175.0, 175.0),
-             "mixtral-8x7b": (46.7, 12.9), "deepseek-v3": (671.0, 37.0)}
+             "mixtral-8x7b": (46.7, 12.9), "deepseek-v3": (671.0, 37.0),
+             "llama2-7b": (6.74, 6.74), "llama2-13b": (13.0, 13.0), "llama2-70b": (69.0, 69.0),
+             "qwen3-30b-a3b": (30.5, 3.3), "qwen3-235b-a22b": (235.0, 22.0),
+             "gpt-oss-120b": (116.8, 5.1 + 201088 * 2880 / 1e9)}
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))

@@ -50,7 +50,7 @@ def test_training_timeline_draws_every_stage_with_a_legend(tmp_path, monkeypatch
     assert legend is not None
     named = {t.get_text(): to_hex(h.get_facecolor())
              for t, h in zip(legend.get_texts(), legend.legend_handles)}
-    assert set(named) == {"compute", "tp", "pp", "dp", "bubble"}
+    assert set(named) == {"compute", "tp", "pp", "dp", "bubble", "optimizer"}
     assert set(named.values()) == set().union(*rows.values())
     for y in (1, 2):                  # middle stages idle while the pipeline fills and drains
         assert named["bubble"] in rows[y]

@@ -34,7 +34,14 @@ def test_full_recompute_adds_a_forward_of_tp_traffic_and_compute():
     a = train_step(TINY, "dgx-h100", 8, Layout(tp=8), **kw)
     b = train_step(TINY, "dgx-h100", 8, Layout(tp=8, recompute="full"), **kw)
     assert colls(b, "tp")["all_reduce"].count == 6 * 8 * 8
-    assert b.breakdown_s["compute"] == pytest.approx(a.breakdown_s["compute"] * 4 / 3)
+    # + one forward of the layers (not the output head): between 1.2x and 4/3 of the compute
+    assert 1.2 < b.breakdown_s["compute"] / a.breakdown_s["compute"] < 4 / 3
+    from tilecomm.workloads.compute import micro_batch
+    from tilecomm.topology.gpus import GPUS
+    mb = micro_batch(TINY, Layout(tp=8, recompute="full"), 2048, 2048, GPUS["H100"], 3350e9,
+                     (8, 0))
+    assert sum(mb.rec.values()) == pytest.approx(
+        (b.breakdown_s["compute"] - a.breakdown_s["compute"]) / 8)
     assert b.memory["activations"] < a.memory["activations"]
 
 
@@ -106,7 +113,10 @@ def test_throughput_and_mfu_consistent():
     assert r.tokens_per_s == pytest.approx(256 * 8192 / r.step_s)
     flops = 256 * 8192 * 3 * r_model_fwd()
     assert r.mfu == pytest.approx(flops / (r.step_s * 64 * 989e12))
-    assert 0 < r.mfu < 0.5      # below the stated efficiency: comm and bubble only add time
+    # below the best GEMM efficiency: attention, element-wise work and comm only add time
+    from tilecomm.workloads.gemm import gemm_eff
+    from tilecomm.topology.gpus import GPUS
+    assert 0 < r.mfu < gemm_eff(1e9, 1e9, 1e9, GPUS["H100"])
 
 
 def r_model_fwd():
@@ -167,20 +177,23 @@ def test_cp_exchanges_kv_of_local_heads():
 
 
 def test_routed_experts_cannot_beat_hbm():
-    """Without EP each rank streams every expert's weights for few tokens: the pass is HBM
-    bound (NOTE [expert GEMMs and HBM]); EP cuts the weights read and the time."""
+    """Without EP each rank streams every expert's weights for few tokens: those GEMMs are
+    HBM-bound (NOTE [what a layer computes]); EP cuts the weights read and the time."""
+    from tilecomm.topology.gpus import GPUS
+    from tilecomm.workloads.gemm import gemm_time
     moe = ModelSpec("finemoe", layers=4, hidden=2048, heads=16, kv_heads=4, ffn=1024,
                     vocab=32000, experts=64, top_k=2)
     kw = dict(global_batch=8, micro_batch=1, seq=1024)
     r1 = train_step(moe, "dgx-h100", 8, Layout(dp=8), **kw)
     r8 = train_step(moe, "dgx-h100", 8, Layout(dp=8, ep=8), **kw)
-    # Hand count, forward of one micro-batch: 4 layers x 64 experts x 3 x 2048 x 1024 params
-    # x 2 B = 3.22 GB at 3350 x 0.8 GB/s = 1.20 ms; its FLOPs 1024 x 2 x 4 x 2 x 6.29M =
-    # 103 GFLOP at 494.5 TFLOP/s = 0.21 ms. So HBM adds ~0.99 ms forward, 3x over fwd + bwd.
-    w = 4 * 64 * 3 * 2048 * 1024 * 2
-    extra = 3 * (w / 2680e9 - 1024 * 4 * 2 * 2 * 3 * 2048 * 1024 / 494.5e12)
-    assert r1.breakdown_s["compute"] - r8.breakdown_s["compute"] == pytest.approx(
-        extra * r1.micro_batches, rel=0.02)
+    # Hand count, gate+up of one expert without EP: 1024 x 2 / 64 = 32 rows against a
+    # 2048 x 2048 bf16 weight: 8.4 MB read for 268 MFLOP, HBM-bound at 3350 x 0.8 GB/s.
+    g = gemm_time(32, 2048, 2048, GPUS["H100"], 3350e9)
+    assert g.hbm_bound
+    assert g.seconds == pytest.approx(2 * (32 * 2048 * 2 + 2048 * 2048) / 2680e9)
+    assert r1.compute_s["gemm_hbm"] > 2 * r8.compute_s["gemm_hbm"]
+    assert r1.breakdown_s["compute"] > r8.breakdown_s["compute"]
+    assert r1.compute_s["gemm_hbm"] > r1.compute_s["gemm"]
 
 
 def test_ep_overlap_hides_all_to_all():

@@ -3,6 +3,7 @@
     tilecomm model llama3-70b --system dgx-h100 --gpus 1024 --tp 8 --pp 4 --global-batch 1024
     tilecomm model llama3-70b --system dgx-h100 --nodes 128 --search --top 10
     tilecomm model deepseek-v3 --system dgx-h100 --gpus 32 --tp 8 --dp 4 --ep 4 --mode decode
+    tilecomm model llama3-70b --system gb200-nvl72 --gpus 256 --tp 2 --pp 4   # 4 racks x 64
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ def add_model_parser(sub) -> None:
     p.add_argument("--system", default="dgx-h100", help="system preset or .json")
     p.add_argument("--gpus", type=int, default=None, help="GPUs (default: --nodes x node)")
     p.add_argument("--nodes", type=int, default=None, help="nodes (instead of --gpus)")
+    p.add_argument("--gpus-per-node", type=int, default=None,
+                   help="training: GPUs used per node or rack (default: all of it, or for a "
+                        "GPU count that does not fill whole racks the largest multiple of 8 "
+                        "that divides it, e.g. 64 of a GB200 NVL72's 72)")
     for k, h in (("tp", "tensor"), ("pp", "pipeline"), ("cp", "context"), ("ep", "expert")):
         p.add_argument(f"--{k}", type=int, default=1, help=f"{h} parallel size")
     p.add_argument("--dp", type=int, default=None, help="data parallel (default: the rest)")
@@ -41,6 +46,9 @@ def add_model_parser(sub) -> None:
     p.add_argument("--micro-batch", type=int, default=1)
     p.add_argument("--seq", type=int, default=4096, help="training sequence length")
     p.add_argument("--dtype", choices=["bf16", "fp16", "fp8"], default="bf16")
+    p.add_argument("--kernels", choices=["fused", "eager"], default="fused",
+                   help="training: element-wise kernels fused (Megatron-LM/Transformer Engine, "
+                        "torch.compile) or eager PyTorch ops")
     p.add_argument("--mode", choices=["train", "prefill", "decode", "serve"], default="train")
     p.add_argument("--batch", type=int, default=None, help="inference: concurrent requests")
     p.add_argument("--prompt", type=int, default=2048, help="inference: prompt tokens")
@@ -58,6 +66,13 @@ def add_model_parser(sub) -> None:
 
 
 def _gpus(args, gpn: int) -> int:
+    if args.gpus_per_node is not None:
+        if args.gpus_per_node < 1:
+            raise ValueError(f"--gpus-per-node must be >= 1, got {args.gpus_per_node}")
+        if args.gpus_per_node > gpn:
+            raise ValueError(f"--gpus-per-node {args.gpus_per_node} exceeds the {gpn} GPUs of "
+                             "one node")
+        gpn = args.gpus_per_node
     if args.gpus is not None and args.nodes is not None and args.gpus != args.nodes * gpn:
         raise ValueError(f"--gpus {args.gpus} and --nodes {args.nodes} disagree "
                          f"({args.nodes} x {gpn} GPUs per node)")
@@ -103,12 +118,17 @@ def run_model(args) -> int:
             from .search import search_train
             results = search_train(model, args.system, gpus, gb, args.seq, args.dtype,
                                    zero=args.zero, tp_overlap=args.tp_overlap,
-                                   ep_overlap=args.ep_overlap)
+                                   ep_overlap=args.ep_overlap,
+                                   gpus_per_node=args.gpus_per_node, kernels=args.kernels)
         else:
             from .training import train_step
             results = [train_step(model, args.system, gpus, _layout(args, gpus, False), gb,
-                                  args.micro_batch, args.seq, args.dtype)]
+                                  args.micro_batch, args.seq, args.dtype,
+                                  gpus_per_node=args.gpus_per_node, kernels=args.kernels)]
     else:
+        if args.gpus_per_node is not None and args.gpus_per_node != spec.gpus_per_node:
+            raise ValueError("--gpus-per-node (a partly used node) is modeled for training "
+                             "only")
         if args.search:
             from .search import search_infer
             batch = args.batch if args.batch is not None else 8 * gpus

@@ -14,6 +14,15 @@ Presets and their sources (published configs):
   context, vocabulary 50,257, learned positions, tied embeddings, biases. Published 175.0B.
 * Mixtral 8x7B: Jiang et al. 2024 (arXiv 2401.04088) Table 1: 32 layers, 4096, FFN 14336, 32
   heads, 8 KV heads, 8 experts, top-2, vocabulary 32,000. Published 46.7B total / 12.9B active.
+* Llama 2 7B / 13B / 70B: Touvron et al. 2023, Table 1 and params.json: 32/40/80 layers, hidden
+  4096/5120/8192, FFN 11008/13824/28672, 32/40/64 heads (70B: 8 KV heads), vocabulary 32,000.
+  Published 6.7B / 13.0B / 69.0B.
+* Qwen3-30B-A3B / 235B-A22B: config.json: 48/94 layers, hidden 2048/4096, 32/64 heads of 128
+  (4 KV heads), 128 experts of FFN 768/1536, top-8, vocabulary 151,936 (the per-head q/k norms
+  are left out). Published 30.5B / 3.3B active and 235B / 22B active.
+* GPT-OSS-120B: config.json: 36 layers, hidden 2880, 64 heads of 64 (8 KV heads), biases, 128
+  experts of FFN 2880, top-4, vocabulary 201,088, every other layer a 128-token sliding window
+  (attention sinks left out). Published 116.8B total / 5.1B active.
 * DeepSeek-V3: DeepSeek-AI 2024 (arXiv 2412.19437) and its ``config.json``: 61 layers (first 3
   dense, FFN 18432), hidden 7168, 128 heads, MLA (q_lora_rank 1536, kv_lora_rank 512, head dims
   nope 128 + rope 64, v 128), 256 routed experts of FFN 2048 + 1 shared, top-8, vocabulary
@@ -54,6 +63,8 @@ class ModelSpec:
     rope_head_dim: int = 0       # MLA: decoupled RoPE dims per head
     v_head_dim: int = 0          # MLA: value head dim (0: head_dim)
     dropout: bool = False        # hidden/attention dropout in training (stores two masks/layer)
+    sliding_window: int = 0      # keys a sliding-window layer attends to (0: none)
+    sliding_layers: int = 0      # how many layers use the sliding window (GPT-OSS: every other)
     source: str = ""
 
     def __post_init__(self):
@@ -86,6 +97,10 @@ class ModelSpec:
                                  f"got {self.dense_layers}")
         elif self.top_k or self.shared_experts or self.dense_layers:
             raise ValueError(f"{where}top_k, shared_experts and dense_layers need experts > 0")
+        if self.sliding_layers > self.layers or (self.sliding_layers > 0) != (
+                self.sliding_window > 0):
+            raise ValueError(f"{where}sliding_layers must be in 0..layers and given together "
+                             "with sliding_window")
 
     # -- shapes ----------------------------------------------------------------------------
     @property
@@ -181,10 +196,18 @@ class ModelSpec:
 
         ``causal=False`` counts the full s x s products, as Megatron-LM's and PaLM's FLOPs
         formulas do; ``causal=True`` halves them (what a causal flash-attention kernel runs).
+        Sliding-window layers see at most ``sliding_window`` keys.
         """
         qk = self.hd + (self.rope_head_dim if self.mla else 0)
-        f = 2.0 * seq * self.heads * (qk + self.vd) * self.layers
-        return f / 2 if causal else f
+        per_key = 2.0 * self.heads * (qk + self.vd)
+        full = self.layers - self.sliding_layers
+        f = per_key * seq * full / (2 if causal else 1)
+        if self.sliding_layers:
+            # a token at position i sees min(i, w) keys: w - w^2/(2 s) on average over the
+            # sequence (x2 in the full-s^2 convention, as for the other layers)
+            w = min(self.sliding_window, seq)
+            f += per_key * (w - w * w / (2 * seq)) * self.sliding_layers * (1 if causal else 2)
+        return f
 
     def fwd_flops_per_token(self, seq: int, causal: bool = False) -> float:
         return self.matmul_flops_per_token() + self.attn_flops_per_token(seq, causal)
@@ -205,6 +228,9 @@ def _llama3(name, layers, hidden, heads, ffn, src):
 
 
 L3 = "Dubey et al. 2024, The Llama 3 Herd of Models, Table 3; Meta params.json"
+L2 = "Touvron et al. 2023, Llama 2 (arXiv 2307.09288); Meta params.json"
+QWEN3 = "Qwen3 Technical Report (arXiv 2505.09388) and the models' config.json"
+GPTOSS = "OpenAI 2025, gpt-oss-120b model card and config.json"
 PRESETS: dict[str, ModelSpec] = {
     "llama3-8b": _llama3("llama3-8b", 32, 4096, 32, 14336, L3),
     "llama3-70b": _llama3("llama3-70b", 80, 8192, 64, 28672, L3),
@@ -214,6 +240,17 @@ PRESETS: dict[str, ModelSpec] = {
                            dropout=True,
                            source="Brown et al. 2020, Language Models are Few-Shot Learners, "
                                   "Table 2.1"),
+    "llama2-7b": ModelSpec("llama2-7b", 32, 4096, 32, 32, 11008, 32000, source=L2),
+    "llama2-13b": ModelSpec("llama2-13b", 40, 5120, 40, 40, 13824, 32000, source=L2),
+    "llama2-70b": ModelSpec("llama2-70b", 80, 8192, 64, 8, 28672, 32000, source=L2),
+    "qwen3-30b-a3b": ModelSpec("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, head_dim=128,
+                               experts=128, top_k=8, moe_ffn=768, source=QWEN3),
+    "qwen3-235b-a22b": ModelSpec("qwen3-235b-a22b", 94, 4096, 64, 4, 12288, 151936,
+                                 head_dim=128, experts=128, top_k=8, moe_ffn=1536,
+                                 source=QWEN3),
+    "gpt-oss-120b": ModelSpec("gpt-oss-120b", 36, 2880, 64, 8, 2880, 201088, head_dim=64,
+                              bias=True, experts=128, top_k=4, sliding_window=128,
+                              sliding_layers=18, source=GPTOSS),
     "mixtral-8x7b": ModelSpec("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, experts=8,
                               top_k=2, source="Jiang et al. 2024, Mixtral of Experts, Table 1"),
     "deepseek-v3": ModelSpec("deepseek-v3", 61, 7168, 128, 128, 18432, 129280, head_dim=128,

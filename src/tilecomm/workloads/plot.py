@@ -7,6 +7,7 @@ from .training import PARALLELISMS
 
 COLORS = {"compute": "#4c72b0", "hbm": "#4c72b0", "tp": "#dd8452", "cp": "#937860",
           "ep": "#8172b3", "pp": "#da8bc3", "dp": "#55a868", "bubble": "#c0c0c0",
+          "optimizer": "#64b5cd",
           # serve mode: prefill latency and the KV-cache move, then decode_<part> (the decode
           # step's parts, colored as the parts themselves)
           "prefill_ttft": "#8c8c8c", "kv_transfer": "#c44e52"}
@@ -75,7 +76,7 @@ def _timeline(ax, r) -> None:
     drawn: set = set()
     for y in range(stages):
         fill = b["bubble"] * y / (stages - 1) if stages > 1 else 0.0
-        spans: dict = {k: [] for k in ("bubble", *per_mb, "dp")}
+        spans: dict = {k: [] for k in ("bubble", *per_mb, "dp", "optimizer")}
         t = 0.0
         if fill > 0:
             spans["bubble"].append((0.0, fill))
@@ -90,6 +91,9 @@ def _timeline(ax, r) -> None:
             t += drain
         if b["dp"] > 0:
             spans["dp"].append((t, b["dp"]))
+            t += b["dp"]
+        if b.get("optimizer", 0) > 0:
+            spans["optimizer"].append((t, b["optimizer"]))
         for k, xs in spans.items():     # one artist per part and stage, not per micro-batch
             if xs:
                 ax.broken_barh(xs, (y - 0.35, 0.7), color=COLORS[k], label=k)
@@ -99,5 +103,6 @@ def _timeline(ax, r) -> None:
     ax.set_xlabel("time in step (s)")
     ax.set_title(f"timeline, {L.short()}, {m} micro-batches")
     ax.legend(handles=[Patch(color=COLORS[k], label=k)
-                       for k in ("compute", *PARALLELISMS, "bubble") if k in drawn], fontsize=8,
+                       for k in ("compute", *PARALLELISMS, "bubble", "optimizer") if k in drawn],
+                       fontsize=8,
               loc="upper left", bbox_to_anchor=(1.0, 1.0))

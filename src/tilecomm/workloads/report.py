@@ -24,9 +24,12 @@ def cluster_text(r) -> str:
     """Where a result runs, in words: ``1024 GPUs in 128 x dgx-h100 nodes`` (``r.system`` names
     one node, so "1024 x dgx-h100" would read as 1024 nodes)."""
     from .comm import spec_of
-    gpn = spec_of(r.system).gpus_per_node
+    full = spec_of(r.system).gpus_per_node
+    gpn = getattr(r, "gpus_per_node", 0) or full
     nodes = -(-r.gpus // gpn)
     where = f"{nodes} x {r.system} nodes" if nodes > 1 else f"1 {r.system} node"
+    if nodes > 1 and gpn < full:
+        where += f" ({gpn} of {full} GPUs each)"
     return f"{r.gpus} GPU{'s' if r.gpus != 1 else ''} in {where}"
 
 
@@ -38,8 +41,8 @@ def print_report(results: list, search: bool = False, total: int = 0) -> None:
     r0 = results[0]
     train = isinstance(r0, StepResult)
     if search:
-        head = (f"{r0.model} on {cluster_text(r0)} ({r0.gpu}, efficiency "
-                f"{r0.efficiency:.2f}), global batch {r0.global_batch} x {r0.seq} tokens"
+        head = (f"{r0.model} on {cluster_text(r0)} ({r0.gpu}, {r0.kernels} kernels), global "
+                f"batch {r0.global_batch} x {r0.seq} tokens"
                 if train else f"{r0.model} {r0.mode} on {cluster_text(r0)}, batch "
                 f"{r0.batch}, prompt {r0.prompt}")
         t = Table(title=f"{head}: {len(results)} fastest of {total} layouts that fit",
@@ -70,8 +73,9 @@ def print_report(results: list, search: bool = False, total: int = 0) -> None:
         return
     r = r0
     if train:
-        c.print(f"[bold]{r.model}[/] on {cluster_text(r)} ({r.gpu}, compute at "
-                f"{r.efficiency:.0%} of {r.dtype} peak): {r.layout.short()}, SP "
+        c.print(f"[bold]{r.model}[/] on {cluster_text(r)} ({r.gpu}, forward GEMMs and "
+                f"attention at {r.efficiency:.0%} of {r.dtype} peak, {r.kernels} kernels): "
+                f"{r.layout.short()}, SP "
                 f"{'on' if r.layout.sp else 'off'}, ZeRO-{r.layout.zero}, recompute "
                 f"{r.layout.recompute}, global batch {r.global_batch} x {r.seq} tokens, "
                 f"micro-batch {r.micro_batch} ({r.micro_batches} per pipeline)")
@@ -82,6 +86,9 @@ def print_report(results: list, search: bool = False, total: int = 0) -> None:
         c.print(f"step {r.step_s:.3f} s, {r.tokens_per_s:,.0f} tokens/s "
                 f"({r.tokens_per_s_per_gpu:,.0f} per GPU), MFU {r.mfu:.1%}, "
                 f"{r.hw_tflops_per_gpu:.0f} TFLOP/s per GPU (Megatron convention)")
+        k, share = r.limiter
+        c.print(f"limited by: [bold]{k}[/] ({share:.1%} of the step); compute: " +
+                ", ".join(f"{n} {v:.3f} s" for n, v in r.compute_s.items() if v > 0))
         t = Table("part", "exposed s", "share", "before overlap s", "group placement",
                   title="step time breakdown", header_style="bold")
         for k, v in r.breakdown_s.items():

@@ -15,7 +15,7 @@ from .comm import spec_of
 from .inference import InferResult, infer
 from .layout import Layout, validate
 from .models import ModelSpec, load_model
-from .training import PARALLELISMS, StepResult, train_step
+from .training import PARALLELISMS, StepResult, node_size, train_step
 
 
 def _pow2_upto(n: int) -> list[int]:
@@ -66,17 +66,20 @@ def train_layouts(model: ModelSpec, gpus: int, gpus_per_node: int, global_batch:
 def search_train(model: str | ModelSpec, system: str, gpus: int, global_batch: int,
                  seq: int = 4096, dtype: str = "bf16", mbs=(1, 2), zero: int = 1,
                  vpps=(1, 2, 4), tp_overlap: bool = False,
-                 ep_overlap: bool = False) -> list[StepResult]:
-    """Every valid layout that fits in memory, fastest step first."""
+                 ep_overlap: bool = False, gpus_per_node: int | None = None,
+                 kernels: str = "fused") -> list[StepResult]:
+    """Every valid layout that fits in memory, fastest step first (``gpus_per_node``,
+    ``kernels``: as :func:`train_step`)."""
     model = load_model(model)
-    g = spec_of(system).gpus_per_node
+    g = node_size(gpus, spec_of(system).gpus_per_node, gpus_per_node)
+    kw = dict(gpus_per_node=g, kernels=kernels)
     out = []
     for L, mb in train_layouts(model, gpus, g, global_batch, seq, mbs, zero, vpps, tp_overlap,
                                 ep_overlap):
-        r = train_step(model, system, gpus, L, global_batch, mb, seq, dtype)
+        r = train_step(model, system, gpus, L, global_batch, mb, seq, dtype, **kw)
         if not r.fits:
             r = train_step(model, system, gpus, L.with_(recompute="full"), global_batch, mb,
-                           seq, dtype)
+                           seq, dtype, **kw)
         if r.fits:
             out.append(r)
     if not out:
@@ -134,9 +137,11 @@ def explain(results: list, n: int = 3) -> str:
     t0 = best.step_s if isinstance(best, StepResult) else best.latency_s
     lines = []
     parts = sorted(_parts(best).items(), key=lambda kv: -kv[1])
-    share = ", ".join(f"{k} {v / t0:.0%}" for k, v in parts)
+    share = ", ".join(f"{k} {v / t0:.0%}" for k, v in parts if v / t0 >= 0.005)
     lines.append(f"Best: {label(best)} ({share}).")
     if isinstance(best, StepResult):
+        k, share = best.limiter
+        lines.append(f"It is limited by {k} ({share:.0%} of the step).")
         comm = {k: best.breakdown_s[k] for k in PARALLELISMS if best.breakdown_s[k] > 0}
         if comm:
             k = max(comm, key=comm.get)

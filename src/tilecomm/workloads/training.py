@@ -32,13 +32,13 @@ NOTE [overlap]
     micro-batch's compute (DeepSeek-V3's DualPipe, Megatron-core's overlapped MoE
     all-to-all). PP transfers are exposed.
 
-NOTE [expert GEMMs and HBM]
-    Routed experts get few tokens each: T*top_k/experts per expert per micro-batch without EP
-    (DeepSeek-V3, T = 4096: 128 tokens against a 7168 x 2048 weight), T*top_k*ep/experts with
-    it. Such a GEMM is bound by reading its weights, not by FLOPs, so a pass over the routed
-    experts costs max(FLOPs / (peak x efficiency), local expert weight bytes / (HBM x 0.8)),
-    the roofline the inference model uses. This is what makes EP pay for fine-grained MoE
-    besides memory; dense GEMMs (T >= 2048 rows) are compute-bound and are not checked.
+NOTE [compute]
+    Each micro-batch's compute is the sum of its GEMMs, each a roofline of its own shape
+    (:mod:`.compute`, :mod:`.gemm`): few tokens per routed expert (DeepSeek-V3 at 4K tokens
+    without EP: 128) make those GEMMs read their weights from HBM rather than compute, which
+    is what makes EP pay for fine-grained MoE besides memory. Flash attention, element-wise
+    work and the optimizer step (HBM-bound, once per step, not overlapped) have their own
+    terms. ``StepResult.limiter`` names the largest term of the step.
 
 NOTE [pipeline bubble]
     1F1B: (p-1) micro-batch slots of idle time per step, i.e. a fraction (p-1)/m of the ideal
@@ -54,7 +54,9 @@ from dataclasses import asdict, dataclass, field
 
 from ..sim.overlap import exposed_comm
 from .comm import Placement, collective_us, moe_us, p2p_us
-from ..topology.gpus import GPU, HBM_EFF, gpu_of
+from ..topology.gpus import GPU, gpu_of
+from .compute import micro_batch as micro_batch_fn, optimizer_s
+from .gemm import DERATE
 from .layout import Layout, groups, validate
 from .models import ModelSpec, load_model
 
@@ -108,13 +110,37 @@ class StepResult:
     collectives: list = field(default_factory=list)
     groups: dict = field(default_factory=dict)
     gpu: str = ""
-    efficiency: float = 0.0
+    efficiency: float = 0.0     # achieved: forward FLOPs / (forward compute time x peak)
     layers: int = 0
+    compute_s: dict = field(default_factory=dict)   # per step: gemm, gemm_hbm, attention, ...
+    gpus_per_node: int = 0      # GPUs used per node (a rack may be partly used)
+    kernels: str = "fused"
+
+    @property
+    def terms_s(self) -> dict:
+        """Every term of the step, seconds: the compute parts and the exposed rest."""
+        names = {"gemm": "compute: GEMM", "gemm_hbm": "compute: HBM-bound GEMMs (experts)",
+                 "attention": "compute: attention", "elementwise": "compute: element-wise",
+                 "optimizer": "optimizer step", "tp": "tp comm", "cp": "cp comm",
+                 "ep": "ep comm", "pp": "pp comm", "dp": "dp comm exposed",
+                 "bubble": "pp bubble"}
+        out = {names[k]: v for k, v in self.compute_s.items() if k in names}
+        for k in ("tp", "cp", "ep", "pp", "dp", "bubble"):
+            out[names[k]] = self.breakdown_s.get(k, 0.0)
+        return {k: v for k, v in out.items() if v > 0}
+
+    @property
+    def limiter(self) -> tuple[str, float]:
+        """The term that takes the largest share of the step, and that share."""
+        terms = self.terms_s
+        k = max(terms, key=terms.get)
+        return k, terms[k] / self.step_s
 
     def as_dict(self) -> dict:
         d = asdict(self)
         d["layout"] = self.layout.as_dict()
         d["collectives"] = [{**asdict(c), "total_us": c.total_us} for c in self.collectives]
+        d["limiter"], d["limiter_share"] = self.limiter
         return d
 
 
@@ -234,12 +260,43 @@ def memory(model: ModelSpec, L: Layout, micro_batch: int, seq: int, m: int, gpu:
             "total": total, "capacity": gpu.hbm_bytes, "usable": gpu.hbm_bytes * (1 - RESERVE)}
 
 
+def node_size(gpus: int, gpus_per_node: int, requested: int | None = None) -> int:
+    """GPUs used per node: ``requested`` if given (at most the node's), all of them when
+    ``gpus`` fills whole nodes (or fits in one), else the largest multiple of 8 that divides
+    ``gpus`` and fits a node: a rack-scale NVLink domain is filled partly in whole 8-GPU units
+    (NVIDIA's GB200 NVL72 benchmarks use 64 of its 72 GPUs); an 8-GPU node is used whole.
+    ValueError, with what would work, when none does."""
+    if requested is not None:
+        if isinstance(requested, bool) or not isinstance(requested, int) or requested < 1:
+            raise ValueError(f"gpus_per_node must be a positive integer, got {requested!r}")
+        if requested > gpus_per_node:
+            raise ValueError(f"gpus_per_node={requested} exceeds the {gpus_per_node} GPUs of "
+                             "one node")
+        if gpus > requested and gpus % requested:
+            raise ValueError(f"{gpus} GPUs is not a whole number of {requested}-GPU nodes")
+        return requested
+    if gpus <= gpus_per_node or gpus % gpus_per_node == 0:
+        return gpus_per_node
+    fits = [g for g in range(8, gpus_per_node, 8) if gpus % g == 0]
+    if fits:
+        return fits[-1]
+    raise ValueError(f"{gpus} GPUs is not a whole number of {gpus_per_node}-GPU nodes"
+                     + (", nor of nodes used in whole 8-GPU units; give the GPUs used per node "
+                        "(--gpus-per-node)" if gpus_per_node > 8 else ""))
+
+
 def train_step(model: str | ModelSpec, system: str, gpus: int, layout: Layout,
                global_batch: int, micro_batch: int = 1, seq: int = 4096,
-               dtype: str = "bf16") -> StepResult:
+               dtype: str = "bf16", gpus_per_node: int | None = None,
+               kernels: str = "fused", derate: float = DERATE) -> StepResult:
     """Predict one training step of ``model`` on ``gpus`` GPUs of ``system`` with ``layout``.
 
     ``global_batch`` and ``micro_batch`` are in sequences of ``seq`` tokens.
+    ``gpus_per_node``: GPUs used per node (default: :func:`node_size`; a GB200 NVL72 rack
+    may be used 64 at a time). ``kernels``: "fused" (Megatron-LM / Transformer Engine,
+    torch.compile) or "eager" element-wise kernels (NOTE [element-wise work] in
+    :mod:`.compute`). ``derate``: fraction of the published matmul/attention rates a training
+    step sustains (:mod:`.gemm`; the fitted default).
     """
     from .comm import spec_of
     model = load_model(model)
@@ -249,7 +306,8 @@ def train_step(model: str | ModelSpec, system: str, gpus: int, layout: Layout,
     for k, v in (("global_batch", global_batch), ("micro_batch", micro_batch), ("seq", seq)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{k} must be a positive integer, got {v!r}")
-    validate(L, model, gpus, spec.gpus_per_node, seq)
+    gpn = node_size(gpus, spec.gpus_per_node, gpus_per_node)
+    validate(L, model, gpus, gpn, seq)
     if model.is_moe and L.tp > 1 and not L.sp:
         raise ValueError("an MoE model with tp > 1 needs sequence parallelism (--sp), as "
                          "Megatron-LM requires")
@@ -257,29 +315,20 @@ def train_step(model: str | ModelSpec, system: str, gpus: int, layout: Layout,
         raise ValueError(f"global_batch={global_batch} must be a multiple of dp*micro_batch = "
                          f"{L.dp}*{micro_batch} = {L.dp * micro_batch}")
     m = global_batch // (L.dp * micro_batch)
-    grp = groups(L, spec.gpus_per_node)
+    grp = groups(L, gpn)
     h, e = model.hidden, ACT_BYTES
     T = micro_batch * seq / L.cp                 # tokens per rank per micro-batch
     ls, moe_ls = stage_layers(model, L.pp)       # layers on the most loaded stage
 
-    # -- compute (per micro-batch, one rank of the most loaded stage) -----------------------
-    eff = gpu.efficiency
-    peak_mm, peak_attn = gpu.peak(dtype) * eff, gpu.peak("bf16") * eff
-    head = 2.0 * model.vocab * h
-    mm_flops = T * (stage_matmul_flops_per_token(model, L.pp) + head / L.pp) / L.tp
-    attn_flops = T * model.attn_flops_per_token(seq, causal=True) * ls / model.layers / L.tp
-    t_mm_f, t_attn_f = mm_flops / peak_mm, attn_flops / peak_attn
-    # Routed experts: a pass cannot beat reading the rank's expert weights from HBM
-    # (NOTE [expert GEMMs and HBM]); forward reads them once, backward twice (dgrad, wgrad).
-    _, expert_w = stage_params(model, L)
-    routed = T * moe_ls * model.top_k * 2.0 * model.mlp_params(model.expert_ffn) / L.tp
-    t_read = WEIGHT_BYTES * expert_w / (spec.mem_GBps * 1e9 * HBM_EFF)
-    t_hbm_f = max(0.0, t_read - routed / peak_mm)
-    t_mm_f += t_hbm_f
-    t_fwd = t_mm_f + t_attn_f
-    rec = {"none": 0.0, "selective": t_attn_f, "full": t_fwd}[L.recompute]
-    t_bwd = 2 * t_fwd + rec
-    t_comp_mb = t_fwd + t_bwd
+    # -- compute (per micro-batch, one rank of the most loaded stage; NOTE [compute]) -------
+    hbm = spec.mem_GBps * 1e9
+    mb = micro_batch_fn(model, L, T, seq, gpu, hbm, (ls, moe_ls), dtype, kernels, derate)
+    t_fwd, t_bwd = mb.t_fwd, mb.t_bwd
+    t_comp_mb = mb.total
+    dense_w, expert_w = stage_params(model, L)
+    d_, de_ = L.dp * L.cp, max(1, L.dp * L.cp // L.ep)
+    owned = dense_w / d_ + expert_w / de_ if L.zero >= 1 else dense_w + expert_w
+    t_opt = optimizer_s(owned, hbm)
 
     # -- collectives -----------------------------------------------------------------------
     colls: list[Coll] = []
@@ -338,11 +387,11 @@ def train_step(model: str | ModelSpec, system: str, gpus: int, layout: Layout,
                 gather_s += add("dp", "all_gather", WEIGHT_BYTES * n, pl, 1, per_mb=False)
 
     # -- overlap (NOTE [overlap]) -----------------------------------------------------------
-    t_mm_mb = 3 * t_mm_f
+    t_mm_mb = mb.part("gemm", "gemm_hbm")
     # fused all_gather_matmul / matmul_reduce_scatter: the chunk pipeline of
     # tilecomm.sim.overlap (the same calculation as `tilecomm sim overlap`)
     tp_x = exposed_comm(tp_s, t_mm_mb, L.tp) if L.tp_overlap else tp_s
-    cp_x = max(0.0, cp_s - 3 * t_attn_f)
+    cp_x = max(0.0, cp_s - mb.part("attention"))
     z3_x = max(0.0, zero3_s - t_comp_mb)
     ep_x = max(0.0, ep_s - t_comp_mb) if L.ep_overlap else ep_s
     t_mb = t_comp_mb + tp_x + cp_x + ep_x + z3_x
@@ -351,9 +400,13 @@ def train_step(model: str | ModelSpec, system: str, gpus: int, layout: Layout,
     else:
         dp_x = grad_s + gather_s
     bubble = (L.pp - 1) / L.vpp * t_mb
-    step = m * t_mb + m * pp_s + bubble + dp_x
+    step = m * t_mb + m * pp_s + bubble + dp_x + t_opt
     brk = {"compute": m * t_comp_mb, "tp": m * tp_x, "cp": m * cp_x, "ep": m * ep_x,
-           "pp": m * pp_s, "dp": dp_x + m * z3_x, "bubble": bubble}
+           "pp": m * pp_s, "dp": dp_x + m * z3_x, "bubble": bubble, "optimizer": t_opt}
+    comp = {k: m * mb.part(k) for k in ("gemm", "gemm_hbm", "attention", "elementwise")}
+    comp["optimizer"] = t_opt
+    peak = gpu.peak(dtype)
+    achieved = ((mb.gemm_flops + mb.attn_flops) / (mb.t_fwd * peak)) if mb.t_fwd else 0.0
     comm_tot = {"tp": m * tp_s, "cp": m * cp_s, "ep": m * ep_s, "pp": m * pp_s,
                 "dp": grad_s + gather_s + m * zero3_s}
 
@@ -363,6 +416,7 @@ def train_step(model: str | ModelSpec, system: str, gpus: int, layout: Layout,
     # recomputed forward: both are reported so each published number meets its own convention.
     model_flops = tokens * 3 * model.fwd_flops_per_token(seq, causal=True)
     # Full recompute reruns every layer's forward, not the output head (eq. 3's 6hV term).
+    head = 2.0 * model.vocab * h
     recomp = {"none": 0.0, "selective": model.attn_flops_per_token(seq),
               "full": model.fwd_flops_per_token(seq) - head}[L.recompute]
     hw_flops = tokens * (3 * model.fwd_flops_per_token(seq) + recomp)
@@ -375,4 +429,5 @@ def train_step(model: str | ModelSpec, system: str, gpus: int, layout: Layout,
         mfu=model_flops / (step * gpus * gpu.peak(dtype)),
         hw_tflops_per_gpu=hw_flops / (step * gpus) / 1e12, memory=mem,
         fits=mem["total"] <= mem["usable"], collectives=colls, groups=grp.as_dict(),
-        gpu=gpu.name, efficiency=eff, layers=model.layers)
+        gpu=gpu.name, efficiency=achieved, layers=model.layers, compute_s=comp,
+        gpus_per_node=gpn, kernels=kernels)

@@ -1,117 +1,126 @@
-"""Published training throughputs a reader can check, and the model's prediction for each.
+"""The model against published training runs: held-out error first, then in-sample.
 
-Nothing here is fitted: every point uses the same per-GPU-type efficiency from topology/gpus.py.
-``python -m tilecomm.workloads.validation`` prints the table in docs/model.md.
+``python -m tilecomm.workloads.validation`` prints the tables in docs/model.md ("Workload
+model"); ``--fit`` re-fits ``gemm.DERATE`` on the fitting set (the only fitted number of the
+compute side) and prints it. The points and the split are in :mod:`.published`.
 
-Sources:
-* MEGATRON: Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
-  Clusters Using Megatron-LM" (arXiv 2104.04473, SC'21), Table 1: GPT models, vocabulary
-  51,200, sequence 2048, A100 80GB (Selene: DGX A100, 8x HDR 200G per node); "achieved
-  teraFLOP/s per GPU" counted with their eq. 3 (full s^2 attention, activation recomputation).
-* LLAMA3: Dubey et al. 2024, "The Llama 3 Herd of Models" (arXiv 2407.21783), Table 4:
-  Llama 3 405B on H100 (8 GPUs per server on NVLink, 400 Gb/s RoCE per GPU), TFLOPs/GPU and
-  BF16 MFU.
+Errors are ``predicted / published - 1`` in the source's metric: tokens/s per GPU for every
+held-out point; TFLOP/s per GPU for the fitting set (the metric those papers report).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import statistics
+import sys
 
-from .layout import Layout
-from .models import PRESETS, ModelSpec
+from .gemm import DERATE
+from .published import SOURCES, Point, points
 from .training import train_step
 
-MEGATRON = "Narayanan et al. 2021 (arXiv 2104.04473) Table 1"
-LLAMA3 = "Dubey et al. 2024 (arXiv 2407.21783) Table 4"
 
-
-@dataclass(frozen=True)
-class Point:
-    source: str
-    label: str
-    model: ModelSpec
-    system: str
-    gpus: int
-    layout: Layout
-    global_batch: int
-    seq: int
-    published_tflops: float      # per GPU, in the source's convention
-    convention: str              # "megatron" (hw_tflops_per_gpu) or "mfu" (mfu x peak)
-
-
-def _gpt(params: str, heads: int, hidden: int, layers: int) -> ModelSpec:
-    return ModelSpec(f"gpt-{params}", layers, hidden, heads, heads, 4 * hidden, 51200,
-                     gated_ffn=False, tied_embeddings=True, bias=True, learned_positions=2048,
-                     dropout=True, source=MEGATRON)
-
-
-# (params, heads, hidden, layers, TP, PP, GPUs, batch, achieved TFLOP/s per GPU): Table 1.
-_MEGATRON_ROWS = [
-    ("1.7B", 24, 2304, 24, 1, 1, 32, 512, 137), ("3.6B", 32, 3072, 30, 2, 1, 64, 512, 138),
-    ("7.5B", 32, 4096, 36, 4, 1, 128, 512, 142), ("18.4B", 48, 6144, 40, 8, 1, 256, 1024, 135),
-    ("39.1B", 64, 8192, 48, 8, 2, 512, 1536, 138),
-    ("76.1B", 80, 10240, 60, 8, 4, 1024, 1792, 140),
-    ("145.6B", 96, 12288, 80, 8, 8, 1536, 2304, 148),
-    ("310.1B", 128, 16384, 96, 8, 16, 1920, 2160, 155),
-    ("529.6B", 128, 20480, 105, 8, 35, 2520, 2520, 163),
-    ("1008B", 160, 25600, 128, 8, 64, 3072, 3072, 163),
-]
-# Assumptions for Table 1 (the table does not give them): micro-batch 1, plain 1F1B, full
-# activation recomputation (eq. 3 counts it), no SP (it postdates the paper), gradients
-# all-reduced after the backward pass (no overlap in the 2021 code), no ZeRO.
-# (GPUs, CP, DP, seq, sequences per DP rank, TFLOPs/GPU): Table 4, TP 8 and PP 16 throughout.
-_LLAMA3_ROWS = [(8192, 1, 64, 8192, 32, 430), (16384, 1, 128, 8192, 16, 400),
-                (16384, 16, 8, 131072, 16, 380)]
-# Assumptions for Table 4: SP on, interleaved schedule with v = 4 (the paper uses interleaving
-# but does not give v), micro-batch 1, optimizer state sharded (ZeRO-1), gradient reduction
-# overlapped with backward, no recomputation; the RoCE fabric is modeled by dgx-h100's 400G
-# rail-optimized fat tree.
-
-
-def points() -> list[Point]:
-    out = []
-    for name, a, h, nl, tp, pp, g, b, pub in _MEGATRON_ROWS:
-        L = Layout(tp=tp, pp=pp, dp=g // (tp * pp), recompute="full", zero=0,
-                   dp_overlap=False)
-        out.append(Point(MEGATRON, f"GPT {name}, {g} A100, TP{tp} PP{pp}", _gpt(name, a, h, nl),
-                         "dgx-a100", g, L, b, 2048, pub, "megatron"))
-    for g, cp, dp, seq, bpd, pub in _LLAMA3_ROWS:
-        L = Layout(tp=8, pp=16, dp=dp, cp=cp, vpp=4, sp=True, zero=1)
-        out.append(Point(LLAMA3, f"Llama 3 405B, {g} H100, TP8 CP{cp} PP16 DP{dp}, seq {seq}",
-                         PRESETS["llama3-405b"], "dgx-h100", g, L, dp * bpd, seq, pub, "mfu"))
-    return out
-
-
-def evaluate(p: Point) -> dict:
-    """Prediction for one point: TFLOP/s per GPU in the source's convention, and the error."""
-    r = train_step(p.model, p.system, p.gpus, p.layout, p.global_batch, 1, p.seq)
-    from .comm import spec_of
+def predict(p: Point, derate: float = DERATE) -> tuple[float, object]:
+    """The model's value of ``p``'s metric, and the step result."""
+    r = train_step(p.model, p.system, p.gpus, p.layout, p.global_batch, p.micro_batch, p.seq,
+                   p.dtype, kernels=p.kernels, derate=derate)
+    if p.metric == "tokens":
+        return r.tokens_per_s_per_gpu, r
+    if p.metric == "megatron":
+        return r.hw_tflops_per_gpu, r
     from ..topology.gpus import gpu_of
-    peak = gpu_of(spec_of(p.system)).peak("bf16")
-    pred = r.hw_tflops_per_gpu if p.convention == "megatron" else r.mfu * peak / 1e12
-    return {"source": p.source, "point": p.label, "published": p.published_tflops,
-            "predicted": pred, "error": (pred - p.published_tflops) / p.published_tflops,
-            "fits": r.fits, "memory_GB": r.memory["total"] / 1e9,
-            "largest_exposed": max(("tp", "pp", "dp", "cp", "bubble"),
-                                   key=lambda k: r.breakdown_s[k])}
+    from .comm import spec_of
+    return r.mfu * gpu_of(spec_of(p.system)).peak("bf16") / 1e12, r
 
 
-def table() -> list[dict]:
-    return [evaluate(p) for p in points()]
+def evaluate(p: Point, derate: float = DERATE) -> dict:
+    """One point: published and predicted value, error, what limits the step, memory."""
+    pred, r = predict(p, derate)
+    k, share = r.limiter
+    return {"source": p.source, "point": p.label, "metric": p.metric, "held_out": p.held_out,
+            "moe": p.model.is_moe,
+            "published": p.published, "predicted": pred,
+            "error": pred / p.published - 1, "limiter": f"{k} {share:.0%}",
+            "fits": r.fits, "memory_GB": r.memory["total"] / 1e9}
+
+
+def fit_derate(pts: list[Point] | None = None, lo: float = 0.3, hi: float = 1.2,
+               iters: int = 14) -> float:
+    """``derate`` at which the median log error of the *fitting* points is zero (bisection;
+    predictions grow with ``derate``). Held-out points are dropped before anything is computed
+    (NOTE [fitting and held-out sets] in :mod:`.published`)."""
+    fit = [p for p in (points() if pts is None else pts) if not p.held_out]
+    if not fit:
+        raise ValueError("no fitting points")
+
+    def bias(d: float) -> float:
+        return statistics.median(math.log(predict(p, d)[0] / p.published) for p in fit)
+
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if bias(mid) < 0 else (lo, mid)
+    return (lo + hi) / 2
+
+
+def table(derate: float = DERATE) -> list[dict]:
+    return [evaluate(p, derate) for p in points()]
+
+
+def _fmt(v: float) -> str:
+    return f"{v:,.0f}" if v >= 100 else f"{v:.1f}"
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| source | point | published TFLOP/s/GPU | predicted | error | largest non-compute "
-             "| memory GB (fits) |", "|---|---|---:|---:|---:|---|---:|"]
+    """``rows`` as a table (the docs' form), in their metric's unit."""
+    unit = "tokens/s/GPU" if all(r["metric"] == "tokens" for r in rows) else "TFLOP/s/GPU"
+    out = [f"| source | point | published {unit} | predicted | error | limited by "
+           "| memory GB (fits) |", "|---|---|---:|---:|---:|---|---:|"]
     for r in rows:
-        lines.append(f"| {r['source']} | {r['point']} | {r['published']:.0f} | "
-                     f"{r['predicted']:.0f} | {r['error']:+.1%} | {r['largest_exposed']} | "
-                     f"{r['memory_GB']:.0f} ({'yes' if r['fits'] else 'no'}) |")
+        out.append(f"| {r['source']} | {r['point']} | {_fmt(r['published'])} | "
+                   f"{_fmt(r['predicted'])} | {r['error']:+.1%} | {r['limiter']} | "
+                   f"{r['memory_GB']:.0f} ({'yes' if r['fits'] else 'no'}) |")
+    return "\n".join(out)
+
+
+def summary(rows: list[dict]) -> str:
+    """Median and worst |error|: held out, each held-out source, then in sample."""
+    lines = []
+    for held, name in ((True, "held out"), (False, "in sample (fitting set)")):
+        e = [abs(r["error"]) for r in rows if r["held_out"] == held]
+        worst = max((r for r in rows if r["held_out"] == held), key=lambda r: abs(r["error"]))
+        lines.append(f"{name}: {len(e)} points, median |error| {statistics.median(e):.1%}, "
+                     f"worst {worst['error']:+.1%} ({worst['point']})")
+        if held:
+            for kind, moe in (("dense", False), ("MoE", True)):
+                es = [abs(r["error"]) for r in rows if r["held_out"] and r["moe"] == moe]
+                if es:
+                    lines.append(f"  {kind}: {len(es)} points, median |error| "
+                                 f"{statistics.median(es):.1%}, max {max(es):.1%}")
+            for src in dict.fromkeys(r["source"] for r in rows if r["held_out"]):
+                es = [abs(r["error"]) for r in rows if r["source"] == src]
+                n = f"{len(es)} point" + ("s" if len(es) > 1 else "")
+                lines.append(f"  {src}: {n}, median |error| {statistics.median(es):.1%}, "
+                             f"max {max(es):.1%}")
     return "\n".join(lines)
 
 
+def report(rows: list[dict]) -> str:
+    """The whole printout: held-out table and summary first, then in-sample, then sources."""
+    held = [r for r in rows if r["held_out"]]
+    ins = [r for r in rows if not r["held_out"]]
+    return "\n".join([
+        f"Held out ({len(held)} points, never used in a fit; derate {DERATE}):", "",
+        markdown(held), "", f"In sample ({len(ins)} points, the fitting set):", "",
+        markdown(ins), "", summary(rows), "", "Sources:",
+        *(f"  {k}: {v}" for k, v in SOURCES.items())])
+
+
+def main(argv: list[str]) -> int:
+    if "--fit" in argv:
+        print(f"derate fitted on the fitting set: {fit_derate():.3f} (gemm.DERATE = {DERATE})")
+        return 0
+    print(report(table()))
+    return 0
+
+
 if __name__ == "__main__":
-    rows = table()
-    print(markdown(rows))
-    errs = [abs(r["error"]) for r in rows]
-    print(f"\nmean |error| {sum(errs) / len(errs):.1%}, max {max(errs):.1%}")
+    sys.exit(main(sys.argv[1:]))
