@@ -37,6 +37,12 @@ def test_parser_counts_hosts_and_keeps_the_collective():
     assert {m.collective for m in ms} == {"all_reduce"}
 
 
+def _spec():
+    """Two NICs per node: large calls across nodes are network-bound (the fit reads the
+    network's efficiency from rows the model predicts network-bound)."""
+    return get_preset("dgx-h100").with_(nics_per_node=2)
+
+
 def _truth():
     """A system unlike the class fit: slow calls, a slow lossy network."""
     prm, _ = cv.load_fit()
@@ -47,7 +53,7 @@ def _truth():
 
 def test_fit_on_two_nodes_recovers_the_system_and_predicts_eight():
     prm, truth = _truth()
-    spec = get_preset("dgx-h100")
+    spec = _spec()
     t2 = {n: nccl_choice("all_reduce", n, build(spec, 2), truth).time_us for n in SIZES}
     t1 = {n: nccl_choice("all_reduce", n, build(spec, 1), truth).time_us for n in SIZES}
     rows = scalefit.rows_of(parse_nccl_tests(_log(t2, 2)) + parse_nccl_tests(_log(t1, 1)), spec)
@@ -64,12 +70,14 @@ def test_fit_on_two_nodes_recovers_the_system_and_predicts_eight():
 
 def test_cli_fit_predicts_other_node_counts(tmp_path):
     _, truth = _truth()
-    spec = get_preset("dgx-h100")
+    spec = _spec()
     t2 = {n: nccl_choice("all_reduce", n, build(spec, 2), truth).time_us for n in SIZES}
     log = tmp_path / "two_nodes.txt"
     log.write_text(_log(t2, 2))
+    system = tmp_path / "two_nics.json"
+    system.write_text(json.dumps({"base": "dgx-h100", "nics_per_node": 2}))
     out = tmp_path / "p.json"
-    assert cli_main(["sim", "all_reduce", "--system", "dgx-h100", "--library", "nccl",
+    assert cli_main(["sim", "all_reduce", "--system", str(system), "--library", "nccl",
                      "--nodes", "16", "-b", "1G", "-e", "1G", "--fit", str(log),
                      "--json", str(out)]) == 0
     best = [r for r in json.loads(out.read_text())["predictions"] if r["best"]][0]

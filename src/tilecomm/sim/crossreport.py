@@ -33,6 +33,18 @@ def headline(checks: list[crossval.Check]) -> str:
             f"{t['bandwidth'][1]:.1%} at >= 256 MB**")
 
 
+def per_system(checks: list[crossval.Check]) -> list[float | None]:
+    """Per regime, the median over systems of each system's median |error|."""
+    out = []
+    for reg in REGIMES:
+        by: dict[str, list[float]] = {}
+        for c in checks:
+            if c.row.regime == reg:
+                by.setdefault(c.row.system, []).append(abs(c.error))
+        out.append(float(np.median([np.median(v) for v in by.values()])) if by else None)
+    return out
+
+
 def scale_summary(sc: list[scalefit.ScaleCheck]) -> dict:
     """{regime: (points, median |own-fit error|, median |class-only error|)}."""
     out = {}
@@ -51,7 +63,10 @@ def report(paths=None, write: str | None = None) -> str:
     sc = scalefit.scale_checks(rows)
     lines = [f"Leave one system out: {len(systems)} systems, {len(rows)} rows "
              f"({len({r.source for r in rows})} sources), median |predicted/measured - 1|", "",
-             "All: " + headline(loso), ""]
+             "All: " + headline(loso),
+             "Every system weighed the same (median over systems of each system's median): "
+             + ", ".join(f"{h} {v:.1%}" for h, v in zip(HEAD, per_system(loso)) if v is not None),
+             ""]
     lines += _table("By network (the held-out system's transport class):",
                     crossval.table(loso, network_of), "network")
     lines += _table("By collective:", crossval.table(loso, lambda c: c.row.collective),

@@ -81,14 +81,14 @@ def _fitted(rows) -> str:
 
 
 def fit(rows: list[Row], passes: int = 3, start: NcclParams = DEFAULT,
-        shortfall_to_net: bool = False) -> NcclParams:
+        own: bool = False) -> NcclParams:
     """Class parameters fitted on ``rows``, from ``start`` (see module docstring).
 
-    ``shortfall_to_net``: multi-node rows measured slower than the intra-node bound allows also
-    inform the network's efficiency (a system's own fit, ``scalefit.fit_own``: its run is the
-    only evidence). The class fit leaves it off: there only rows predicted network-bound count,
-    so that one system slow for other reasons (the 20-rack NVL72 sweep) cannot set the
-    efficiency of every system of its class."""
+    ``own``: a system's own fit (``scalefit.fit_own``): the network's efficiency is also read
+    from rows of FILL_BYTES and up, not only from the bandwidth regime (a user's log may stop at
+    32 MiB). Either way only rows predicted network-bound inform it: a row slower than its
+    intra-node bound is not blamed on the network (on AWS p5, blaming the 2-node NVLS-tree
+    shortfall on EFA made every larger count 30-40% too slow)."""
     prm = start
     topos: dict = {}
     for _ in range(passes):
@@ -124,7 +124,7 @@ def fit(rows: list[Row], passes: int = 3, start: NcclParams = DEFAULT,
             lat = _sys_median([(r.system, (r.time_us - p.time_us) / hops + c.lat_us)
                                for r, p, t in mine if r.regime == "latency"
                                and (hops := net_hops(t, r.collective, p.algo)) > 0])
-            eff = _sys_median(_net_ratios(mine, prm, shortfall_to_net))
+            eff = _sys_median(_net_ratios(mine, prm, own))
             c = replace(c, lat_us=c.lat_us if lat is None else max(0.0, lat),
                         eff=c.eff if eff is None else min(1.0, c.eff * eff))
             net[cls] = c
@@ -146,29 +146,17 @@ def _eff_ratios(preds, prm: NcclParams, keep) -> list[tuple[str, float]]:
     return out
 
 
-# no intra-node limit: what the network alone would allow (efficiencies are not validated here)
-_UNBOUNDED_INTRA = {"ring_eff": 1e9, "nvls_eff": 1e9, "mesh_eff": 1e9}
-
-
-def _net_ratios(preds, prm: NcclParams, shortfall: bool) -> list[tuple[str, float]]:
-    """(system, network-only predicted / measured transfer time) of multi-node bandwidth rows
-    that the network limits: those predicted network-bound, and with ``shortfall`` those
-    measured slower than the intra-node bound allows (the intra-node efficiencies come from
-    one-node rows, so across nodes the shortfall is the network's). A system's own fit also
-    reads rows from FILL_BYTES up: a user's log may stop below the bandwidth regime."""
-    wide = prm.with_(**_UNBOUNDED_INTRA)
+def _net_ratios(preds, prm: NcclParams, own: bool) -> list[tuple[str, float]]:
+    """(system, predicted / measured transfer time) of multi-node rows predicted
+    network-bound: bandwidth-regime rows, and with ``own`` every row from FILL_BYTES up."""
     out = []
-    for r, p, topo in preds:
-        if r.regime != "bandwidth" and not (shortfall and r.nbytes >= FILL_BYTES):
+    for r, p, _ in preds:
+        if p.bound != "net" or (r.regime != "bandwidth" and not (own and r.nbytes >= FILL_BYTES)):
             continue
-        alt = [x for x in library_rows(r.library)(r.collective, r.nbytes, topo, wide, (p.algo,))
-               if x.protocol == p.protocol]
-        if not alt or alt[0].bound != "net":
-            continue
-        net_t = r.nbytes / (1e3 * alt[0].bw_GBps)
+        moved = r.nbytes / (1e3 * p.bw_GBps)
         meas = r.time_us - prm.host_us - p.lat_us
-        if meas > 0 and (p.bound == "net" or (shortfall and net_t / meas < 1.0)):
-            out.append((r.system, net_t / meas))
+        if meas > 0:
+            out.append((r.system, moved / meas))
     return out
 
 

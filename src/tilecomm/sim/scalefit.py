@@ -52,7 +52,7 @@ def fit_own(rows: list[Row], start: NcclParams | None = None) -> NcclParams:
     """The system's own parameters: ``crossval.fit`` on its ``rows`` from the class fit."""
     if start is None:
         start, _ = crossval.load_fit()
-    return crossval.fit(rows, start=start, shortfall_to_net=True)
+    return crossval.fit(rows, start=start, own=True)
 
 
 @dataclass
