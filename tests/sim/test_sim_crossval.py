@@ -35,8 +35,16 @@ def test_every_published_row_has_a_source_and_a_described_system():
     assert len({r.system for r in loaded}) >= 15
 
 
-def test_loso_never_gives_the_held_out_system_to_the_fit():
+@pytest.fixture(scope="module")
+def loso():
+    """Leave one system out over every published row (computed once: ~7 s)."""
     rows = _rows()
+    return rows, cv.cross_validate(rows)[0]
+
+
+def test_loso_never_gives_the_held_out_system_to_the_fit():
+    keep = sorted({r.system for r in _rows()})[:6]      # six systems keep the test quick
+    rows = [r for r in _rows() if r.system in keep]
     sentinel = "SENTINEL-SYSTEM"
     rows.append(_row(sentinel, 1024, 1e6))    # absurd: would drag host_us to ~1e6 if seen
     seen = []
@@ -140,8 +148,8 @@ def test_hgx_h200_small_message_no_longer_7us():
     assert best("all_reduce", 1024, system="hgx-h200").time_us > 10
 
 
-def test_loso_accuracy_first_milestone():
-    checks, _ = cv.cross_validate(_rows())
+def test_loso_accuracy_first_milestone(loso):
+    _, checks = loso
     t = cv.table(checks)["ALL"]
     assert t["latency"][1] <= 0.35
     assert t["bandwidth"][1] <= 0.15
@@ -178,9 +186,8 @@ def test_oversubscribed_spine_bounds_multinode_ring():
     assert rows(thin, 8).busbw_GBps == pytest.approx(rows(spec, 8).busbw_GBps / 2, rel=0.02)
 
 
-def test_docs_headline_and_fit_file_are_current():
-    rows = _rows()
-    checks, _ = cv.cross_validate(rows)
+def test_docs_headline_and_fit_file_are_current(loso):
+    rows, checks = loso
     head = crossreport.headline(checks)
     docs = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "model.md")).read()
     assert head.replace("\n", " ") in docs.replace("\n", " "), head
@@ -191,5 +198,7 @@ def test_docs_headline_and_fit_file_are_current():
     assert stored == pytest.approx(fitted, rel=1e-9)
     fresh = cv.bands(checks)
     assert set(bands) == set(fresh)
-    for reg, b in fresh.items():
-        assert bands[reg] == pytest.approx(b)
+    for reg in ("latency", "middle", "bandwidth"):
+        assert bands[reg] == pytest.approx(fresh[reg])
+    for reg, b in fresh.get("unseen_network", {}).items():
+        assert bands["unseen_network"][reg] == pytest.approx(b)

@@ -46,10 +46,10 @@ SUPERPOD = Fabric(rail_optimized=True, nodes_per_leaf=32, leaves_per_pod=32,
 # Per-collective host overhead as nccl-tests' timing loop sees it (kernel launch, enqueue,
 # completion) beyond NCCL's latency constants: a software class, the same for every CUDA GPU
 # preset. Value: ``host_us`` of ``python -m tilecomm.sim.calibrate --cross-validate`` fitted on
-# all 12 published systems (sim/data/nccl_fit.json); leave-one-system-out it ranges 3.7-5.7 us.
+# every published system (sim/data/nccl_fit.json: 5.52 us).
 CALL_OVERHEAD_US = 5.5
-CALL_OVERHEAD_SRC = ("class 'CUDA collective call' host_us = 5.5 us: median over 12 published "
-                     "nccl-tests systems of the latency-regime residual (sim/crossval.py, "
+CALL_OVERHEAD_SRC = ("class 'CUDA collective call' host_us = 5.5 us: median over the published "
+                     "one-node nccl-tests systems of the latency-regime residual (sim/crossval.py, "
                      "sim/data/nccl_fit.json; docs/model.md)")
 
 # CX7 400 Gb/s = 50 GB/s line; 48.5 GB/s achievable per NIC (NVIDIA/nccl-tests#175, maintainer).
