@@ -7,8 +7,8 @@ from tilecomm.sim.measured import Measurement
 from tilecomm.sim.nccl import nccl_best, nccl_time
 from tilecomm.topology import build, get_preset
 
-CSV = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data",
-                   "published-calibration.csv")
+CSV = os.path.join(os.path.dirname(__file__), "..", "..", "src", "tilecomm", "sim", "data",
+                   "sweeps-calibration.csv")
 
 
 def test_fit_alpha_beta_recovers_parameters():
@@ -38,7 +38,6 @@ def test_nccl_model_ring_simple_large():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.path.exists(CSV), reason="published calibration data not present")
 def test_published_accuracy_targets():
     table = error_table(validate_published(CSV))
     assert table["bandwidth"][1] <= 0.10

@@ -4,13 +4,14 @@
 * :func:`fit_launch` - the per-collective overhead of a system that makes its predictions match
   small-message measurements (median residual: robust to the odd outlier).
 * :func:`validate_published` - predicted vs measured time for the rows of
-  ``published-calibration.csv`` that name a collective the model covers, with the median absolute
+  ``sim/data/sweeps-calibration.csv`` that name a collective the model covers, with the median absolute
   error per regime (latency <= 64 KiB < middle < 256 MiB <= bandwidth).
 """
 
 from __future__ import annotations
 
 import csv
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -199,7 +200,8 @@ def main(argv=None) -> int:
         files = (a.cross_validate + a.files) or None
         print(crossreport.report(files, crossval.FIT_JSON if a.write_bands else None))
         return 0
-    print(report(a.files[0] if a.files else "../shared/data/published-calibration.csv"))
+    print(report(a.files[0] if a.files else os.path.join(os.path.dirname(__file__), "data",
+                                                         "sweeps-calibration.csv")))
     return 0
 
 
