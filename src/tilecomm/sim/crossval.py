@@ -125,6 +125,8 @@ def fit(rows: list[Row], passes: int = 3, start: NcclParams = DEFAULT,
                                for r, p, t in mine if r.regime == "latency"
                                and (hops := net_hops(t, r.collective, p.algo)) > 0])
             eff = _sys_median(_net_ratios(mine, prm, own))
+            if lat is None and eff is None:
+                continue        # the class's rows inform neither: it keeps its values
             c = replace(c, lat_us=c.lat_us if lat is None else max(0.0, lat),
                         eff=c.eff if eff is None else min(1.0, c.eff * eff))
             net[cls] = c
