@@ -8,7 +8,7 @@ from tilecomm.sim import crossval as cv
 from tilecomm.sim import published, scalefit
 from tilecomm.sim.cli import main as cli_main
 from tilecomm.sim.measured import parse_nccl_tests
-from tilecomm.sim.ncclsim import DEFAULT, NetClass, nccl_choice
+from tilecomm.sim.ncclsim import NetClass, nccl_choice
 from tilecomm.topology import build, get_preset
 
 SIZES = [1 << k for k in range(10, 34, 2)]
