@@ -15,7 +15,8 @@ Fit (robust: every statistic is the median over systems of each system's median)
   the chosen algorithm; ``eff`` rescaled by the predicted / measured transfer time of its
   bandwidth-regime rows bound by the network. A class no training system informs keeps its
   assumed default, and its predictions get the wider band of :func:`bands` ("unseen network");
-* ``fill_MB`` from middle-regime rows of >= FILL_BYTES (residual x the row's bandwidth);
+* ``fill_MB`` from one-node middle-regime rows of >= FILL_BYTES, ``net_fill_MB`` from multi-node
+  middle-regime rows of >= 1 MiB (residual x the row's bandwidth over the fill's shape);
 * ``ring_eff``/``nvls_eff``/``mesh_eff`` from one-node bandwidth-regime rows bound by them.
 
 Three passes. Bands: the 16th and 84th percentiles of the signed LOSO errors of a regime give a
@@ -104,12 +105,17 @@ def fit(rows: list[Row], passes: int = 3, start: NcclParams = DEFAULT,
         if h is not None:
             changes["host_us"] = max(0.0, h)
             srcs["host_us"] = _fitted([r for r, _, _ in preds if r.nodes == 1])
-        fill = _sys_median([(r.system, (r.time_us - (p.time_us - prm.fill_MB * 1e3 / p.bw_GBps))
-                             * p.bw_GBps / 1e3) for r, p, _ in preds
-                            if r.regime == "middle" and r.nbytes >= FILL_BYTES])
-        if fill is not None:
-            changes["fill_MB"] = max(0.0, fill)
-            srcs["fill_MB"] = _fitted(rows)
+        for name, multi, small in (("fill_MB", False, FILL_BYTES), ("net_fill_MB", True, 1 << 20)):
+            # residual as MB at the row's bandwidth over the fill's shape, plus the current value:
+            # one node from FILL_BYTES up (where the shape is whole), across nodes from 1 MiB
+            rs = [(r, p) for r, p, _ in preds if r.regime == "middle" and r.nbytes >= small
+                  and (r.nodes > 1) == multi]
+            fill = _sys_median([(r.system, (r.time_us - p.time_us) * p.bw_GBps / 1e3
+                                 / min(1.0, r.nbytes / FILL_BYTES) + getattr(prm, name))
+                                for r, p in rs])
+            if fill is not None:
+                changes[name] = max(0.0, fill)
+                srcs[name] = _fitted([r for r, _ in rs])
         for bound, name in EFF_OF_BOUND.items():
             m = _sys_median(_eff_ratios(preds, prm, lambda r, p: p.bound == bound and r.nodes == 1))
             if m is not None:

@@ -117,6 +117,7 @@ class NcclParams:
     ring_eff: float = 0.80   # Simple ring busbw / NVLink line rate
     nvls_eff: float = 0.61   # NVLS all_reduce algbw / NVLink line rate
     fill_MB: float = 0.0     # pipeline fill (MB moved at the row's bandwidth), see FILL_BYTES
+    net_fill_MB: float = 0.0  # more fill where a collective crosses nodes (fill_bytes)
     mesh_eff: float = 0.7    # full-mesh nodes (AMD xGMI): ring busbw / a GPU's total link rate
     net: dict = field(default_factory=lambda: dict(DEFAULT_NET), compare=False, hash=False)
     sources: dict = field(default_factory=lambda: dict(DEFAULT_SOURCES), compare=False,
@@ -155,7 +156,8 @@ DEFAULT_SOURCES = {
     "host_us": "default 4 us (CUDA launch + nccl-tests loop); refitted leave-one-system-out",
     "ring_eff": "0.8: NVIDIA/nccl-tests#212 (sjeaugey: ~20% protocol overhead on NVLink)",
     "nvls_eff": "0.61: NVIDIA/nccl-tests#212 (sjeaugey: 8x H100 NVLS algbw ~275 of 450 GB/s)",
-    "fill_MB": "0: refitted leave-one-system-out on the middle regime (FILL_BYTES shape)",
+    "fill_MB": "0: refitted leave-one-system-out on one-node middle-regime rows",
+    "net_fill_MB": "0: refitted leave-one-system-out on multi-node middle-regime rows",
     "mesh_eff": "0.7: assumed; refitted leave-one-system-out on full-mesh single-node sweeps",
     "latency": TUNING_SRC,
     **{f"net.{k}": v for k, v in NET_SOURCES.items()},
@@ -166,6 +168,15 @@ DEFAULT = NcclParams()
 # bandwidth, fill_MB x min(1, bytes / FILL_BYTES). FILL_BYTES = 32 MiB = 8 x NCCL_BUFFSIZE
 # (4 MiB default per channel): an assumed shape, not fitted.
 FILL_BYTES = 32 << 20
+
+
+def fill_bytes(prm: "NcclParams", nbytes: float, nodes: int) -> float:
+    """Bytes of pipeline fill a call of ``nbytes`` pays (moved at its own bandwidth): one node's
+    ``fill_MB``, plus ``net_fill_MB`` across nodes, where every network hop adds its chunks in
+    flight (published multi-node sweeps run 20-60% slower than their streaming rate between
+    1 and 64 MB), both ``x min(1, nbytes / FILL_BYTES)``."""
+    mb = prm.fill_MB + (prm.net_fill_MB if nodes > 1 else 0.0)
+    return mb * 1e6 * min(1.0, nbytes / FILL_BYTES)
 
 
 def gpu_class(topo: Topology) -> str:
@@ -385,7 +396,7 @@ def nccl_rows(collective: str, nbytes: int, topo: Topology, prm: NcclParams = DE
                                 prm.net_of(topo).lat_us if topo.nodes > 1 else 0.0)
         bw, bound = _bandwidth(topo, collective, a, p, prm)
         tuner = _latency(topo, collective, a, p) + nbytes / (1e3 * _tuner_bw(topo, collective, a, p))
-        fill = prm.fill_MB * 1e6 * min(1.0, nbytes / FILL_BYTES) / (1e3 * bw)
+        fill = fill_bytes(prm, nbytes, topo.nodes) / (1e3 * bw)
         t = prm.host_us + lat + fill + nbytes / (1e3 * bw)
         if lat + prm.host_us + fill >= nbytes / (1e3 * bw):
             bound = "latency"

@@ -37,7 +37,7 @@ from dataclasses import replace
 
 from tilecomm.topology import Topology
 
-from .ncclsim import DEFAULT, FILL_BYTES, NcclParams, NcclRow, net_hops
+from .ncclsim import DEFAULT, NcclParams, NcclRow, fill_bytes, net_hops
 
 PROTOS = ("LL", "Simple")
 SRC = "ROCm/rccl src/graph/tuning.cc"
@@ -209,7 +209,7 @@ def _row(collective, algo, proto, nbytes, topo, prm, tuner_us) -> NcclRow:
     lat = _latency(topo, collective, algo, proto, tuner=False)
     lat += _net(prm, topo)[1] * net_hops(topo, collective, algo) if topo.nodes > 1 else 0.0
     bw, bound = _bandwidth(topo, collective, algo, proto, prm)
-    fill = prm.fill_MB * 1e6 * min(1.0, nbytes / FILL_BYTES) / (1e3 * bw)
+    fill = fill_bytes(prm, nbytes, topo.nodes) / (1e3 * bw)
     moved = nbytes / (1e3 * bw)
     t = prm.host_us + lat + fill + moved
     if lat + prm.host_us + fill >= moved:
