@@ -147,18 +147,15 @@ def _fit_logs(args, spec, library: str, prm, bands):
     nodes = sorted({r.nodes for r in rows})
     note = (f"fitted on {len(rows)} rows of {len(args.fit)} log(s), "
             f"{'/'.join(map(str, nodes))} node(s): "
-            + ", ".join(f"{k} {getattr(own, k):.3g}" for k in changed)
-            + (f"; network {prm_class(build_of(spec, max(nodes)))} eff "
-               f"{own.net_of(build_of(spec, max(nodes))).eff:.3f}, +"
-               f"{own.net_of(build_of(spec, max(nodes))).lat_us:.1f} us/hop"
-               if max(nodes) > 1 else "; one node only: network kept at its class values"))
-    scale = load_scale_bands()
-    return own, scale or bands, note
-
-
-def build_of(spec, nodes: int):
-    from tilecomm.topology import build
-    return build(spec, nodes)
+            + ", ".join(f"{k} {getattr(own, k):.3g}" for k in changed))
+    if max(nodes) > 1:
+        from tilecomm.topology import build
+        topo = build(spec, max(nodes))
+        net = own.net_of(topo)
+        note += f"; network {prm_class(topo)} eff {net.eff:.3f}, +{net.lat_us:.1f} us/hop"
+    else:
+        note += "; one node only: the network keeps its class values"
+    return own, load_scale_bands() or bands, note
 
 
 def load_scale_bands() -> dict:
