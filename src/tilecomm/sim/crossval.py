@@ -34,7 +34,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import published
-from .ncclsim import DEFAULT, FILL_BYTES, NET_CLASSES, NcclParams, NcclRow, nccl_rows, net_hops
+from .ncclsim import (DEFAULT, FILL_BYTES, NET_CLASSES, NcclParams, NcclRow, nccl_choice,
+                      nccl_rows, net_hops)
 from .published import REGIMES, Row, regime
 
 DATA_DIR = published.DATA_DIR
@@ -55,6 +56,8 @@ def library_rows(library: str):
 
 def library_choice(library: str):
     """The choice function of ``library``: its first row."""
+    if library == "nccl":
+        return nccl_choice
     rows = library_rows(library)
     return lambda *a, **kw: rows(*a, **kw)[0]
 

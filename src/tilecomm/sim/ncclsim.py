@@ -377,36 +377,69 @@ def _tuner_bw(topo: Topology, collective: str, algo: str, proto: str) -> float:
 SUPPORTED = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")
 
 
-def nccl_rows(collective: str, nbytes: int, topo: Topology, prm: NcclParams = DEFAULT,
-              algos=None) -> list[NcclRow]:
-    """Every (algo, protocol) NCCL enables (or those in ``algos``), NCCL's choice first."""
+def _check(collective: str, topo: Topology) -> None:
     if collective not in SUPPORTED:
         raise ValueError(f"--library nccl models {', '.join(SUPPORTED)}; not {collective}")
     if topo.spec.intra == "shm":
         raise ValueError(f"--library nccl needs a GPU system; {topo.spec.name} is shared-memory "
                          "CPU processes")
-    n = topo.world_size
-    if n == 1:
+
+
+# NCCL's choice depends on the system, the call and NCCL's own constants, never on the fitted
+# class parameters: cached, so that a fit re-times only the chosen pair of each row
+_RANKING: dict = {}
+
+
+def _ranking(collective: str, nbytes: int, topo: Topology, algos) -> list[tuple[float, str, str]]:
+    """(NCCL's estimate in us, algo, protocol) of every enabled pair (or those in ``algos``),
+    cheapest first."""
+    key = (collective, int(nbytes), topo.spec, topo.nodes, topo.gpus, algos)
+    hit = _RANKING.get(key)
+    if hit is None:
+        hit = []
+        for a, p in _enabled(topo, collective):
+            if algos and a not in algos and not (a == "nvls_tree" and "nvls" in algos):
+                continue
+            est = _latency(topo, collective, a, p) + nbytes / (1e3 * _tuner_bw(topo, collective,
+                                                                               a, p))
+            hit.append((est, a, p))
+        if not hit:
+            raise ValueError(f"none of {algos} is enabled for {collective} on {topo.spec.name}")
+        hit.sort(key=lambda x: x[0])
+        if len(_RANKING) > 200_000:
+            _RANKING.clear()
+        _RANKING[key] = hit
+    return hit
+
+
+def _timed(collective: str, nbytes: int, topo: Topology, prm: NcclParams, a: str, p: str,
+           tuner: float) -> NcclRow:
+    """Our prediction of the nccl-tests time of (algo ``a``, protocol ``p``)."""
+    lat = _measured_latency(topo, collective, a, p,
+                            prm.net_of(topo).lat_us if topo.nodes > 1 else 0.0)
+    bw, bound = _bandwidth(topo, collective, a, p, prm)
+    fill = fill_bytes(prm, nbytes, topo.nodes) / (1e3 * bw)
+    t = prm.host_us + lat + fill + nbytes / (1e3 * bw)
+    if lat + prm.host_us + fill >= nbytes / (1e3 * bw):
+        bound = "latency"
+    return NcclRow(collective, a, p, int(nbytes), topo.world_size, t, tuner, bound, lat + fill, bw)
+
+
+def nccl_rows(collective: str, nbytes: int, topo: Topology, prm: NcclParams = DEFAULT,
+              algos=None) -> list[NcclRow]:
+    """Every (algo, protocol) NCCL enables (or those in ``algos``), NCCL's choice first."""
+    _check(collective, topo)
+    if topo.world_size == 1:
         return [NcclRow(collective, "none", "-", int(nbytes), 1, prm.host_us, 0.0, "latency", 0.0)]
-    rows = []
-    for a, p in _enabled(topo, collective):
-        if algos and a not in algos and not (a == "nvls_tree" and "nvls" in algos):
-            continue
-        lat = _measured_latency(topo, collective, a, p,
-                                prm.net_of(topo).lat_us if topo.nodes > 1 else 0.0)
-        bw, bound = _bandwidth(topo, collective, a, p, prm)
-        tuner = _latency(topo, collective, a, p) + nbytes / (1e3 * _tuner_bw(topo, collective, a, p))
-        fill = fill_bytes(prm, nbytes, topo.nodes) / (1e3 * bw)
-        t = prm.host_us + lat + fill + nbytes / (1e3 * bw)
-        if lat + prm.host_us + fill >= nbytes / (1e3 * bw):
-            bound = "latency"
-        rows.append(NcclRow(collective, a, p, int(nbytes), n, t, tuner, bound, lat + fill, bw))
-    if not rows:
-        raise ValueError(f"none of {algos} is enabled for {collective} on {topo.spec.name}")
-    return sorted(rows, key=lambda r: r.tuner_us)
+    return [_timed(collective, nbytes, topo, prm, a, p, est)
+            for est, a, p in _ranking(collective, nbytes, topo, algos)]
 
 
 def nccl_choice(collective: str, nbytes: int, topo: Topology, prm: NcclParams = DEFAULT,
                 algos=None) -> NcclRow:
     """What NCCL runs (its tuner's cheapest) and our prediction of its nccl-tests time."""
-    return nccl_rows(collective, nbytes, topo, prm, algos)[0]
+    _check(collective, topo)
+    if topo.world_size == 1:
+        return nccl_rows(collective, nbytes, topo, prm, algos)[0]
+    est, a, p = _ranking(collective, nbytes, topo, algos)[0]
+    return _timed(collective, nbytes, topo, prm, a, p, est)
