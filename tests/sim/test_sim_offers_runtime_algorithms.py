@@ -121,7 +121,7 @@ def test_rhd_builder_is_the_registered_schedule(w):
 def test_rhd_is_offered_at_any_world_size_and_scales():
     assert "rhd" in candidates("all_reduce", build("dgx-h100", 1, 6))
     big = build("dgx-h100", 64)        # 512 ranks: the builder, not 500k materialized moves
-    p = predict("all_reduce", 1 << 30, nodes=64, algo="rhd", what_if=True)[0]
+    p = predict("all_reduce", 1 << 30, nodes=64, algo="rhd", what_if=True, engine="phases")[0]
     assert p.what_if and p.time_us > 0 and "rhd" in candidates("all_reduce", big, True)
 
 
