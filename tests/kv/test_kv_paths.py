@@ -191,3 +191,44 @@ def test_a_sender_that_dies_ends_its_requests_at_their_deadline():
     assert state == "stalled" and reused == "pending"
     assert "'doomed'" in text and "rank 0: layers 1..2" in text, text
     assert took < 5, took            # the deadline (1 s), not the engine's timeout (20 s)
+
+
+def test_a_post_refused_by_a_closed_link_is_reported_like_a_failed_wait():
+    """Gloo refuses to post on a pair whose peer has gone (a RuntimeError at the post, not at
+    the wait): the mailbox reports it as its waiting thread reports a failed wait, so the
+    engine names the peer either way instead of letting Gloo's error escape."""
+    import threading
+
+    import torch
+
+    from tilecomm.kv.mailbox import Codec, GlooMailbox, Message
+
+    gone = threading.Event()
+
+    class Idle:          # a control receive that never completes until the test ends
+        def wait(self):
+            gone.wait(5)
+            raise RuntimeError("test over")
+
+    class Closed:
+        def recv(self, *a):
+            raise RuntimeError("Connection closed by peer [127.0.0.1]:1")
+
+        send = recv
+
+    class Control(Closed):
+        def recv(self, *a):
+            return Idle()
+
+    box = GlooMailbox(Codec(4), Control(), Closed(), peers=[3])
+    try:
+        box.post_recv(3, torch.empty(8, dtype=torch.uint8), 7, ("data of request 'r'", None))
+        box.post_send(3, torch.empty(8, dtype=torch.uint8), 7, ("push of request 'r'", None))
+        box.send(3, Message(1, "r", ()))
+        got = box.poll(block=1.0) + box.poll()
+        assert [(kind, peer) for kind, peer, _ in got] == [("error", 3)] * 3
+        assert "data of request 'r': Connection closed by peer" in got[0][2]
+        assert got[2][2].startswith("control: ")
+    finally:
+        gone.set()
+        box.stop(timeout=1.0)

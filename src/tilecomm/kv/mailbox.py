@@ -232,18 +232,30 @@ class GlooMailbox:
             # and every rank must free in the same order
             del item, work, token, _keep
 
+    def _post(self, peer: int, start, token, keep) -> None:
+        """Queue the work ``start()`` returns for ``peer``'s waiting thread. Gloo refuses to
+        post at all on a pair whose peer has already gone (a RuntimeError now, not at wait):
+        that is reported as the waiting thread would report it, so the caller names the peer
+        either way."""
+        try:
+            work = start()
+        except RuntimeError as e:
+            self.done.put(("error", peer, f"{token[0]}: {e}"))
+            return
+        self.fifos[peer].put((work, token, keep))
+
     def send(self, dst: int, m: Message) -> None:
         self.seq[dst] += 1
         m.seq = self.seq[dst]
         buf = torch.empty(self.nbytes, dtype=torch.uint8)
         self.codec.encode(m, buf.numpy().view(np.int64))
-        self.fifos[dst].put((self.pg.send([buf], dst, CTRL_TAG), ("control", None), buf))
+        self._post(dst, lambda: self.pg.send([buf], dst, CTRL_TAG), ("control", None), buf)
 
     def post_send(self, dst: int, t: torch.Tensor, tag: int, token) -> None:
-        self.fifos[dst].put((self.data_pg.send([t], dst, tag), token, t))
+        self._post(dst, lambda: self.data_pg.send([t], dst, tag), token, t)
 
     def post_recv(self, src: int, t: torch.Tensor, tag: int, token) -> None:
-        self.fifos[src].put((self.data_pg.recv([t], src, tag), token, t))
+        self._post(src, lambda: self.data_pg.recv([t], src, tag), token, t)
 
     def poll(self, block: float = 0.0) -> list[tuple]:
         """What the threads saw since the last poll: ("message", peer, Message),
