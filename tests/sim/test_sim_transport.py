@@ -101,3 +101,36 @@ def test_loso_reports_rows_of_an_unfitted_class_as_unseen():
     assert not prm.net_fitted("tcpxo") and prm.net_fitted("ib")
     checks = cv.evaluate(rows, prm)
     assert checks and all(not c.net_fitted for c in checks if c.row.nodes > 1)
+
+
+def test_a_description_that_does_not_say_its_transport_gets_ib_and_the_wide_band(tmp_path):
+    import json
+
+    from tilecomm.sim.cli import main
+    from tilecomm.topology import Fabric
+
+    full = {k: v for k, v in get_preset("dgx-h100").__dict__.items()
+            if k not in ("fabric", "sources", "protocols", "shm", "name")}
+    full["name"] = "unsaid"
+    unsaid = spec_from_dict({**full, "protocols": [p.__dict__ for p in
+                                                   get_preset("dgx-h100").protocols]})
+    assert unsaid.fabric == Fabric() and unsaid.fabric.transport == ""
+    said = _with_transport("dgx-h100", "ib")
+    t = [nccl_choice("all_reduce", 1 << 20, build(s, 4)).time_us for s in (unsaid, said)]
+    assert t[0] == pytest.approx(t[1])
+    rows = {}
+    for name, spec in (("unsaid", unsaid), ("said", said)):
+        path = tmp_path / f"{name}.json"
+        d = {k: v for k, v in spec.__dict__.items() if k not in ("sources", "protocols", "shm")}
+        d["fabric"] = spec.fabric.__dict__
+        d["protocols"] = [p.__dict__ for p in spec.protocols]
+        path.write_text(json.dumps(d))
+        out = tmp_path / f"{name}-rows.json"
+        assert main(["sim", "all_reduce", "--system", str(path), "--library", "nccl",
+                     "--nodes", "4", "-b", "4K", "-e", "4K", "--json", str(out)]) == 0
+        rows[name] = [r for r in json.loads(out.read_text())["predictions"] if r["best"]][0]
+    u, s = rows["unsaid"], rows["said"]
+    assert u["low_us"] <= s["low_us"] and u["high_us"] >= s["high_us"]
+    assert (u["high_us"] - u["low_us"]) > (s["high_us"] - s["low_us"])
+    assert "does not say its fabric.transport" in u["band_source"]
+    assert "widened" not in s["band_source"]

@@ -202,7 +202,7 @@ def run_sim(args) -> int:
     if getattr(args, "fit", None):
         prm, bands, fit_note = _fit_logs(args, spec, library, prm, bands)
     unseen_net = (library != "tilecomm" and topo.nodes > 1 and not args.fit
-                  and not prm.net_fitted(prm_class(topo)))
+                  and (not prm.net_fitted(prm_class(topo)) or not spec.fabric.transport))
     what_if = getattr(args, "what_if", False)
     if what_if and library != "tilecomm":
         raise ValueError("--what-if applies to --library tilecomm (--library nccl rows are "
@@ -233,8 +233,10 @@ def run_sim(args) -> int:
         r["low_us"], r["high_us"] = lo, hi
         r["band_source"] = (("fit-small-predict-large errors on published multi-scale sweeps"
                              if fit_note else "leave-one-system-out residuals of the nccl "
-                             "model" + (", widened: no published system of this network "
-                                        "class" if unseen_net else ""))
+                             "model" + ((", widened: no published system of this network class"
+                                         if spec.fabric.transport else ", widened: the system "
+                                         "description does not say its fabric.transport")
+                                        if unseen_net else ""))
                             + ", sim/data/nccl_fit.json" if bands else "none (no fit file)")
     w = topo.world_size
     con = Console(width=max(Console().width, 130))  # never truncate algorithm names
@@ -299,8 +301,10 @@ def run_sim(args) -> int:
                   + ("errors of fitting one node count and predicting larger ones"
                      if fit_note else "leave-one-system-out errors")
                   + " of its size regime (docs/model.md)"
-                  + ("; widened: the model has no published system of this network class "
-                     f"({spec.fabric.transport})" if unseen_net else ""))
+                  + (("; widened: the model has no published system of this network class "
+                      f"({spec.fabric.transport})" if spec.fabric.transport else
+                      "; widened: the system description does not say its fabric.transport")
+                     if unseen_net else ""))
     if ring_1ch:
         con.print(f"{RING_1CH}: one ring through every rank, NIC-bound by a single channel; "
                   "NCCL runs one ring per NIC, so this is pessimistic (docs/model.md, Known gaps)")

@@ -81,7 +81,8 @@ SINCE = {"nvls": (2, 17), "nvls_tree": (2, 18), "pat": (2, 23)}
 # message (TCPX: ~1 ms at 64 KB on A3 High; TCPXO, offloaded to the NIC: ~0.1 ms on A3 Mega), so
 # each is its own class; plain sockets (the host's TCP stack, a copy through host memory) too
 TRANSPORT_CLASS = {"ib": "ib", "roce": "roce", "efa": "efa", "tcpx": "tcpx", "tcpxo": "tcpxo",
-                   "socket": "socket", "none": "none"}
+                   "socket": "socket", "none": "none",
+                   "": "ib"}   # not said: InfiniBand's parameters, the unseen-network band
 NET_CLASSES = ("ib", "roce", "efa", "tcpx", "tcpxo", "socket")
 
 

@@ -41,7 +41,7 @@ def _gpu_protocols(simple_eff: float, fabric: str = "nvlink") -> tuple[Protocol,
 # Rail-optimized leaf/spine of 64-port switches (NVIDIA QM9700: 64 x 400G ports): 32 nodes'
 # rail-r NICs per leaf, 32 uplinks, non-blocking. Source: NVIDIA DGX SuperPOD reference arch.
 SUPERPOD = Fabric(rail_optimized=True, nodes_per_leaf=32, leaves_per_pod=32,
-                  oversubscription=1.0, levels=2)
+                  oversubscription=1.0, levels=2, transport="ib")
 
 # Per-collective host overhead as nccl-tests' timing loop sees it (kernel launch, enqueue,
 # completion) beyond NCCL's latency constants: a software class, the same for every CUDA GPU
@@ -170,7 +170,8 @@ def pcie_8gpu() -> SystemSpec:
         gpus_per_pcie_switch=4, pcie_uplink_GBps=26.0,  # 2 switches, Gen4 x16 uplinks
         nics_per_node=2, nic_GBps=24.5,                 # 2x 200G
         protocols=_gpu_protocols(0.85, "pci"),
-        fabric=Fabric(rail_optimized=False, nodes_per_leaf=16, oversubscription=1.0),
+        fabric=Fabric(rail_optimized=False, nodes_per_leaf=16, oversubscription=1.0,
+                      transport="ib"),
         launch_us=CALL_OVERHEAD_US,
         sources={"gpu_link_GBps": "PCIe 4.0 x16", "latencies": NCCL_TUNING + " (PCI row)",
                  "launch_us": CALL_OVERHEAD_SRC,
@@ -208,7 +209,7 @@ def cpu_shm() -> SystemSpec:
         nics_per_node=1, nic_GBps=1.2,    # 10 GbE between hosts (Gloo/TCP), not measured
         launch_us=c.call_us + c.sync_us,  # Python call + handshake per collective
         protocols=(Protocol("shm", 1.0, c.sync_us, 50.0, 0.0),),  # one flag wait per step
-        fabric=Fabric(rail_optimized=False, nodes_per_leaf=48),
+        fabric=Fabric(rail_optimized=False, nodes_per_leaf=48, transport="socket"),
         shm=c,
         sources={"shm": CPU_LOOP_COMMAND, "nic_GBps": "placeholder (10 GbE)"})
 

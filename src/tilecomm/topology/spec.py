@@ -27,8 +27,9 @@ from dataclasses import dataclass, field, replace
 INTRA_KINDS = ("nvswitch", "pcie", "shm", "full_mesh")
 # Network transports between nodes: InfiniBand verbs, RoCE (verbs over Ethernet), AWS EFA
 # (libfabric through aws-ofi-nccl), Google's GPUDirect over TCP (TCPX: A3 High, TCPXO: A3 Mega),
-# plain TCP sockets (NCCL_NET=Socket), none (one node).
-TRANSPORTS = ("ib", "roce", "efa", "tcpx", "tcpxo", "socket", "none")
+# plain TCP sockets (NCCL_NET=Socket), none (one node); "" = not said (the model then uses
+# InfiniBand's parameters with the wider band of a network it has not seen).
+TRANSPORTS = ("ib", "roce", "efa", "tcpx", "tcpxo", "socket", "none", "")
 
 
 def _number(where: str, name: str, v) -> float:
@@ -93,7 +94,7 @@ class Fabric:
     sharp: bool = False   # in-network reduction (InfiniBand SHARP / NCCL CollNet) available
     # what carries NCCL's messages between nodes (TRANSPORTS); its per-message cost and
     # achieved fraction of the NIC line are class parameters of the ``--library nccl`` model
-    transport: str = "ib"
+    transport: str = ""
 
     def __post_init__(self):
         if not isinstance(self.rail_optimized, bool):
@@ -108,8 +109,8 @@ class Fabric:
             raise ValueError(f"fabric.levels must be 2 or 3, got {self.levels!r}")
         _positive("fabric.", "oversubscription", self.oversubscription)
         if self.transport not in TRANSPORTS:
-            raise ValueError(f"fabric.transport must be one of {', '.join(TRANSPORTS)}, "
-                             f"got {self.transport!r}")
+            raise ValueError(f"fabric.transport must be one of {', '.join(t for t in TRANSPORTS if t)}"
+                             f" (or left out), got {self.transport!r}")
 
 
 @dataclass(frozen=True)
