@@ -98,18 +98,56 @@ def test_cli_fit_refuses_the_tilecomm_library_and_headerless_logs(tmp_path, caps
     assert "cannot tell the collective" in capsys.readouterr().err
 
 
-def test_scale_checks_never_score_a_row_the_own_fit_saw():
+def test_scale_checks_never_score_a_row_the_own_fit_saw(monkeypatch):
     rows = published.load()
-    seen = []
+    seen, own_rows = [], []
 
     def spy(train):
         seen.append({r.system for r in train})
         return cv.fit(train)
 
-    for sc in scalefit.scale_checks(rows, fit_fn=spy):
-        assert sc.check.row.nodes > sc.fit_nodes
-    multi = {r.system for r in rows if len({x.nodes for x in rows
-                                            if x.system == r.system and x.nodes > 1}) >= 2}
-    assert len(seen) == len(multi)
-    for held, train in zip(sorted(multi), seen):
-        assert held not in train
+    def spy_own(rs, start=None):
+        own_rows.append({id(r) for r in rs})
+        return real_own(rs, start)
+
+    real_own = scalefit.fit_own
+    monkeypatch.setattr(scalefit, "fit_own", spy_own)
+    checks = scalefit.scale_checks(rows, fit_fn=spy)
+    multi = sorted({r.system for r in rows if len({x.nodes for x in rows
+                                                   if x.system == r.system and x.nodes > 1}) >= 2})
+    assert len(seen) == len(own_rows) == len(multi) >= 3
+    fitted = set().union(*own_rows)
+    assert checks and not {id(sc.check.row) for sc in checks} & fitted
+    for held, train, own in zip(multi, seen, own_rows):
+        unit = next(r.unit for r in rows if r.system == held)
+        assert not {r.system for r in rows if r.unit == unit} & train   # nor its twins
+        assert own and all(r.system == held for r in rows if id(r) in own)
+
+
+def test_one_file_of_several_runs_gives_each_run_its_collective_ranks_and_hosts():
+    text = _log({1024: 20.0, 2048: 21.0}, 1) + _log({4096: 50.0}, 2, coll="all_gather")
+    got = [(m.collective, m.world_size, m.nodes) for m in parse_nccl_tests(text)]
+    assert got == [("all_reduce", 8, 1), ("all_reduce", 8, 1), ("all_gather", 16, 2)]
+
+
+def test_a_one_node_fit_learns_nothing_of_the_network_and_keeps_its_band(tmp_path):
+    log = tmp_path / "one_node.txt"
+    log.write_text(_log({1024: 30.0, 1 << 30: 9000.0}, 1))
+    system = tmp_path / "unsaid.json"     # the network unsaid: the wide band, fit or not
+    system.write_text(json.dumps({"base": "dgx-h100", "fabric": {"transport": ""}}))
+    out = tmp_path / "p.json"
+    assert cli_main(["sim", "all_reduce", "--system", str(system), "--library", "nccl",
+                     "--nodes", "8", "-b", "1K", "-e", "1K", "--fit", str(log),
+                     "--json", str(out)]) == 0
+    best = [r for r in json.loads(out.read_text())["predictions"] if r["best"]][0]
+    assert "fit-small-predict-large" not in best["band_source"]
+    assert "leave-one-system-out" in best["band_source"]
+    assert "does not say its fabric.transport" in best["band_source"]
+
+
+def test_library_models_refuse_the_other_vendor_and_a_one_gpu_mesh():
+    with pytest.raises(ValueError, match="use --library rccl"):
+        nccl_choice("all_reduce", 1 << 20, build("mi300x"))
+    from tilecomm.sim.rcclsim import rccl_choice
+    with pytest.raises(ValueError, match="no Infinity Fabric link"):
+        rccl_choice("all_reduce", 1 << 20, build("mi300x", 2, 1))

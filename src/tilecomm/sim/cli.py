@@ -125,8 +125,9 @@ def prm_class(topo) -> str:
 
 
 def _fit_logs(args, spec, library: str, prm, bands):
-    """``--fit LOG...``: the system's own parameters from its logs, and the bands of
-    fit-small-predict-large (or the LOSO bands where the fit file has none)."""
+    """``--fit LOG...``: the system's own parameters from its logs, the bands to use (those of
+    fit-small-predict-large when the logs span nodes, else the leave-one-system-out ones), a
+    note for the table, and whether the logs span nodes."""
     from .measured import parse_nccl_tests
     from .scalefit import fit_own, rows_of
 
@@ -134,8 +135,12 @@ def _fit_logs(args, spec, library: str, prm, bands):
         raise ValueError("--fit fits the library model: add --library nccl (or rccl)")
     rows = []
     for path in args.fit:
-        with open(path) as f:
-            ms = parse_nccl_tests(f.read(), source=path)
+        try:
+            with open(path) as f:
+                ms = parse_nccl_tests(f.read(), source=path)
+        except UnicodeDecodeError:
+            raise ValueError(f"--fit {path}: not a text file (an nccl-tests log is text)") \
+                from None
         if not ms:
             raise ValueError(f"--fit {path}: no nccl-tests table rows in the file")
         if any(m.collective == "unknown" for m in ms):
@@ -153,9 +158,9 @@ def _fit_logs(args, spec, library: str, prm, bands):
         topo = build(spec, max(nodes))
         net = own.net_of(topo)
         note += f"; network {prm_class(topo)} eff {net.eff:.3f}, +{net.lat_us:.1f} us/hop"
-    else:
-        note += "; one node only: the network keeps its class values"
-    return own, load_scale_bands() or bands, note
+        return own, load_scale_bands() or bands, note, True
+    note += "; one node only: the network keeps its class values"
+    return own, bands, note, False
 
 
 def load_scale_bands() -> dict:
@@ -198,18 +203,16 @@ def run_sim(args) -> int:
     from .crossval import band_of, load_fit
     prm, bands = load_fit()
     library = getattr(args, "library", "tilecomm")
-    fit_note = None
+    fit_note, fit_multi = None, False
     if getattr(args, "fit", None):
-        prm, bands, fit_note = _fit_logs(args, spec, library, prm, bands)
-    unseen_net = (library != "tilecomm" and topo.nodes > 1 and not args.fit
+        prm, bands, fit_note, fit_multi = _fit_logs(args, spec, library, prm, bands)
+    # a fit on several nodes has measured the network; one on one node has not
+    unseen_net = (library != "tilecomm" and topo.nodes > 1 and not fit_multi
                   and (not prm.net_fitted(prm_class(topo)) or not spec.fabric.transport))
     what_if = getattr(args, "what_if", False)
     if what_if and library != "tilecomm":
         raise ValueError("--what-if applies to --library tilecomm (--library nccl rows are "
                          "NCCL's own algorithms)")
-    if library == "nccl" and spec.intra == "full_mesh":
-        raise ValueError(f"--library nccl models NVIDIA systems; {spec.name} is an AMD "
-                         "full-mesh node (intra \"full_mesh\"): use --library rccl")
     for n in grid:
         if library in ("nccl", "rccl"):
             if library == "rccl":
@@ -232,7 +235,7 @@ def run_sim(args) -> int:
         lo, hi = band_of(r["time_us"], r["nbytes"], bands, unseen_net)
         r["low_us"], r["high_us"] = lo, hi
         r["band_source"] = (("fit-small-predict-large errors on published multi-scale sweeps"
-                             if fit_note else "leave-one-system-out residuals of the nccl "
+                             if fit_multi else "leave-one-system-out residuals of the nccl "
                              "model" + ((", widened: no published system of this network class"
                                          if spec.fabric.transport else ", widened: the system "
                                          "description does not say its fabric.transport")
@@ -299,7 +302,7 @@ def run_sim(args) -> int:
     if bands:
         con.print("band: range of the measured time given the prediction, from the "
                   + ("errors of fitting one node count and predicting larger ones"
-                     if fit_note else "leave-one-system-out errors")
+                     if fit_multi else "leave-one-system-out errors")
                   + " of its size regime (docs/model.md)"
                   + (("; widened: the model has no published system of this network class "
                       f"({spec.fabric.transport})" if spec.fabric.transport else

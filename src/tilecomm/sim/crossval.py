@@ -195,13 +195,13 @@ def evaluate(rows: list[Row], prm: NcclParams) -> list[Check]:
 
 
 def cross_validate(rows: list[Row], fit_fn=fit) -> tuple[list[Check], dict[str, NcclParams]]:
-    """LOSO: for every system, fit on the others (``fit_fn``) and predict it."""
+    """LOSO: for every system (or group of systems, ``Row.unit``), fit on the others
+    (``fit_fn``) and predict it. Returns the checks and the fit of each unit."""
     checks, params = [], {}
-    for s in sorted({r.system for r in rows}):
-        train = [r for r in rows if r.system != s]
-        prm = fit_fn(train)
-        params[s] = prm
-        checks += evaluate([r for r in rows if r.system == s], prm)
+    for u in sorted({r.unit for r in rows}):
+        prm = fit_fn([r for r in rows if r.unit != u])
+        params[u] = prm
+        checks += evaluate([r for r in rows if r.unit == u], prm)
     return checks, params
 
 
@@ -218,20 +218,25 @@ def table(checks: list[Check], key=lambda c: c.row.system) -> dict:
     return out
 
 
+# fewest rows of a regime that make an unseen-network band (fewer: the regime's own band)
+UNSEEN_MIN_POINTS = 5
+
+
 def bands(checks: list[Check]) -> dict:
     """regime -> {"q16", "q84", "median_abs", "points"} of signed LOSO errors; the same under
-    "unseen_network" from the rows whose network class no training system informed."""
-    def of(cs):
+    "unseen_network" from the rows whose network class no training system informed (regimes
+    with at least UNSEEN_MIN_POINTS of them)."""
+    def of(cs, least=1):
         out = {}
         for reg in REGIMES:
             e = np.array([c.error for c in cs if c.row.regime == reg])
-            if len(e):
+            if len(e) >= least:
                 out[reg] = {"q16": float(np.percentile(e, 16)),
                             "q84": float(np.percentile(e, 84)),
                             "median_abs": float(np.median(np.abs(e))), "points": int(len(e))}
         return out
     out = of(checks)
-    unseen = of([c for c in checks if not c.net_fitted])
+    unseen = of([c for c in checks if not c.net_fitted], UNSEEN_MIN_POINTS)
     if unseen:
         out["unseen_network"] = unseen
     return out

@@ -36,13 +36,28 @@ _RANK = re.compile(r"^#\s+Rank\s+(\d+)\s+Group(?:.*?\son\s+(\S+)\s+device)?")
 _BIN = re.compile(r"(\w+)_perf")
 
 
+_RUN_START = re.compile(r"^#\s*(nThread\b|Collective test starting)")
+
+
 def parse_nccl_tests(text: str, collective: str | None = None, inplace: bool = False,
                      source: str = "nccl-tests") -> list[Measurement]:
-    """Rows of an nccl-tests log. ``collective`` defaults to the binary named in the log."""
-    ranks, hosts = set(), set()
+    """Rows of an nccl-tests log. ``collective`` defaults to the binary named in the log. A
+    file may hold several runs one after another (``# nThread`` or ``# Collective test
+    starting`` opens each): every run's rows get its own collective, ranks and hosts."""
+    out: list[Measurement] = []
+    run: list[Measurement] = []
+    ranks: set = set()
+    hosts: set = set()
     coll = collective
-    out = []
+
+    def close():
+        # rank lines come before a run's table: its rows are of the whole run
+        out.extend(replace(x, world_size=len(ranks), nodes=len(hosts)) for x in run)
+
     for line in text.splitlines():
+        if _RUN_START.match(line) and run:
+            close()
+            run, ranks, hosts, coll = [], set(), set(), collective
         m = _RANK.match(line)
         if m:
             ranks.add(int(m.group(1)))
@@ -73,10 +88,9 @@ def parse_nccl_tests(text: str, collective: str | None = None, inplace: bool = F
             busbw = float(rest[col + 2])
         except ValueError:
             busbw = None
-        out.append(Measurement(coll or "unknown", "nccl", len(ranks), int(m.group(1)), t, source,
+        run.append(Measurement(coll or "unknown", "nccl", len(ranks), int(m.group(1)), t, source,
                                busbw))
-    if hosts:   # rank lines come before the table: every row is of the whole run
-        out = [replace(x, nodes=len(hosts)) for x in out]
+    close()
     return out
 
 

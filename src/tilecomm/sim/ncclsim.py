@@ -384,6 +384,9 @@ def _check(collective: str, topo: Topology) -> None:
     if topo.spec.intra == "shm":
         raise ValueError(f"--library nccl needs a GPU system; {topo.spec.name} is shared-memory "
                          "CPU processes")
+    if topo.spec.intra == "full_mesh":
+        raise ValueError(f"--library nccl models NVIDIA systems; {topo.spec.name} is an AMD "
+                         "full-mesh node (intra \"full_mesh\"): use --library rccl")
 
 
 # NCCL's choice depends on the system, the call and NCCL's own constants, never on the fitted

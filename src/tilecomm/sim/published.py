@@ -2,10 +2,12 @@
 (``data/sweeps-*.csv``), in the format of ``data/README.md``.
 
 A :class:`PublishedSystem` is one measured machine described from its spec sheet (a preset plus
-overrides; nothing fitted to its measurements) and is the unit left out in leave-one-system-out.
+overrides; nothing fitted to its measurements). The unit left out in leave-one-system-out is its
+``group``: systems that are one machine type measured under several ids (AWS p4d in four
+sweeps, A3 Mega in two) are left out together, so that none is predicted from its twin.
 A :class:`Row` is one published size of one sweep, as a time in us (busbw rows are converted with
 nccl-tests' bus factor). Rows whose system is unknown, whose size is not a number, or whose
-collective the model does not time are skipped (:func:`load` reports how many).
+collective the model does not time are skipped.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class PublishedSystem:
     match: tuple = ()
     algos_by_match: dict = field(default_factory=dict, compare=False, hash=False)
     source: str = ""
+    group: str = ""          # left out together with the systems of the same group ("" = alone)
 
     @property
     def transport(self) -> str:
@@ -68,7 +71,7 @@ def _system(d: dict, where: str) -> PublishedSystem:
     algos = tuple(d["algos"]) if d.get("algos") else None
     by = {k: tuple(v) for k, v in (d.get("algos_by_match") or {}).items()}
     return PublishedSystem(d["id"], spec, lib, d.get("vm"), algos, tuple(d.get("match") or ()),
-                           by, d.get("source", ""))
+                           by, d.get("source", ""), d.get("group") or "")
 
 
 def load_systems(paths=None) -> dict[str, PublishedSystem]:
@@ -101,6 +104,12 @@ class Row:
     spec: SystemSpec
     library: str = "nccl"
     transport: str = "ib"
+    group: str = ""      # PublishedSystem.group
+
+    @property
+    def unit(self) -> str:
+        """What leave-one-system-out leaves out with this row: its group, else its system."""
+        return self.group or self.system
 
     @property
     def regime(self) -> str:
@@ -157,5 +166,6 @@ def load(paths=None, systems: dict[str, PublishedSystem] | None = None) -> list[
                     continue
                 algos = sys_.algos_by_match.get(m, sys_.algos)
                 out.append(Row(sys_.id, r["system"], coll, g, int(r["nodes"]), n, t, algos,
-                               r["source"], sys_.spec, sys_.library, sys_.transport))
+                               r["source"], sys_.spec, sys_.library, sys_.transport,
+                               sys_.group))
     return out

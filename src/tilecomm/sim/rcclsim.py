@@ -227,6 +227,9 @@ def rccl_rows(collective: str, nbytes: int, topo: Topology, prm: NcclParams = DE
         raise ValueError(f"--library rccl models AMD full-mesh nodes (intra \"full_mesh\": "
                          f"mi300x, mi325x, mi355x); {topo.spec.name} has intra "
                          f"\"{topo.spec.intra}\": use --library nccl")
+    if topo.gpus < 2:
+        raise ValueError(f"--library rccl: {topo.gpus} GPU per node uses no Infinity Fabric link "
+                         "(RCCL's rings and trees run through the node's GPUs): use 2 or more")
     if algos:
         bad = [a for a in algos if a not in ALGOS]
         if bad:

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 from tilecomm.topology import SystemSpec
 
-from . import crossval
+from . import crossval, ncclsim, rcclsim
 from .measured import Measurement
 from .ncclsim import NcclParams
-from .published import TIMED, Row
+from .published import Row
 
 
 def rows_of(measurements: list[Measurement], spec: SystemSpec, library: str = "nccl",
@@ -29,6 +29,7 @@ def rows_of(measurements: list[Measurement], spec: SystemSpec, library: str = "n
 
     A log's node count is the number of hosts its rank lines name; a log without rank lines
     needs ``gpus_per_node`` (ValueError otherwise)."""
+    supported = rcclsim.SUPPORTED if library == "rccl" else ncclsim.SUPPORTED
     out = []
     for m in measurements:
         if m.world_size <= 0:
@@ -36,15 +37,16 @@ def rows_of(measurements: list[Measurement], spec: SystemSpec, library: str = "n
                              "rerun nccl-tests without -q or give the GPU count")
         nodes = m.nodes or (m.world_size // gpus_per_node if gpus_per_node else 0)
         if nodes <= 0 or m.world_size % nodes:
-            raise ValueError(f"{m.source}: cannot tell the node count of {m.world_size} ranks "
-                             "(no host names in the log); pass the GPUs per node")
-        if m.collective not in TIMED:
+            raise ValueError(f"{m.source}: cannot tell the node count of {m.world_size} ranks: the "
+                             "log names no hosts and the ranks are not a multiple of the "
+                             f"system's {gpus_per_node} GPUs per node")
+        if m.collective not in supported or m.time_us <= 0:
             continue
         out.append(Row(system, m.source, m.collective, m.world_size, nodes, m.nbytes, m.time_us,
                        None, m.source, spec, library, spec.fabric.transport))
     if not out:
-        raise ValueError("no timed rows in the logs (all_reduce, all_gather, reduce_scatter, "
-                         "broadcast, reduce, alltoall)")
+        raise ValueError(f"no rows the {library} model times in the logs ("
+                         + ", ".join(supported) + ")")
     return out
 
 
@@ -73,7 +75,7 @@ def scale_checks(rows: list[Row], fit_fn=crossval.fit) -> list[ScaleCheck]:
         small = counts[0]
         own_rows = [r for r in mine if r.nodes <= small]
         target = [r for r in mine if r.nodes > small]
-        base = fit_fn([r for r in rows if r.system != s])
+        base = fit_fn([r for r in rows if r.unit != mine[0].unit])
         own = fit_own(own_rows, base)
         for c, b in zip(crossval.evaluate(target, own), crossval.evaluate(target, base)):
             out.append(ScaleCheck(c, b.error, small))
