@@ -33,13 +33,14 @@ def rows_of(measurements: list[Measurement], spec: SystemSpec, library: str = "n
     out = []
     for m in measurements:
         if m.world_size <= 0:
-            raise ValueError(f"{m.source}: the log names no ranks ('#  Rank ...' lines); "
-                             "rerun nccl-tests without -q or give the GPU count")
+            raise ValueError(f"{m.source}: the log names no ranks ('#  Rank ...' lines): keep "
+                             "nccl-tests' header in the log")
         nodes = m.nodes or (m.world_size // gpus_per_node if gpus_per_node else 0)
         if nodes <= 0 or m.world_size % nodes:
             raise ValueError(f"{m.source}: cannot tell the node count of {m.world_size} ranks: the "
-                             "log names no hosts and the ranks are not a multiple of the "
-                             f"system's {gpus_per_node} GPUs per node")
+                             "log names no hosts" + (
+                                 f" and the ranks are not a multiple of the system's "
+                                 f"{gpus_per_node} GPUs per node" if gpus_per_node else ""))
         if m.collective not in supported or m.time_us <= 0:
             continue
         out.append(Row(system, m.source, m.collective, m.world_size, nodes, m.nbytes, m.time_us,
