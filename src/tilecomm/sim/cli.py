@@ -97,25 +97,29 @@ def _nccl_pick(preds) -> str:
     return (have or preds)[0].algo
 
 
-def _nccl_library_rows(args, topo, nbytes: int, prm) -> list[dict]:
-    """``--library nccl``: every (algorithm, protocol) NCCL enables, its choice first."""
-    from .ncclsim import nccl_rows
-
-    algos = None
-    if args.algo != "all":
-        algos = (args.algo.lower(),)
+def _library_rows(args, topo, nbytes: int, prm, library: str) -> list[dict]:
+    """``--library nccl|rccl``: every (algorithm, protocol) the library enables, its choice
+    first, as the table and ``--json`` show them."""
+    algos = None if args.algo == "all" else (args.algo.lower(),)
+    if library == "rccl":
+        from .rcclsim import PROTOS, arch, rccl_rows as timed_rows   # it checks --algo itself
+        hint = f" (RCCL runs {', '.join(PROTOS)} on {arch(topo)})"
+    else:
+        from .ncclsim import nccl_rows as timed_rows
+        hint = ""
         known = ("ring", "tree", "nvls", "nvls_tree", "pat", "collnet")
-        if algos[0] not in known:
+        if algos and algos[0] not in known:
             raise ValueError(f"--library nccl: --algo must be one of {', '.join(known)} or all")
-    rows = nccl_rows(args.collective, nbytes, topo, prm, algos)
+    rows = timed_rows(args.collective, nbytes, topo, prm, algos)
     if args.protocol is not None:
         rows = [r for r in rows if r.protocol.lower() == args.protocol.lower()]
         if not rows:
-            raise ValueError(f"--library nccl: no {args.protocol} protocol for that algorithm")
-    return [{"library": "nccl", "collective": r.collective, "algo": r.algo,
+            raise ValueError(f"--library {library}: no {args.protocol} protocol for that "
+                             f"algorithm{hint}")
+    return [{"library": library, "collective": r.collective, "algo": r.algo,
              "protocol": r.protocol, "nbytes": r.nbytes, "world_size": r.world_size,
              "time_us": r.time_us, "algbw_GBps": r.algbw_GBps, "busbw_GBps": r.busbw_GBps,
-             "bottleneck": r.bound, "method": "nccl-model", "tuner_us": r.tuner_us,
+             "bottleneck": r.bound, "method": f"{library}-model", "tuner_us": r.tuner_us,
              "best": i == 0} for i, r in enumerate(rows)]
 
 
@@ -158,18 +162,10 @@ def _fit_logs(args, spec, library: str, prm, bands):
         topo = build(spec, max(nodes))
         net = own.net_of(topo)
         note += f"; network {prm_class(topo)} eff {net.eff:.3f}, +{net.lat_us:.1f} us/hop"
+        from .crossval import load_scale_bands
         return own, load_scale_bands() or bands, note, True
     note += "; one node only: the network keeps its class values"
     return own, bands, note, False
-
-
-def load_scale_bands() -> dict:
-    from .crossval import FIT_JSON
-    try:
-        with open(FIT_JSON) as f:
-            return json.load(f).get("scale_bands", {})
-    except FileNotFoundError:
-        return {}
 
 
 def run_sim(args) -> int:
@@ -215,11 +211,7 @@ def run_sim(args) -> int:
                          "NCCL's own algorithms)")
     for n in grid:
         if library in ("nccl", "rccl"):
-            if library == "rccl":
-                from .rcclsim import library_rows
-                nrows = library_rows(args.collective, n, topo, prm, args.algo, args.protocol)
-            else:
-                nrows = _nccl_library_rows(args, topo, n, prm)
+            nrows = _library_rows(args, topo, n, prm, library)
             nccl_pick[n] = nrows[0]["algo"]
             rows += nrows
             continue

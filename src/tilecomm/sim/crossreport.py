@@ -35,14 +35,8 @@ def headline(checks: list[crossval.Check]) -> str:
 
 def per_system(checks: list[crossval.Check]) -> list[float | None]:
     """Per regime, the median over systems of each system's median |error|."""
-    out = []
-    for reg in REGIMES:
-        by: dict[str, list[float]] = {}
-        for c in checks:
-            if c.row.regime == reg:
-                by.setdefault(c.row.system, []).append(abs(c.error))
-        out.append(float(np.median([np.median(v) for v in by.values()])) if by else None)
-    return out
+    return [crossval.sys_median([(c.row.system, abs(c.error)) for c in checks
+                                 if c.row.regime == reg]) for reg in REGIMES]
 
 
 def scale_summary(sc: list[scalefit.ScaleCheck]) -> dict:

@@ -34,8 +34,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import published
-from .ncclsim import (DEFAULT, FILL_BYTES, NET_CLASSES, NcclParams, NcclRow, nccl_choice,
-                      nccl_rows, net_hops)
+from .ncclsim import DEFAULT, FILL_BYTES, NET_CLASSES, NcclParams, NcclRow, nccl_choice, net_hops
 from .published import REGIMES, Row, regime
 
 DATA_DIR = published.DATA_DIR
@@ -43,23 +42,14 @@ FIT_JSON = os.path.join(DATA_DIR, "nccl_fit.json")
 COMMAND = "python -m tilecomm.sim.calibrate --cross-validate"
 
 
-def library_rows(library: str):
-    """The rows function of ``library`` (``nccl`` or ``rccl``): every (algorithm, protocol) it
-    enables, its choice first."""
+def library_choice(library: str):
+    """What ``library`` (``nccl`` or ``rccl``) runs for a call, and our time of it."""
     if library == "rccl":
-        from .rcclsim import rccl_rows
-        return rccl_rows
+        from .rcclsim import rccl_choice
+        return rccl_choice
     if library != "nccl":
         raise ValueError(f"unknown library {library!r}: nccl or rccl")
-    return nccl_rows
-
-
-def library_choice(library: str):
-    """The choice function of ``library``: its first row."""
-    if library == "nccl":
-        return nccl_choice
-    rows = library_rows(library)
-    return lambda *a, **kw: rows(*a, **kw)[0]
+    return nccl_choice
 
 
 def predict_row(row: Row, prm: NcclParams, topo=None) -> NcclRow:
@@ -67,7 +57,7 @@ def predict_row(row: Row, prm: NcclParams, topo=None) -> NcclRow:
                                        row.algos)
 
 
-def _sys_median(pairs) -> float | None:
+def sys_median(pairs) -> float | None:
     """Median over systems of each system's median value; ``pairs`` = [(system, value)]."""
     by: dict[str, list[float]] = {}
     for s, v in pairs:
@@ -104,7 +94,7 @@ def fit(rows: list[Row], passes: int = 3, start: NcclParams = DEFAULT,
         changes, srcs = {}, dict(prm.sources)
         one = [(r.system, r.time_us - (p.time_us - prm.host_us)) for r, p, _ in preds
                if r.regime == "latency" and r.nodes == 1]
-        h = _sys_median(one)
+        h = sys_median(one)
         if h is not None:
             changes["host_us"] = max(0.0, h)
             srcs["host_us"] = _fitted([r for r, _, _ in preds if r.nodes == 1])
@@ -113,14 +103,14 @@ def fit(rows: list[Row], passes: int = 3, start: NcclParams = DEFAULT,
             # one node from FILL_BYTES up (where the shape is whole), across nodes from 1 MiB
             rs = [(r, p) for r, p, _ in preds if r.regime == "middle" and r.nbytes >= small
                   and (r.nodes > 1) == multi]
-            fill = _sys_median([(r.system, (r.time_us - p.time_us) * p.bw_GBps / 1e3
+            fill = sys_median([(r.system, (r.time_us - p.time_us) * p.bw_GBps / 1e3
                                  / min(1.0, r.nbytes / FILL_BYTES) + getattr(prm, name))
                                 for r, p in rs])
             if fill is not None:
                 changes[name] = max(0.0, fill)
                 srcs[name] = _fitted([r for r, _ in rs])
         for bound, name in EFF_OF_BOUND.items():
-            m = _sys_median(_eff_ratios(preds, prm, lambda r, p: p.bound == bound and r.nodes == 1))
+            m = sys_median(_eff_ratios(preds, prm, lambda r, p: p.bound == bound and r.nodes == 1))
             if m is not None:
                 changes[name] = min(1.0, getattr(prm, name) * m)
                 srcs[name] = _fitted(rows)
@@ -130,10 +120,10 @@ def fit(rows: list[Row], passes: int = 3, start: NcclParams = DEFAULT,
             if not mine:
                 continue
             c = net[cls]
-            lat = _sys_median([(r.system, (r.time_us - p.time_us) / hops + c.lat_us)
+            lat = sys_median([(r.system, (r.time_us - p.time_us) / hops + c.lat_us)
                                for r, p, t in mine if r.regime == "latency"
                                and (hops := net_hops(t, r.collective, p.algo)) > 0])
-            eff = _sys_median(_net_ratios(mine, prm, own))
+            eff = sys_median(_net_ratios(mine, prm, own))
             if lat is None and eff is None:
                 continue        # the class's rows inform neither: it keeps its values
             c = replace(c, lat_us=c.lat_us if lat is None else max(0.0, lat),
@@ -265,6 +255,15 @@ def load_fit(path: str = FIT_JSON) -> tuple[NcclParams, dict]:
     except FileNotFoundError:
         return DEFAULT, {}
     return NcclParams.from_dict(d["params"], d.get("sources")), d["bands"]
+
+
+def load_scale_bands(path: str = FIT_JSON) -> dict:
+    """The fit-small-predict-large bands stored beside the fit (``{}`` without a fit file)."""
+    try:
+        with open(path) as f:
+            return json.load(f).get("scale_bands", {})
+    except FileNotFoundError:
+        return {}
 
 
 def write_fit(rows: list[Row], checks: list[Check], path: str = FIT_JSON,

@@ -11,9 +11,10 @@ Two steps, kept apart:
    (``fill`` = ``fill_MB x min(1, bytes / FILL_BYTES)``: the pipeline's buffers), where
    ``latency`` is the same NCCL constant and ``realizedBw`` comes from hardware classes:
 
-   * ring busbw = protocol fraction x min(NVLink line x ``ring_eff``, node NIC line x
-     the transport class's ``eff``) (one ring per NIC pair: NCCL opens at least one channel per NIC, so every NIC of
-     a node carries one ring crossing and the network-bound busbw is the node's NIC total);
+   * ring busbw = protocol fraction x min(NVLink line x ``ring_eff``, node NIC line x the
+     transport class's ``eff``) (one ring per NIC pair: NCCL opens at least one channel per NIC,
+     so every NIC of a node carries one ring crossing and the network-bound busbw is the node's
+     NIC total);
    * tree (across nodes) algbw = min(chain on NVLink, node NIC x ``eff`` x k), k = 1 for two
      nodes (each node sends and receives the whole buffer once), 1/2 beyond (double binary tree:
      every node is interior in one tree, 2 S per direction);
@@ -22,10 +23,11 @@ Two steps, kept apart:
 
    ``host_us`` is the per-call overhead nccl-tests' timing loop sees (launch, enqueue, completion)
    beyond NCCL's latency constants; ``ring_eff``, ``nvls_eff``, ``mesh_eff`` are per-class
-   efficiencies; ``fill_MB`` the pipeline fill. The network is a class of its own per transport
-   (:data:`TRANSPORT_CLASS`: InfiniBand, RoCE, EFA, TCP): each has an achieved fraction of the
-   NIC line (``eff``) and a per-hop cost beyond NCCL's NET constant (``lat_us``): NCCL's
-   constants describe InfiniBand verbs; EFA's libfabric and TCP stacks pay more per message.
+   efficiencies; ``fill_MB`` and ``net_fill_MB`` the pipeline fill (:func:`fill_bytes`). The
+   network is a class of its own per transport (:data:`TRANSPORT_CLASS`: InfiniBand, RoCE, EFA,
+   TCPX, TCPXO, sockets): each has an achieved fraction of the NIC line (``eff``) and a per-hop
+   cost beyond NCCL's NET constant (``lat_us``): NCCL's constants describe InfiniBand verbs;
+   EFA's libfabric and TCP stacks pay more per message.
    Their defaults carry sources; ``calibrate --cross-validate`` refits them leaving each system
    out.
 3. **Version.** Algorithms appear with the NCCL release that brought them (:data:`SINCE`):
@@ -66,7 +68,6 @@ OPTIONS_NOTE = ("PAT (all_gather/reduce_scatter, 1 GPU per node, NCCL 2.23+) and
                 "Simple's latencies, each GPU's bytes to other nodes through its share of the "
                 "node's NICs: assumed, tuning.cc has no p2p entry")
 TUNING_SRC = "NVIDIA/nccl src/graph/tuning.cc baseLat/hwLat (2.19+)"
-# tuning.cc llMaxBws (GB/s, one node): Ampere 87.7, Hopper 141.0; Blackwell assumed = Hopper.
 # tuning.cc llMaxBws (GB/s of bus bandwidth) for one node / two nodes / more: Ampere
 # {87.7, 22.5, 19.0}, Hopper {141.0, 45.0, 35.0} (as mirrored in ROCm/rccl src/graph/tuning.cc);
 # Blackwell assumed = Hopper. Across nodes NCCL indexes the row by CPU vendor; the GPU's row is
@@ -249,14 +250,18 @@ def _nsteps(collective: str, n: int) -> int:
     return 2 * (n - 1) if collective == "all_reduce" else n - 1
 
 
+def _intra_hw(topo: Topology) -> str:
+    """NCCL's link class inside a node (tuning.cc hwLat row): PCI or NVLink."""
+    return "pci" if topo.spec.intra == "pcie" else "nvlink"
+
+
 def _latency(topo: Topology, collective: str, algo: str, proto: str,
              net_extra_us: float = 0.0) -> float:
     """NCCL's latency for (algo, proto) on ``topo`` (us): tuning.cc's formulas, with
     ``net_extra_us`` more per network hop (the transport's cost beyond NCCL's constant)."""
     n, nodes, ppn = topo.world_size, topo.nodes, topo.gpus
     p = PROTOS.index(proto)
-    intra_hw = "pci" if topo.spec.intra == "pcie" else "nvlink"
-    intra = HW_LAT[intra_hw][algo][p] * (1.8 if nodes > 1 and proto == "LL" else 1.0)
+    intra = HW_LAT[_intra_hw(topo)][algo][p] * (1.8 if nodes > 1 and proto == "LL" else 1.0)
     inter = HW_LAT["net"][algo][p] + net_extra_us
     base = BASE_LAT[algo][p]
     hops = net_hops(topo, collective, algo)
@@ -286,7 +291,7 @@ def _measured_latency(topo: Topology, collective: str, algo: str, proto: str,
     if collective in ("broadcast", "reduce") and algo == "ring":
         p = PROTOS.index(proto)
         hw = HW_LAT["net"][algo][p] + net_extra_us if topo.nodes > 1 else \
-            HW_LAT["pci" if topo.spec.intra == "pcie" else "nvlink"][algo][p]
+            HW_LAT[_intra_hw(topo)][algo][p]
         return BASE_LAT[algo][p] + hw
     return _latency(topo, collective, algo, proto, net_extra_us)
 

@@ -117,14 +117,6 @@ def _enabled(topo: Topology, collective: str) -> list[tuple[str, str]]:
     return out
 
 
-def _net(prm: NcclParams, topo: Topology) -> tuple[float, float]:
-    """(achieved fraction of the NIC line, extra us per network hop) of ``topo``'s network."""
-    if hasattr(prm, "net_of"):
-        c = prm.net_of(topo)
-        return c.eff, c.lat_us
-    return getattr(prm, "net_eff", 0.9), 0.0
-
-
 def _latency(topo: Topology, collective: str, algo: str, proto: str, tuner: bool) -> float:
     """RCCL's latency for (algo, proto) (tuning.cc formulas); ``tuner`` False: the realized one
     (NET ring/Simple step :data:`NET_RING_SIMPLE_US`)."""
@@ -166,7 +158,7 @@ def _bandwidth(topo: Topology, collective: str, algo: str, proto: str,
     mesh = _mesh_bus(topo, prm)
     node_nic = math.inf
     if nodes > 1:
-        node_nic = topo.nic_GBps * topo.nics * _net(prm, topo)[0]
+        node_nic = topo.nic_GBps * topo.nics * prm.net_of(topo).eff
         if nodes > s.fabric.nodes_per_leaf:
             node_nic /= max(1.0, s.fabric.oversubscription)
     if algo in ("ring", "msccl"):
@@ -207,7 +199,7 @@ def _tuner_bw(topo: Topology, collective: str, algo: str, proto: str, nbytes: in
 def _row(collective, algo, proto, nbytes, topo, prm, tuner_us) -> NcclRow:
     n = topo.world_size
     lat = _latency(topo, collective, algo, proto, tuner=False)
-    lat += _net(prm, topo)[1] * net_hops(topo, collective, algo) if topo.nodes > 1 else 0.0
+    lat += prm.net_of(topo).lat_us * net_hops(topo, collective, algo) if topo.nodes > 1 else 0.0
     bw, bound = _bandwidth(topo, collective, algo, proto, prm)
     fill = fill_bytes(prm, nbytes, topo.nodes) / (1e3 * bw)
     moved = nbytes / (1e3 * bw)
@@ -261,20 +253,3 @@ def rccl_choice(collective: str, nbytes: int, topo: Topology, prm: NcclParams = 
                 algos=None) -> NcclRow:
     """What RCCL runs and our prediction of its rccl-tests time."""
     return rccl_rows(collective, nbytes, topo, prm, algos)[0]
-
-
-def library_rows(collective: str, nbytes: int, topo: Topology, prm: NcclParams,
-                 algo: str = "all", protocol: str | None = None) -> list[dict]:
-    """``tilecomm sim --library rccl``: rows as the CLI prints them, RCCL's choice first."""
-    algos = None if algo == "all" else (algo.lower(),)
-    rows = rccl_rows(collective, nbytes, topo, prm, algos)
-    if protocol is not None:
-        rows = [r for r in rows if r.protocol.lower() == protocol.lower()]
-        if not rows:
-            raise ValueError(f"--library rccl: no {protocol} protocol for that algorithm "
-                             f"(RCCL runs {', '.join(PROTOS)} on {arch(topo)})")
-    return [{"library": "rccl", "collective": r.collective, "algo": r.algo,
-             "protocol": r.protocol, "nbytes": r.nbytes, "world_size": r.world_size,
-             "time_us": r.time_us, "algbw_GBps": r.algbw_GBps, "busbw_GBps": r.busbw_GBps,
-             "bottleneck": r.bound, "method": "rccl-model", "tuner_us": r.tuner_us,
-             "best": i == 0} for i, r in enumerate(rows)]
